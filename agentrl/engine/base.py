@@ -1,0 +1,73 @@
+"""The Engine seam: token ids in, sampled token ids + behaviour logprobs out.
+
+Owns the interface every rollout engine implements (local HF engine, SGLang server, fakes) and
+the request/response records. Does not render chat or parse tool calls: engines see only ids.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one request. ``top_k=0`` and ``top_p=1.0`` disable those filters;
+    ``temperature=0`` is greedy decoding (logprobs are still those of the temperature-1 softmax)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass
+class Generation:
+    """One engine response. ``token_ids`` are exactly the sampled ids (the stop token included when
+    finish_reason is "stop"); ``logprobs[i]`` is the behaviour logprob of ``token_ids[i]`` and
+    ``versions[i]`` the policy version whose weights sampled it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop/eos id was sampled) | "length" | "abort"
+    versions: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """A rollout engine. Implementations must be safe to call from thousands of concurrent
+    coroutines on one event loop; batching is their business."""
+
+    #: version of the weights currently served; every sampled token is stamped with it
+    policy_version: int = 0
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Continue ``prompt_ids``. Raises agentrl.errors.EngineError when the engine fails."""
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Load new weights in place and start stamping tokens with ``version``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights")
+
+    async def start(self) -> None:
+        """Acquire resources (threads, servers). Idempotent."""
+
+    async def close(self) -> None:
+        """Release resources. In-flight requests fail with EngineError."""
+
+    @property
+    def max_context(self) -> int | None:
+        """Longest prompt + completion the engine accepts, if it has a limit."""
+        return None

@@ -1,0 +1,198 @@
+"""One typed config tree for every agentrl command.
+
+Owns: the dataclasses of the tree (every field documented through ``doc()``), loading from YAML
+files in ``configs/``, ``--set a.b=c`` overrides, validation that names the field and the bad value,
+rejection of unknown keys, and dumping the resolved tree. Does not know how the values are used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from agentrl.errors import ConfigError
+
+
+def doc(default: Any, text: str, **kw: Any) -> Any:
+    """A dataclass field with a one-line doc (shown by ``agentrl config --docs``)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text, **kw})
+    return field(default=default, metadata={"doc": text, **kw})
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = doc(None, "Local HF model directory; null builds and caches the built-in tiny model.")
+    dtype: Literal["float32", "bfloat16", "float16"] = doc("float32", "Weights dtype for the engine.")
+    device: str = doc("cpu", "Torch device for the local engine ('cpu', 'cuda', 'cuda:1').")
+
+
+@dataclass
+class EngineConfig:
+    kind: Literal["local"] = doc("local", "Rollout engine: 'local' (in-process HF transformers).")
+    max_batch_size: int = doc(64, "Most sequences decoded together by the local engine.", min=1)
+
+
+@dataclass
+class EnvConfig:
+    id: str = doc("code_exec", "Registered env id (see `agentrl envs`).")
+    kwargs: dict = doc({}, "Keyword arguments passed to agentrl.make(id, **kwargs).")
+
+
+@dataclass
+class RolloutConfig:
+    num_prompts: int = doc(8, "Prompts (tasks) per rollout call; each is sampled group_size times.", min=1)
+    group_size: int = doc(4, "Samples per prompt (G); a group shares one task.", min=1)
+    max_turns: int = doc(8, "Assistant turns per episode before it ends as truncated_turns.", min=1)
+    max_new_tokens: int = doc(256, "Most tokens sampled in one assistant turn.", min=1)
+    max_context: int = doc(4096, "Token budget of a whole episode (prompt + all turns).", min=8)
+    min_turn_tokens: int = doc(8, "A turn starts only if this many tokens still fit; else context_overflow.", min=1)
+    max_obs_chars: int = doc(4000, "Cap on each observation message's characters before rendering.", min=1)
+    temperature: float = doc(1.0, "Sampling temperature (0 = greedy).", min=0.0)
+    top_p: float = doc(1.0, "Nucleus sampling threshold in (0, 1].", min=0.0, max=1.0)
+    top_k: int = doc(0, "Top-k filter (0 = off).", min=0)
+    turn_timeout_s: float = doc(300.0, "Deadline for one turn's generation, and separately its env step.", min=0.001)
+    episode_timeout_s: float = doc(3600.0, "Deadline for a whole episode (outcome 'deadline').", min=0.001)
+    max_concurrency: int = doc(256, "Episodes in flight at once.", min=1)
+    seed: int = doc(0, "Seeds task selection and per-episode sampling.")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = doc("runs/latest", "Where trajectories, metrics and the resolved config are written.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# ------------------------------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"{path}: {value!r} is not one of {list(get_args(tp))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return _build(tp, value, path)
+    base = origin or tp
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is bool and not isinstance(value, bool):
+        raise ConfigError(f"{path}: expected true/false, got {value!r}")
+    if base in (int, float, str, dict, list) and not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise ConfigError(f"{path}: expected {_type_name(base)}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _build(cls: type, data: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = prefix or "config"
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
+    kwargs = {}
+    for name, value in data.items():
+        path = f"{prefix}.{name}" if prefix else name
+        f = names[name]
+        v = _coerce(value, hints[name], path)
+        lo, hi = f.metadata.get("min"), f.metadata.get("max")
+        if lo is not None and isinstance(v, (int, float)) and v < lo:
+            raise ConfigError(f"{path}: {v!r} is below the minimum {lo}")
+        if hi is not None and isinstance(v, (int, float)) and v > hi:
+            raise ConfigError(f"{path}: {v!r} is above the maximum {hi}")
+        kwargs[name] = v
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "kwargs" else v
+    return out
+
+
+def parse_override(item: str) -> dict:
+    """``a.b=c`` -> {"a": {"b": c}} with c parsed as YAML (so 3 is an int, [1,2] a list)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. rollout.group_size=8")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: cannot parse value: {e}") from e
+    out: dict = {}
+    cur = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def load_config(files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> RunConfig:
+    """Merge defaults <- ``base`` <- YAML files (in order) <- ``--set`` overrides, then validate."""
+    data: dict = dict(base or {})
+    for f in files:
+        p = Path(f)
+        if not p.exists():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level")
+        data = _deep_merge(data, loaded)
+    for o in overrides:
+        data = _deep_merge(data, parse_override(o))
+    return _build(RunConfig, data)
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted name, doc, default) for every leaf field, for `agentrl config --docs` and tests."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        name = f"{prefix}{f.name}"
+        if is_dataclass(hints[f.name]):
+            out.extend(field_docs(hints[f.name], name + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            out.append((name, f.metadata.get("doc", ""), default))
+    return out

@@ -1,0 +1,127 @@
+"""The `agentrl` command line: a thin typer shell over plain functions.
+
+Owns argument parsing, turning agentrl errors into one clear red line and exit code 2, and
+printing tables. Everything it runs lives in importable modules (rollout, registry, template_check).
+"""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agentrl.errors import AgentRLError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcement learning for multi-turn tool-calling LLM agents.")
+console = Console()
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file(s), merged in order (see configs/).")
+SetOpt = typer.Option(None, "--set", "-s", help="Override a config field: --set rollout.group_size=8 (repeatable).")
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[bold red]error:[/] {e}")
+    raise typer.Exit(2)
+
+
+def _load(config: Optional[List[str]], sets: Optional[List[str]], base: dict):
+    from agentrl.config import load_config
+
+    return load_config(config or [], sets or [], base=base)
+
+
+@app.command()
+def envs() -> None:
+    """List registered environments (built-in and from the `agentrl.envs` entry-point group)."""
+    from agentrl.registry import registered
+
+    tab = Table(title="registered environments")
+    for col in ("id", "entry point", "defaults"):
+        tab.add_column(col)
+    for env_id, spec in sorted(registered().items()):
+        ep = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__qualname__", str(spec.entry_point))
+        tab.add_row(env_id, ep, ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items()) or "-")
+    console.print(tab)
+
+
+@app.command()
+def rollout(
+    env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir; default: the built-in tiny model."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", help="Tasks to sample (rollout.num_prompts)."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="Samples per task (rollout.group_size)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (output_dir)."),
+    config: Optional[List[str]] = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Collect trajectories from a model on an env; writes trajectories.jsonl, metrics.json, config.yaml."""
+    from agentrl.rollout import run_rollout
+
+    base: dict = {"env": {"id": env}}
+    if model:
+        base["model"] = {"path": model}
+    if out:
+        base["output_dir"] = out
+    ro = {k: v for k, v in (("num_prompts", num_prompts), ("group_size", group_size)) if v is not None}
+    if ro:
+        base["rollout"] = ro
+    try:
+        cfg = _load(config, sets, base)
+        trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty())
+    except AgentRLError as e:
+        _fail(e)
+    console.print(metrics.table(f"rollout: {cfg.env.id}"))
+    console.print(f"wrote {len(trajs)} trajectories to {out_dir / 'trajectories.jsonl'}")
+
+
+@app.command("check-template")
+def check_template_cmd(model: str = typer.Option(..., "--model", "-m", help="Local HF model or tokenizer dir.")) -> None:
+    """Report whether a chat template keeps the prefix property token-exact multi-turn needs."""
+    from transformers import AutoTokenizer
+
+    from agentrl.template_check import check_template, render_report
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        _fail(AgentRLError(f"cannot load a tokenizer from {model!r}: {e}"))
+    report = check_template(tok)
+    console.print(render_report(report))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command("config")
+def config_cmd(
+    config: Optional[List[str]] = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
+    docs: bool = typer.Option(False, "--docs", help="List every field with its default and doc."),
+) -> None:
+    """Print the resolved config (or every field's documentation)."""
+    import yaml
+
+    from agentrl.config import field_docs, to_dict
+
+    if docs:
+        tab = Table(title="config fields")
+        for col in ("field", "default", "doc"):
+            tab.add_column(col)
+        for name, text, default in field_docs():
+            tab.add_row(name, repr(default), text)
+        console.print(tab)
+        return
+    try:
+        cfg = _load(config, sets, {})
+    except AgentRLError as e:
+        _fail(e)
+    console.print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Tool-call parsers: valid calls, malformed ones reported for the model, content kept."""
+from __future__ import annotations
+
+import pytest
+
+from agentrl.errors import ConfigError, ToolCallError
+from agentrl.toolcall import PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes, parse_python_block
+
+
+def test_hermes_single_call_and_content():
+    text = 'Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(2)"}}\n</tool_call>'
+    p = parse_hermes(text)
+    assert p == ParsedTurn(content="Let me compute.", calls=[ToolCall("python", {"code": "print(2)"}, "call_0")],
+                           errors=[])
+
+
+def test_hermes_multiple_calls_with_text_between():
+    text = ('A <tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> B\n'
+            '<tool_call>{"name": "b", "arguments": {}}</tool_call> C')
+    p = parse_hermes(text)
+    assert [(c.name, c.arguments, c.id) for c in p.calls] == [("a", {"x": 1}, "call_0"), ("b", {}, "call_1")]
+    assert p.content == "A  B\n C" and p.errors == [] and p.n_attempts == 2
+
+
+def test_hermes_no_calls():
+    assert parse_hermes("  The answer is 4.  ") == ParsedTurn("The answer is 4.", [], [])
+
+
+def test_hermes_arguments_as_json_string_and_aliases():
+    text = ('<tool_call>{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}</tool_call>'
+            '<tool_call>{"name": "g", "parameters": {"q": "x"}}</tool_call>'
+            '<tool_call>{"name": "h"}</tool_call>')
+    p = parse_hermes(text)
+    assert [(c.name, c.arguments) for c in p.calls] == [("f", {"a": [1, 2]}), ("g", {"q": "x"}), ("h", {})]
+
+
+@pytest.mark.parametrize("body, needle", [
+    ('{"name": "f", "arguments": {"x": 1}', "Invalid JSON"),
+    ('{"arguments": {"x": 1}}', 'missing a "name"'),
+    ('{"name": "f", "arguments": [1, 2]}', "must be a JSON object"),
+    ('{"name": "f", "arguments": "not json"}', "not valid JSON"),
+    ('{"name": "f", "arguments": "[1]"}', "must be a JSON object"),
+    ('["f"]', "must hold a JSON object"),
+    ('{"name": "f"} {"name": "g"}', "Extra text"),
+    ("   ", "Empty <tool_call>"),
+])
+def test_hermes_malformed_calls_do_not_stop_others(body, needle):
+    text = f'<tool_call>{body}</tool_call> then <tool_call>{{"name": "ok", "arguments": {{}}}}</tool_call>'
+    p = parse_hermes(text)
+    assert [c.name for c in p.calls] == ["ok"] and p.calls[0].id == "call_1"
+    (err,) = p.errors
+    assert isinstance(err, ToolCallError) and err.kind == "malformed" and needle in str(err)
+    assert err.call_id == "call_0" and p.content == "then"
+
+
+def test_hermes_error_quotes_a_snippet():
+    p = parse_hermes('<tool_call>{"name": "calc", "arguments": {x: 1}}</tool_call>')
+    assert "calc" in str(p.errors[0]) and "<tool_call>" in str(p.errors[0])  # quotes input, shows the format
+
+
+def test_hermes_unclosed_tag():
+    p = parse_hermes('Hi <tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "argu')
+    assert [c.name for c in p.calls] == ["a"] and p.content == "Hi"
+    assert "Unclosed <tool_call>" in str(p.errors[0]) and '"name": "b"' in str(p.errors[0])
+
+
+def test_hermes_unclosed_tag_followed_by_another_call():
+    p = parse_hermes('<tool_call>{"name": "a", "arguments": {}}\n<tool_call>{"name": "b", "arguments": {}}</tool_call>')
+    assert [c.name for c in p.calls] == ["b"] and p.calls[0].id == "call_1"
+    assert "Unclosed" in str(p.errors[0]) and p.errors[0].call_id == "call_0"
+
+
+def test_hermes_stray_closing_tag():
+    p = parse_hermes('{"name": "a", "arguments": {}}</tool_call> done')
+    assert p.calls == [] and "without a matching <tool_call>" in str(p.errors[0])
+
+
+def test_hermes_long_snippet_is_truncated():
+    p = parse_hermes("<tool_call>{" + "x" * 5000 + "</tool_call>")
+    assert len(str(p.errors[0])) < 400
+
+
+def test_python_blocks():
+    text = "First:\n```python\nx = 1\nprint(x)\n```\nthen\n```py\nprint(2)\n```\n```bash\nls\n```"
+    p = parse_python_block(text)
+    assert [c.arguments["code"] for c in p.calls] == ["x = 1\nprint(x)", "print(2)"]
+    assert [c.id for c in p.calls] == ["call_0", "call_1"] and all(c.name == "python" for c in p.calls)
+    assert p.content == "First:\n\nthen\n\n```bash\nls\n```" and p.errors == []
+
+
+def test_python_block_unclosed_is_an_error():
+    p = parse_python_block("ok\n```python\nprint(1)\n```\nnow\n```python\nwhile True:\n  pass")
+    assert len(p.calls) == 1 and p.content == "ok\n\nnow"
+    assert p.errors[0].kind == "malformed" and "Unclosed ```python" in str(p.errors[0])
+
+
+def test_python_block_none():
+    assert parse_python_block("The answer is 3.") == ParsedTurn("The answer is 3.", [], [])
+
+
+def test_get_parser():
+    assert get_parser("hermes") is parse_hermes and get_parser("python_block") is parse_python_block
+    assert set(PARSERS) == {"hermes", "python_block"}
+    with pytest.raises(ConfigError, match=r"'xml'.*hermes, python_block"):
+        get_parser("xml")

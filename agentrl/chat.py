@@ -51,6 +51,15 @@ def first_difference(a: str, b: str, context: int = 30) -> str:
     return f"char {i}: expected {a[lo:i + context]!r}, got {b[lo:i + context]!r}"
 
 
+def _key(messages: list[dict]):
+    """Cache key of a message list; None (no caching) when it holds unhashable extras."""
+    try:
+        return tuple(tuple(sorted((k, v if isinstance(v, (str, int, float, type(None))) else json.dumps(v, sort_keys=True))
+                                  for k, v in m.items())) for m in messages)
+    except (TypeError, ValueError):
+        return None
+
+
 class ChatRenderer:
     """Token-exact multi-turn rendering with ``tokenizer``'s chat template.
 
@@ -63,7 +72,7 @@ class ChatRenderer:
         self.template_kwargs = template_kwargs
         self._special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
         self._special.update(tokenizer.all_special_ids)
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache: OrderedDict[tuple, list[int]] = OrderedDict()
         self._prefix: str | None = None
         #: id of the token the template writes right after an assistant's content (``<|im_end|>``),
         #: the text it writes after that token (the glue), or why they could not be found
@@ -90,8 +99,26 @@ class ChatRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the full initial prompt (with tools and the generation prompt)."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        """Ids of the full initial prompt (with tools and the generation prompt). Cached: the G
+        samples of a group share their prompt."""
+        key = ("prompt", _key(messages))
+        hit = self._get(key)
+        if hit is not None:
+            return hit
+        return self._put(key, self.encode(self.render(messages, add_generation_prompt=True)))
+
+    def _get(self, key) -> list[int] | None:
+        if key is not None and key in self._cache:
+            self._cache.move_to_end(key)
+            return list(self._cache[key])
+        return None
+
+    def _put(self, key, ids: list[int]) -> list[int]:
+        if key is not None:
+            self._cache[key] = ids
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return list(ids)
 
     def _render_prefix(self) -> str:
         return self.render(_DUMMY)
@@ -120,13 +147,10 @@ class ChatRenderer:
         ``messages`` (tool results / user turns) and the next generation prompt."""
         if self._turn_error:
             raise TemplateError(self._turn_error)
-        try:
-            key = json.dumps(messages, sort_keys=True, ensure_ascii=False)
-        except (TypeError, ValueError):
-            key = None
-        if key is not None and key in self._cache:
-            self._cache.move_to_end(key)
-            return list(self._cache[key])
+        key = _key(messages)
+        hit = self._get(key)
+        if hit is not None:
+            return hit
         full = self.render(_DUMMY + list(messages), add_generation_prompt=True)
         if not full.startswith(self._prefix):
             # Templates may embed today's date (Llama 3.1); re-render the prefix once before failing.
@@ -137,12 +161,7 @@ class ChatRenderer:
                     f"roles {[m.get('role') for m in messages]} changes the earlier text at "
                     f"{first_difference(self._prefix, full)}"
                 )
-        ids = self.encode(self.glue + full[len(self._prefix):])
-        if key is not None:
-            self._cache[key] = ids
-            if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return list(ids)
+        return self._put(key, self.encode(self.glue + full[len(self._prefix):]))
 
     def close_ids(self, sampled_ids: list[int]) -> list[int]:
         """Ids to append to a turn that stopped without a stop token (length cut) before

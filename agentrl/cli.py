@@ -77,6 +77,26 @@ def rollout(
     console.print(f"wrote {len(trajs)} trajectories to {out_dir / 'trajectories.jsonl'}")
 
 
+PLANNED_ALGOS = ("grpo", "ppo")
+
+
+@app.command()
+def run(
+    env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
+    algo: str = typer.Option("grpo", "--algo", "-a", help=f"RL algorithm: {', '.join(PLANNED_ALGOS)}."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir; default: the built-in tiny model."),
+    config: Optional[List[str]] = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
+) -> None:
+    """The main job. Today: the rollout stage on the embedded defaults (learning lands with issue #4)."""
+    if algo not in PLANNED_ALGOS:
+        _fail(AgentRLError(f"--algo {algo!r} is not one of {list(PLANNED_ALGOS)}"))
+    console.print(f"[yellow]note:[/] the learning loop for --algo {algo} is not implemented yet (issue #4); "
+                  "this run collects and saves one batch of rollouts with the current policy.")
+    rollout(env=env, model=model, num_prompts=None, group_size=None, out="runs/run-" + env, config=config,
+            sets=sets, quiet=False)
+
+
 @app.command("check-template")
 def check_template_cmd(model: str = typer.Option(..., "--model", "-m", help="Local HF model or tokenizer dir.")) -> None:
     """Report whether a chat template keeps the prefix property token-exact multi-turn needs."""

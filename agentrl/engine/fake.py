@@ -52,8 +52,8 @@ class FakeEngine(Engine):
         if self._max_context is not None and len(prompt_ids) >= self._max_context:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens exceeds max_context {self._max_context}")
         delay = self.delay_s(ctx) if callable(self.delay_s) else self.delay_s
-        if delay > 0:
-            await asyncio.sleep(delay)
+        # always a suspension point, as with any real engine: "instant" still lets other episodes run
+        await asyncio.sleep(delay if delay > 0 else 0)
         out = list(self.policy(prompt_ids, params, ctx))
         stops = set(params.stop_token_ids)
         finish = "length"

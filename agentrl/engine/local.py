@@ -1,0 +1,394 @@
+"""The in-process rollout engine: HF transformers with continuous batching.
+
+Owns a worker thread that runs the model (so the event loop stays free for thousands of episodes)
+and, every iteration: applies pending weight updates, admits waiting requests up to
+``max_batch_size`` (one left-padded prefill per group of prompts), runs ONE decode step for every
+sequence in flight over a batched K/V cache (:mod:`agentrl.engine.kv_batch`), samples, and retires
+finished sequences. Requests join and leave at every step, so a short request never waits for the
+longest one in flight. Results go back to the caller's event loop with ``call_soon_threadsafe``.
+
+Conventions (the same as SGLang's ``return_logprob``):
+
+- ``logprobs`` are those of the distribution sampled from after temperature scaling and *before*
+  top-k/top-p filtering; at temperature 0 (greedy) those of the unscaled softmax.
+- Stop ids are ``params.stop_token_ids`` when given, else the engine's eos ids (the model's
+  generation config, or ``eos_token_ids=`` at construction; ``()`` never stops on eos). A sampled
+  stop id is kept in ``token_ids`` and ends the request with "stop"; ``max_new_tokens`` or
+  ``max_context`` (prompt + completion) ends it with "length".
+- ``params.seed`` gives the request its own ``torch.Generator``: its samples do not depend on what
+  else is in the batch. Unseeded requests share the engine's generator (seeded by ``seed=``).
+- ``update_weights`` copies tensors into the model in place between two decode steps. Sequences in
+  flight keep the K/V their prefix got from the old weights (as SGLang does without a cache flush);
+  every token is stamped with the version of the weights that sampled it.
+
+Does not: page the K/V cache or share prefixes, run on several devices, support sliding-window
+attention, or guard a model shared with a trainer that mutates it while the engine is generating.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.kv_batch import KVBatch, PrefillCache, additive_mask, prefill_mask
+from agentrl.errors import EngineError
+
+_SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    limit: int  # tokens it may generate: max_new_tokens, cut to fit max_context
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    kv_len: int = 0  # tokens whose K/V are in the cache (the last sampled token is not, yet)
+    done: bool = False
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+    admitted_step: int = -1
+
+
+@dataclass
+class _WeightUpdate:
+    state_dict: Mapping[str, Any]
+    version: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+def _resolve(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if fut.done():  # the caller was cancelled or already failed
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    try:
+        loop.call_soon_threadsafe(_resolve, fut, result, error)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+def filter_top_k_top_p(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``logp`` [n, V] -> the same with tokens outside each row's top-k / top-p set at -inf.
+    ``top_k`` [n] (0 = off), ``top_p`` [n]. Top-p counts mass before top-k, like SGLang; the most
+    likely token always survives."""
+    sorted_lp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_lp.exp()
+    rank = torch.arange(logp.shape[-1])[None, :]
+    drop = (probs.cumsum(-1) - probs) > top_p[:, None]
+    drop |= (top_k[:, None] > 0) & (rank >= top_k[:, None])
+    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+    return torch.full_like(logp, float("-inf")).scatter_(-1, order, sorted_lp)
+
+
+class LocalEngine(Engine):
+    """Continuous-batching engine over an HF causal LM (tested with Qwen2) in this process."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 64,
+        max_context: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        prefill_tokens: int = 8192,
+        seed: int = 0,
+    ) -> None:
+        """``model``: a path to an HF directory (loaded with ``dtype`` on ``device``) or an already
+        loaded ``PreTrainedModel``, used as is and shared, not copied (``device``/``dtype`` ignored).
+        ``prefill_tokens`` bounds the padded tokens of one prefill forward."""
+        if isinstance(model, (str, Path)):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, attn_implementation="sdpa")
+            model.to(device).eval()
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        cfg = model.config
+        attn = getattr(cfg, "_attn_implementation", "sdpa")
+        if attn not in _SUPPORTED_ATTENTION:
+            raise EngineError(f"attention implementation {attn!r} is not supported; use one of {_SUPPORTED_ATTENTION}")
+        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
+            raise EngineError(f"only full-attention models are supported, got layer_types={cfg.layer_types}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.prefill_tokens = prefill_tokens
+        self._max_context = int(max_context or cfg.max_position_embeddings)
+        self._vocab = int(cfg.vocab_size)
+        if eos_token_ids is None:
+            gen_cfg = getattr(model, "generation_config", None)
+            eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+            eos = cfg.eos_token_id if eos is None else eos
+            eos_token_ids = () if eos is None else ([eos] if isinstance(eos, int) else eos)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._gen = torch.Generator().manual_seed(seed)
+        self._version = 0
+        self._cond = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._updates: list[_WeightUpdate] = []
+        self._rows: list[_Request] = []  # row i of the K/V cache is self._rows[i]
+        self._admitted: list[_Request] = []  # taken from the queue, not yet in rows
+        self._kv = KVBatch(max_rows=max_batch_size, max_cols=self._max_context)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._dead: BaseException | None = None
+        #: counters for tests and metrics
+        self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> "LocalEngine":
+        return cls(path, **kwargs)
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        return self._version
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    # --- asyncio side -------------------------------------------------------------------------
+    async def start(self) -> None:
+        with self._cond:
+            self._check_usable()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
+                self._thread.start()
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise EngineError("empty prompt: the engine needs at least one token to continue")
+        if not all(0 <= t < self._vocab for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < self._vocab)
+            raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
+        if len(prompt) >= self._max_context:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={self._max_context}"
+            )
+        await self.start()
+        loop = asyncio.get_running_loop()
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        req = _Request(
+            prompt=prompt,
+            params=params,
+            stop_ids=frozenset(params.stop_token_ids or self.eos_token_ids),
+            limit=min(params.max_new_tokens, self._max_context - len(prompt)),
+            loop=loop,
+            future=loop.create_future(),
+            generator=gen,
+        )
+        with self._cond:
+            self._check_usable()
+            self._waiting.append(req)
+            self._cond.notify()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.cancelled = True  # the worker drops it at its next step
+            raise
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        params = self.model.state_dict(keep_vars=True)
+        for name, tensor in state_dict.items():  # check everything before touching anything
+            if name not in params:
+                raise EngineError(f"update_weights: unknown tensor {name!r}")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise EngineError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(params[name].shape)}"
+                )
+        await self.start()
+        loop = asyncio.get_running_loop()
+        upd = _WeightUpdate(state_dict, int(version), loop, loop.create_future())
+        with self._cond:
+            self._check_usable()
+            self._updates.append(upd)
+            self._cond.notify()
+        await upd.future
+
+    async def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+        self._fail_all(EngineError("the local engine was closed"))
+
+    def _check_usable(self) -> None:
+        if self._dead is not None:
+            raise EngineError(f"the local engine worker crashed: {self._dead!r}")
+        if self._closed:
+            raise EngineError("the local engine is closed")
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._cond:
+            reqs = [*self._waiting, *self._admitted, *self._rows]
+            updates, self._updates = self._updates, []
+            self._waiting.clear()
+            self._admitted, self._rows = [], []
+        for r in reqs:
+            _deliver(r.loop, r.future, error=error)
+        for u in updates:
+            _deliver(u.loop, u.future, error=error)
+
+    # --- worker thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closed or self._waiting or self._rows or self._updates):
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    updates, self._updates = self._updates, []
+                    room = self.max_batch_size - len(self._rows)
+                    while room > 0 and self._waiting:
+                        req = self._waiting.popleft()
+                        if not req.cancelled:
+                            self._admitted.append(req)
+                            room -= 1
+                for upd in updates:
+                    self._apply_update(upd)
+                with torch.inference_mode():
+                    if self._admitted:
+                        self._prefill()
+                    self._retire([r for r in self._rows if r.cancelled])
+                    if self._rows:
+                        self._decode()
+        except BaseException as exc:  # never leave a caller hanging
+            with self._cond:
+                self._dead = exc
+            self._fail_all(EngineError(f"the local engine worker crashed: {exc!r}"))
+
+    def _apply_update(self, upd: _WeightUpdate) -> None:
+        params = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, tensor in upd.state_dict.items():
+                params[name].copy_(tensor)
+        self._version = upd.version
+        _deliver(upd.loop, upd.future, None)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=pos.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float().cpu()
+
+    def _prefill(self) -> None:
+        # Sorting by length keeps the padding of each group small.
+        todo = sorted(self._admitted, key=lambda r: len(r.prompt))
+        while todo:
+            p = len(todo[0].prompt)
+            group = [todo.pop(0)]
+            while todo and (len(group) + 1) * max(p, len(todo[0].prompt)) <= self.prefill_tokens:
+                group.append(todo.pop(0))
+                p = len(group[-1].prompt)
+            ids = torch.zeros(len(group), p, dtype=torch.long)
+            valid = torch.zeros(len(group), p, dtype=torch.bool)
+            for i, r in enumerate(group):
+                ids[i, p - len(r.prompt) :] = torch.tensor(r.prompt)
+                valid[i, p - len(r.prompt) :] = True
+            pos = (valid.long().cumsum(1) - 1).clamp_(min=0)
+            cache = PrefillCache()
+            logits = self._forward(ids, prefill_mask(valid, self.model.dtype), pos, cache)
+            self._kv.add_rows(cache.keys, cache.values, valid)
+            for r in group:
+                r.kv_len, r.admitted_step = len(r.prompt), self.stats["steps"]
+            self._rows += group
+            self._admitted = [r for r in self._admitted if r not in group]
+            self.stats["prefills"] += 1
+            self._sample(group, logits)
+
+    def _decode(self) -> None:
+        rows = self._rows
+        ids = torch.tensor([[r.tokens[-1]] for r in rows])
+        pos = torch.tensor([[r.kv_len] for r in rows])
+        valid = self._kv.begin_step()
+        mask = additive_mask(valid.cpu(), self.model.dtype)[:, None, None, :]
+        logits = self._forward(ids, mask, pos, self._kv)
+        self._kv.end_step()
+        for r in rows:
+            r.kv_len += 1
+        self.stats["steps"] += 1
+        self._sample(rows, logits)
+
+    def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+        """Sample one token per request from ``logits`` [n, V], record it, retire the finished."""
+        n = len(reqs)
+        temps = torch.tensor([r.params.temperature for r in reqs])
+        greedy = temps == 0
+        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+        tokens = logits.argmax(dim=-1)
+        rand = (~greedy).nonzero().flatten().tolist()
+        if rand:
+            lp = logp[rand]
+            top_k = torch.tensor([reqs[i].params.top_k for i in rand])
+            top_p = torch.tensor([reqs[i].params.top_p for i in rand])
+            if bool((top_k > 0).any() or (top_p < 1).any()):
+                lp = filter_top_k_top_p(lp, top_k, top_p)
+            # Inverse-CDF sampling with one uniform per row, drawn from the row's own generator
+            # when it has a seed: its samples then do not depend on the rest of the batch.
+            u = torch.rand(len(rand), generator=self._gen)
+            for j, i in enumerate(rand):
+                if reqs[i].generator is not None:
+                    u[j] = torch.rand(1, generator=reqs[i].generator)[0]
+            cdf = lp.exp().cumsum(dim=-1)
+            x = (u * cdf[:, -1])[:, None]
+            tokens[rand] = torch.searchsorted(cdf, x, right=True).flatten().clamp_(max=logits.shape[-1] - 1)
+        chosen = logp.gather(1, tokens[:, None]).flatten().tolist()
+        finished = []
+        for r, t, lp_t in zip(reqs, tokens.tolist(), chosen):
+            r.tokens.append(t)
+            r.logprobs.append(lp_t)
+            r.versions.append(self._version)
+            if t in r.stop_ids or len(r.tokens) >= r.limit:
+                finished.append(r)
+        self.stats["generated_tokens"] += n
+        for r in finished:
+            reason = "stop" if r.tokens[-1] in r.stop_ids else "length"
+            info = {
+                "prompt_tokens": len(r.prompt),
+                "admitted_step": r.admitted_step,
+                "finished_step": self.stats["steps"],
+                "latency_s": time.perf_counter() - r.submitted,
+            }
+            _deliver(r.loop, r.future, Generation(r.tokens, r.logprobs, reason, r.versions, info))
+        self._retire(finished)
+
+    def _retire(self, reqs: list[_Request]) -> None:
+        if not reqs:
+            return
+        for r in reqs:
+            r.done = True
+        gone = {i for i, r in enumerate(self._rows) if r.done}
+        for src, dst in self._kv.remove_rows(gone):
+            self._rows[dst] = self._rows[src]
+        with self._cond:  # _fail_all reads the rows from the event loop's thread
+            del self._rows[self._kv.n :]

@@ -20,6 +20,17 @@ from agentrl.trajectory import Trajectory
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
+def tune_gc() -> None:
+    """Make Python's cyclic GC rare in rollout processes. Thousands of live episodes hold millions of
+    small containers (token lists) that survive; with default thresholds, full collections rescan
+    them all the time and halved episode-manager throughput at 16k concurrent episodes (P2 bench).
+    Call once per process, from the job's entry point (a library should not change it on import)."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+
+
 def build_engine(cfg: RunConfig, model_path: Path):
     import torch
 
@@ -67,6 +78,7 @@ def run_rollout(cfg: RunConfig, progress: bool = True) -> tuple[list[Trajectory]
 
     from agentrl.default_model import resolve_model_path
 
+    tune_gc()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")

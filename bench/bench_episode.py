@@ -24,6 +24,7 @@ from agentrl.config import RolloutConfig
 from agentrl.engine.fake import FakeEngine
 from agentrl.envs.noop import NoopEnv
 from agentrl.episode import EpisodeManager, EpisodeSpec
+from agentrl.rollout import tune_gc
 from agentrl.tiny_model import build_tokenizer
 
 TURN_TEXT = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
@@ -78,10 +79,13 @@ def per_turn_cost(tok, concurrency: int, n_turns: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--default-gc", action="store_true", help="keep Python's default GC thresholds")
     ap.add_argument("--out", default="bench/results/episode.json")
     args = ap.parse_args()
     tok = build_tokenizer()
-    levels = [(32, 8, 256), (1000, 8, 2000), (16000, 4, 16000)]
+    if not args.default_gc:
+        tune_gc()  # as `agentrl rollout` does
+    levels = [(32, 8, 256), (1000, 8, 2000), (16000, 8, 16000)]
     if args.quick:
         levels = [(32, 8, 64), (1000, 4, 1000)]
     rows = []
@@ -93,7 +97,8 @@ def main() -> None:
     cost = per_turn_cost(tok, 32, 40 if args.quick else 136)
     for k, v in cost.items():
         print(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}")
-    out = {"machine": f"{os.cpu_count()} cores, python {sys.version.split()[0]}", "throughput": rows, "per_turn": cost}
+    out = {"machine": f"{os.cpu_count()} cores, python {sys.version.split()[0]}", "gc_tuned": not args.default_gc,
+           "throughput": rows, "per_turn": cost}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

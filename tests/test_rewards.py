@@ -1,0 +1,94 @@
+"""Rule rewards: hand-written cases for extraction, normalization and matching."""
+from __future__ import annotations
+
+import pytest
+
+from agentrl.envs.rewards import (answers_match, extract_answer, extract_boxed, extract_gsm8k_answer,
+                                  extract_last_number, gsm8k_reward, normalize_number, rule_reward)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("so the answer is \\boxed{42}.", "42"),
+    ("\\boxed{\\frac{1}{2}} and later \\boxed{7}", "7"),
+    ("nested \\boxed{x^{2} + \\sqrt{y}}", "x^{2} + \\sqrt{y}"),
+    ("\\fbox{3}", "3"),
+    ("unclosed \\boxed{12", None),
+    ("no box", None),
+])
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),
+    ("#### 1,234 dollars", "1,234"),
+    ("#### $18.50", "18.50"),
+    ("first #### 1\nthen #### 2", "2"),
+    ("####", None),
+    ("no marker 5", None),
+])
+def test_extract_gsm8k_answer(text, expected):
+    assert extract_gsm8k_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("\\boxed{5} even though #### 6", "5"),  # boxed wins
+    ("reasoning... #### 6\nanswer: 7", "6"),  # then ####
+    ("The final answer is 12.", "12"),
+    ("**Answer:** 17", "17"),
+    ("Answer: Paris", "Paris"),
+    ("answer = -3.5", "-3.5"),
+    ("I got 3 apples and 5 pears", "5"),  # last number
+    ("total 1,000,000 items", "1,000,000"),
+    ("ratio 2/3", "2/3"),
+    ("nothing here", None),
+    ("", None),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_extract_last_number():
+    assert extract_last_number("x1 is not a number but 7 is, and -0.5 too") == "-0.5"
+    assert extract_last_number("version v2.0 of x1") is None  # glued to a word: not a number
+    assert extract_answer("The answer is 5. Because 3+2") == "5"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("42", "42"), ("+42", "42"), ("-7", "-7"), ("1,234", "1234"), ("$1,234.50", "2469/2"),
+    ("72.0", "72"), ("0.5", "1/2"), (".5", "1/2"), ("1e3", "1000"), ("3/4", "3/4"), ("6/8", "3/4"),
+    ("\\frac{1}{3}", "1/3"), ("\\dfrac{10}{4}", "5/2"), ("50%", "50"), ("\\text{12}", "12"), ("7.", "7"),
+    ("abc", None), ("", None), ("1/0", None), ("1,23", None), ("--1", None), ("1.2.3", None),
+])
+def test_normalize_number(text, expected):
+    assert normalize_number(text) == expected
+
+
+@pytest.mark.parametrize("pred, truth, ok", [
+    ("72", "72", True), ("72.00", 72, True), ("1/2", "0.5", True), ("\\frac{1}{2}", "0.5", True),
+    ("1,000", "1000", True), ("0.1", "1/10", True), ("0.30000000000000004", "0.3", False),
+    ("73", "72", False), ("Paris", "paris", True), ("  New   York ", "new york", True),
+    ("Paris", "72", False), ("72", "Paris", False), (None, "72", False), ("72", None, False), ("", "", False),
+])
+def test_answers_match(pred, truth, ok):
+    assert answers_match(pred, truth) is ok
+
+
+def test_gsm8k_reward():
+    truth = "She has 3 + 4 = 7 apples.\n#### 7"
+    assert gsm8k_reward("so #### 7", truth) == 1.0
+    assert gsm8k_reward("so #### 7", "7") == 1.0
+    assert gsm8k_reward("so #### 8", truth) == 0.0
+    assert gsm8k_reward("so #### 8", truth, format_score=0.1) == 0.1
+    assert gsm8k_reward("the answer is 7", truth) == 0.0  # strict needs ####
+    assert gsm8k_reward("the answer is 7", truth, method="flexible") == 1.0
+    assert gsm8k_reward("no answer", truth, method="flexible", format_score=0.1) == 0.0
+    with pytest.raises(ValueError):
+        gsm8k_reward("x", "1", method="fuzzy")
+
+
+def test_rule_reward():
+    assert rule_reward("I computed it: \\boxed{1024}", "1024") == 1.0
+    assert rule_reward("Answer: 1,024", 1024) == 1.0
+    assert rule_reward("Answer: 1023", "1024") == 0.0
+    assert rule_reward("", "1") == 0.0

@@ -282,16 +282,20 @@ class EpisodeManager:
     def _end(traj: Trajectory, outcome: Outcome, detail: str) -> None:
         traj.outcome, traj.outcome_detail = outcome, detail
 
-    async def _generate(self, ids: list[int], params: SamplingParams):
+    async def _guarded(self, coro, what: str, on_timeout: type[EpisodeError], on_error: type[EpisodeError]):
+        """Await ``coro`` under the turn deadline; map a timeout or a foreign exception to an EpisodeError."""
         try:
             async with asyncio.timeout(self.cfg.turn_timeout_s):
-                gen = await self.engine.generate(ids, params)
+                return await coro
         except TimeoutError as e:
-            raise EngineError(f"generation passed the {self.cfg.turn_timeout_s}s turn deadline") from e
+            raise on_timeout(f"{what} passed the {self.cfg.turn_timeout_s}s turn deadline") from e
         except EpisodeError:
             raise
         except Exception as e:
-            raise EngineError(f"{type(e).__name__}: {e}") from e
+            raise on_error(f"{what} failed: {type(e).__name__}: {e}") from e
+
+    async def _generate(self, ids: list[int], params: SamplingParams):
+        gen = await self._guarded(self.engine.generate(ids, params), "generation", EngineError, EngineError)
         if len(gen.logprobs) != len(gen.token_ids) or (gen.versions and len(gen.versions) != len(gen.token_ids)):
             raise EngineError(f"engine returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
         if not gen.token_ids:
@@ -299,12 +303,4 @@ class EpisodeManager:
         return gen
 
     async def _step(self, env: Any, text: str):
-        try:
-            async with asyncio.timeout(self.cfg.turn_timeout_s):
-                return await self._env_call(env, "step", text)
-        except TimeoutError as e:
-            raise ToolTimeoutError(f"env step passed the {self.cfg.turn_timeout_s}s turn deadline") from e
-        except EpisodeError:
-            raise
-        except Exception as e:
-            raise EnvError(f"env step failed: {type(e).__name__}: {e}") from e
+        return await self._guarded(self._env_call(env, "step", text), "env step", ToolTimeoutError, EnvError)

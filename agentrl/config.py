@@ -63,12 +63,49 @@ class RolloutConfig:
 
 
 @dataclass
+class AlgoConfig:
+    name: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"] = doc(
+        "grpo", "RL algorithm preset: advantage estimator + credit mode + aggregation (+ critic for ppo).")
+    credit: Literal["outcome", "turn_return", "turn_gae"] | None = doc(
+        None, "Override the preset's credit mode: outcome broadcast, per-turn returns with a group baseline, turn-level GAE.")
+    gamma: float = doc(1.0, "Discount across turns (turn_return, turn_gae).", min=0.0, max=1.0)
+    lam: float = doc(0.95, "GAE lambda across turns (turn_gae).", min=0.0, max=1.0)
+
+
+@dataclass
+class TrainLoopConfig:
+    steps: int = doc(40, "Optimizer steps (policy versions) to train.", min=1)
+    groups_per_step: int = doc(8, "Prompt groups (of rollout.group_size samples) per optimizer step.", min=1)
+    max_staleness: int = doc(1, "k: no trained sample holds a token older than version - k (0 = synchronous).", min=0)
+    checkpoint_every: int = doc(0, "Save a checkpoint every N steps (0 = only at the end).", min=0)
+    resume: bool = doc(False, "Continue from the newest complete checkpoint in output_dir.")
+
+
+@dataclass
+class EvalConfig:
+    num_tasks: int = doc(64, "Held-out tasks per evaluation (0 = no evaluation).", min=0)
+    every: int = doc(10, "Evaluate every N steps (and always before the first and after the last).", min=0)
+    temperature: float = doc(1.0, "Sampling temperature for evaluation (0 = greedy).", min=0.0)
+    env_kwargs: dict = doc({"split": "eval"}, "Env kwargs overriding env.kwargs for evaluation (held-out split).")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = doc(True, "Write TensorBoard event files under output_dir/tensorboard.")
+    wandb_project: str | None = doc(None, "Log to this Weights & Biases project (needs `pip install wandb`).")
+
+
+@dataclass
 class RunConfig:
     output_dir: str = doc("runs/latest", "Where trajectories, metrics and the resolved config are written.")
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 # ------------------------------------------------------------------------------------------

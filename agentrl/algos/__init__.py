@@ -1,0 +1,134 @@
+"""agentrl's RL algorithms: the one module to import. Pure functions chosen by name from registries;
+the trainer is algorithm-blind and only applies the per-token weights these produce.
+
+Owns (re-exported from ``advantages``, ``losses``, ``credit``): every advantage estimator, credit
+mode, policy loss, loss aggregation, KL estimator, entropy, value loss and mismatch correction.
+Does not: run models, hold optimizer or trainer state, reduce across ranks.
+
+Shapes: ``B`` sequences; ``[B, T]`` padded per-token; ``[N]`` flat packed tokens (any number of
+sequences back to back); ``V`` vocabulary. ``m`` is the loss mask (1 = sampled by the policy).
+
+Registries (``lookup(kind, name)`` returns the function or raises ConfigError listing the choices)
+-----------------------------------------------------------------------------------------------
+``ADVANTAGES`` - sequence level, ``(rewards [B], group_ids [B], **kw) -> [B]``; ``g`` = i's group
+(``group_index`` maps string group ids to int64). std is the unbiased (n-1) std, ``eps = 1e-6``;
+a sequence alone in its group gets 0.
+
+* ``grpo``:          ``A_i = (r_i - mean_g) / (std_g + eps)``
+* ``dr_grpo``:       ``A_i = r_i - mean_g``; pair with aggregation ``seq-mean-token-sum-norm``
+  (Dr.GRPO removes both the std and the per-sequence length normalisation)
+* ``rloo``:          ``A_i = r_i - mean_{j in g, j != i} r_j = n/(n-1) (r_i - mean_g)``
+* ``reinforce_pp``:  ``A_i = (r_i - mean_batch) / (std_batch + eps)`` (group_ids ignored; put the
+  KL penalty in the reward first, ``apply_kl_in_reward``)
+* ``reinforce_pp_baseline``: ``a = r - mean_g``, then ``(a - mean_batch a) / (std_batch a + eps)``
+
+``gae(token_rewards [B,T], values [B,T], mask [B,T], gamma, lam) -> (adv [B,T], returns [B,T])``:
+token-level GAE for PPO over mask-1 positions only; observation gaps are skipped (not steps), so
+values bootstrap across them: ``delta_t = r_t + gamma V(next sampled t') - V_t``,
+``A_t = delta_t + gamma lam A_{t'}``, ``R_t = A_t + V_t``. ``masked_whiten`` normalises them.
+
+``CREDIT`` - per-sequence lists (aligned with ``Trajectory.token_ids``) -> per-token advantages:
+
+* ``outcome``:     ``outcome_broadcast(seq_adv [B], loss_masks)``: every sampled token of i gets
+  ``seq_adv[i]`` (from any ``ADVANTAGES`` estimator).
+* ``turn_return``: ``turn_returns_group_baseline(turn_rewards, turn_ids, loss_masks, group_ids,
+  gamma, normalize_std)``: ``G_{i,k} = sum_{j>=k} gamma^{j-k} r_{i,j}``,
+  ``A_{i,k} = G_{i,k} - mean_{i' in g with a turn k} G_{i',k}`` (optionally / (std + eps));
+  turn k's sampled tokens get ``A_{i,k}``.
+* ``turn_gae``:    ``turn_gae(turn_rewards, turn_ids, loss_masks, boundary_values, gamma, lam)``:
+  ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V_K = 0``), ``A_k = sum_l (gamma lam)^l delta_{k+l}``;
+  returns per-token advantages and per-turn critic targets ``R_k = A_k + V_k``. Read ``V_k`` at
+  ``turn_boundaries(turn_ids, loss_mask)[k]``.
+
+Every credit mode gives mask-0 tokens (prompt, tool output, glue) advantage 0.
+
+``POLICY_LOSSES`` - ``(logp [N], old_logp [N], adv [N], **kw) -> (loss [N], metrics {name: [N]})``,
+``r = exp(logp - old_logp)`` (log-ratio clamped to [-20, 20]):
+
+* ``ppo_clip``:   ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; ``clip_high > clip_low``
+  is DAPO's clip-higher; ``dual_clip_c = c > 1``: for ``A < 0``, ``min(that, -A c)``.
+  Metrics: clipfrac, clipfrac_high, clipfrac_low, dual_clipfrac, ratio, ppo_kl.
+* ``vanilla_pg``: ``-A r`` (unclipped; REINFORCE when on-policy).
+* ``sft``:        ``-logp`` (the SFT stage through the same trainer).
+
+``AGGREGATIONS`` - ``aggregate(mode, loss_tok [N], mask [N], seq_ntokens [N], global_tokens,
+global_seqs, norm_len) -> []``, one micro-batch's share; the shares of all micro-batches and ranks
+of one optimizer step sum to the step's loss (with DDP/FSDP gradient *averaging* over W ranks,
+scale each share by W). ``seq_ntokens`` from ``tokens_per_sequence(seq_index, mask)``:
+
+* ``token-mean``:              ``sum(l m) / global_tokens``
+* ``seq-mean-token-sum``:      ``sum(l m) / global_seqs``
+* ``seq-mean-token-mean``:     ``sum(l m / seq_ntokens) / global_seqs``
+* ``seq-mean-token-sum-norm``: ``sum(l m) / (global_seqs * norm_len)`` (Dr.GRPO, constant norm_len)
+
+``KL_ESTIMATORS`` - ``(logp [N], ref_logp [N]) -> [N]`` for KL(pi || ref), samples from pi.
+In the loss: add ``beta * k`` per token. In the reward:
+``apply_kl_in_reward(turn_rewards, kl, turn_ids, loss_masks, beta)``.
+
+* ``k1``: ``logp - ref`` (unbiased, high variance, may be negative)
+* ``k2``: ``0.5 (logp - ref)^2`` (biased, low variance)
+* ``k3``: ``exp(d) - d - 1`` with ``d = ref - logp`` clamped to [-20, 20], the result clamped to
+  [0, 10] (unbiased before the clamp, low variance, >= 0; verl's ``low_var_kl``)
+
+Other per-token functions
+-------------------------
+* ``entropy_from_logits(logits [N,V]) -> [N]``; entropy bonus: add ``-coef * H`` per token.
+* ``logprobs_from_logits(logits [N,V], labels [N]) -> [N]``.
+* ``value_loss(v, old_v, R [N], clip=0.2) -> [N]``: ``0.5 max((v-R)^2, (old + clip(v-old, ±c) - R)^2)``.
+* ``truncated_is_weights(train_logp, behaviour_logp, cap=2.0) -> [N]``: ``min(exp(train - behaviour),
+  cap)``, no grad; multiply the policy loss by it (TIS). ``mismatch_metrics(train, behaviour, mask)``.
+
+Composing one micro-batch (what the trainer does; every term is per token, then one aggregate)::
+
+    loss_tok, metrics = POLICY_LOSSES[name](logp, old_logp, adv, clip_low=..., clip_high=...)
+    loss_tok = loss_tok * truncated_is_weights(old_logp, behaviour_logp)     # if TIS
+    loss_tok = loss_tok + beta * KL_ESTIMATORS["k3"](logp, ref_logp) - ent_coef * entropy
+    share = aggregate("token-mean", loss_tok, mask, seq_ntokens, global_tokens=..., global_seqs=...)
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+from agentrl.errors import ConfigError
+
+from .advantages import (ADVANTAGES, dr_grpo, gae, group_index, grpo, masked_whiten, reinforce_pp,
+                         reinforce_pp_baseline, rloo)
+from .credit import (CREDIT, apply_kl_in_reward, outcome_broadcast, turn_boundaries, turn_gae,
+                     turn_returns_group_baseline, turn_rewards_to_tokens)
+from .losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_from_logits, k1, k2, k3,
+                     logprobs_from_logits, mismatch_metrics, ppo_clip, sft, tokens_per_sequence,
+                     truncated_is_weights, value_loss, vanilla_pg)
+
+REGISTRIES: dict[str, dict[str, Callable]] = {
+    "advantage": ADVANTAGES,
+    "credit": CREDIT,
+    "policy_loss": POLICY_LOSSES,
+    "aggregation": AGGREGATIONS,
+    "kl": KL_ESTIMATORS,
+}
+
+
+def lookup(kind: str, name: str) -> Callable:
+    """``REGISTRIES[kind][name]``; an unknown kind or name raises ConfigError naming the choices."""
+    reg = REGISTRIES.get(kind)
+    if reg is None:
+        raise ConfigError(f"unknown algorithm registry {kind!r}; choose one of {sorted(REGISTRIES)}")
+    fn = reg.get(name)
+    if fn is None:
+        close = difflib.get_close_matches(name, list(reg), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown {kind} {name!r}{hint}; choose one of {sorted(reg)}")
+    return fn
+
+
+__all__ = [
+    "REGISTRIES", "lookup",
+    "ADVANTAGES", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "group_index",
+    "masked_whiten",
+    "CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "turn_boundaries",
+    "turn_rewards_to_tokens", "apply_kl_in_reward",
+    "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "aggregate",
+    "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits", "value_loss",
+    "truncated_is_weights", "mismatch_metrics",
+]

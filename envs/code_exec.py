@@ -15,6 +15,12 @@ Owns: the task source (procedural ``agentrl.envs.tasks`` by default, or a datase
   solution that hangs past ``code_timeout_s`` scores 0. This is not adversarially robust: the
   solution runs in the grader's process and could forge the line (the sandbox is the boundary).
 
+Sandbox wiring: ``sandbox_backend`` picks the process-wide shared sandbox (``"auto"``: docker when a
+daemon and the image are there, else the hardened local backend); ``session=True`` runs all tool
+calls of an episode in one ``SandboxSession`` (files persist across turns), opened at the first
+call and closed at the next reset or ``env.close()``. Grading always runs one-shot in a fresh
+sandbox, so nothing the model left in its session can touch the grader.
+
 Does not: isolate code (the sandbox does, or does not: see ``agentrl.sandbox``), count turns.
 """
 from __future__ import annotations
@@ -28,7 +34,8 @@ import numpy as np
 from agentrl.envs import rewards, tasks as procedural
 from agentrl.envs.base import ToolEnv
 from agentrl.errors import ConfigError
-from agentrl.sandbox import Sandbox, default_sandbox
+from agentrl.sandbox import BACKENDS, Sandbox, shared_sandbox
+from agentrl.tools import EpisodeSandbox
 
 SYSTEM_PROMPTS = {
     "hermes": (
@@ -83,7 +90,11 @@ class CodeExecEnv(ToolEnv):
         dataset: path to a JSONL/JSON/parquet task file (see ``agentrl.envs.datasets``) instead.
         on_bad_row: dataset policy for unusable rows, ``"error"`` or ``"skip"``.
         tools: which tools to offer: ``("python",)`` or ``("python", "bash")``.
-        sandbox: where code runs; default the shared ``SubprocessSandbox``.
+        sandbox: a ``Sandbox`` instance to run code in (overrides ``sandbox_backend``).
+        sandbox_backend: ``"auto"``, ``"local"``, ``"docker"`` or ``"subprocess"`` (no isolation):
+            the process-wide shared sandbox of that backend.
+        sandbox_options: constructor options of that backend (a shared instance per distinct options).
+        session: run the tool calls of one episode in one sandbox session (files persist).
         code_timeout_s: deadline of one program run (tool call or grading).
         test_reward: ``"all"`` or ``"fraction"`` for tasks with unit tests.
         system_prompt: overrides the default prompt for the parser; ``""`` sends none.
@@ -92,7 +103,8 @@ class CodeExecEnv(ToolEnv):
 
     def __init__(self, *, difficulty: int | list[int] = 2, split: str = "train", dataset: str | None = None,
                  on_bad_row: str = "error", tools: tuple[str, ...] | list[str] = ("python",),
-                 sandbox: Sandbox | None = None, code_timeout_s: float = 5.0, test_reward: str = "all",
+                 sandbox: Sandbox | None = None, sandbox_backend: str = "auto", sandbox_options: dict | None = None,
+                 session: bool = False, code_timeout_s: float = 5.0, test_reward: str = "all",
                  system_prompt: str | None = None, **kwargs) -> None:
         from agentrl.tools.bash import make_bash_tool
         from agentrl.tools.python import make_python_tool
@@ -110,10 +122,15 @@ class CodeExecEnv(ToolEnv):
         unknown = [t for t in tools if t not in factories]
         if unknown or "python" not in tools:
             raise ConfigError(f"tools must include 'python' and only name {sorted(factories)}, got {list(tools)!r}")
-        self.sandbox = sandbox if sandbox is not None else default_sandbox()
+        if sandbox_backend not in BACKENDS:
+            raise ConfigError(f"sandbox_backend must be one of {list(BACKENDS)}, got {sandbox_backend!r}")
+        if not isinstance(session, bool):
+            raise ConfigError(f"session must be true or false, got {session!r}")
+        self.sandbox = sandbox if sandbox is not None else shared_sandbox(sandbox_backend, **(sandbox_options or {}))
+        self.runner = EpisodeSandbox(self.sandbox, session=session)
         self.code_timeout_s, self.test_reward = code_timeout_s, test_reward
         self.difficulty, self.split = levels, split
-        self.tools = [factories[t](self.sandbox, timeout_s=code_timeout_s) for t in tools]
+        self.tools = [factories[t](self.runner, timeout_s=code_timeout_s) for t in tools]
         super().__init__(**kwargs)
         self.system_prompt = SYSTEM_PROMPTS.get(self.parser, SYSTEM_PROMPTS["hermes"]) \
             if system_prompt is None else system_prompt
@@ -122,6 +139,15 @@ class CodeExecEnv(ToolEnv):
             from agentrl.envs.datasets import load_tasks
 
             self.dataset = load_tasks(dataset, on_bad_row=on_bad_row)
+
+    # ---------------------------------------------------------------- episode lifecycle
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        self.runner.end_episode(self._loop)  # a new episode never sees the last one's files
+        return super().reset(seed=seed, options=options)
+
+    def close(self) -> None:
+        self.runner.end_episode(self._loop)
+        super().close()
 
     # ---------------------------------------------------------------- ToolEnv hooks
     def sample_task(self, rng: np.random.Generator, options: dict) -> dict:

@@ -1,39 +1,103 @@
-"""The Sandbox seam: run one command with a deadline, get a typed result back.
+"""The Sandbox seam: run a program with a deadline and resource limits, get a typed result back.
 
-Owns: the ``Sandbox`` interface every backend implements (the plain subprocess runner here; a
-hardened local backend and a Docker backend later) and the ``ExecResult`` record.
+Owns: the interface every backend implements (``Sandbox`` for one-shot runs, ``SandboxSession`` for
+state across the turns of one episode), the ``Limits`` and ``ExecResult`` records, the status
+vocabulary, and the backend choice (``make_sandbox``; ``shared_sandbox``/``default_sandbox`` for the
+process-wide instances whose concurrency bound is global).
 
-Does not: decide what a result *means* to a model (tools format it), nor enforce anything itself
-(each backend documents what it isolates; the subprocess runner isolates nothing).
+Does not: decide what a result *means* to a model (``agentrl.tools`` formats it), nor isolate
+anything itself. Each backend's module docstring says what it isolates and what it does not:
+``agentrl.sandbox.local`` (rlimits + bubblewrap namespaces when available),
+``agentrl.sandbox.docker`` (hardened containers, warm pool), ``agentrl.sandbox.subprocess_runner``
+(no isolation at all; tests and trusted workloads).
 
-Contract for backends:
+Contract for backends
+---------------------
 
-* ``run`` returns within ``timeout_s`` plus a small grace for cleanup, whatever the program does;
-  everything the program started is gone afterwards.
-* The program's own failures are *results*, never exceptions: non-zero exit, timeout, output
-  over the cap, death by signal all come back as an ``ExecResult`` with a ``status``.
-* Infrastructure failures (the backend cannot start the program, the daemon is gone) raise
-  ``agentrl.errors.SandboxError``; the episode then ends ``sandbox_error`` and is not trained on.
-* ``files`` are written, relative to the program's working directory, before it starts.
+* ``run`` returns within ``timeout_s`` plus a small grace for cleanup (a few seconds at most),
+  whatever the program does; everything the program started is gone afterwards (a session's
+  processes are gone after each ``run`` too: only its files persist).
+* The program's own failures are *results*, never exceptions: non-zero exit, timeout, memory,
+  output over the cap, death by signal all come back as an ``ExecResult`` with a ``status``.
+* Infrastructure failures (the backend cannot start the program, the daemon or container is gone,
+  the work dir cannot be created) raise ``agentrl.errors.SandboxError``; the episode then ends
+  ``sandbox_error`` and is excluded from the loss, never scored as reward 0.
+* Caller mistakes (empty argv, ``timeout_s <= 0``, a file name that is absolute or contains
+  ``..``) raise ``ValueError`` before anything runs.
+* ``files`` ({relative path: bytes}) are written into the work dir before the program starts.
+* ``collect`` names relative paths to copy out of the work dir after the program ends, into
+  ``ExecResult.files``. A path that is absent, absolute, contains ``..``, is not a regular file,
+  resolves (through symlinks) outside the work dir, or is over the size cap is *not* collected
+  and is named in ``ExecResult.detail``; it is never an exception (the program controls the work
+  dir, so a bad entry there is the program's doing). ``agentrl.sandbox.files`` implements this.
+* ``limits`` override the sandbox's default ``Limits`` for one run (or one session); every backend
+  enforces what it can and its docstring lists what it cannot.
+* ``run`` is safe to call concurrently from one event loop; a backend bounds how many programs run
+  at once (a sandbox is shared process-wide so that bound is global).
+
+Docker backend hook used by ``make_sandbox("auto")``: ``agentrl.sandbox.docker`` exposes
+``DockerSandbox`` and ``unavailable_reason(**options) -> str | None`` (None when a daemon answers
+and the image exists, else why not).
 """
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from agentrl.errors import ConfigError
 
 #: Every value ``ExecResult.status`` may take.
 STATUSES = ("ok", "timeout", "oom", "output_limit", "killed", "error")
 
+#: Names ``make_sandbox`` accepts.
+BACKENDS = ("auto", "local", "docker", "subprocess")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run (or one session). Every backend enforces what it can and documents
+    what it cannot (see its module docstring)."""
+
+    memory_mb: int = 512
+    """Memory. Docker: cgroup memory, with memory+swap equal to it. Local: address space (RLIMIT_AS)."""
+    cpus: float = 1.0
+    """CPU share. Docker: CPU quota. Local: not a share; RLIMIT_CPU = ceil(timeout) + 1 s of CPU time."""
+    pids: int = 64
+    """Processes + threads the program may have at once."""
+    nofile: int = 256
+    """Open file descriptors per process."""
+    fsize_mb: int = 64
+    """Largest file the program may write (RLIMIT_FSIZE)."""
+    disk_mb: int = 128
+    """Size of the work dir (and of a private /tmp, /dev/shm). Docker: tmpfs size. Local: a tmpfs of
+    this size when the trainer is root; otherwise only ``fsize_mb`` per file bounds it."""
+    max_output_bytes: int = 65536
+    """Per stream (stdout, stderr). Going over kills the program with status ``output_limit``."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "pids", "nofile", "fsize_mb", "disk_mb", "max_output_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Limits.{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) \
+                or not math.isfinite(self.cpus) or self.cpus <= 0:
+            raise ConfigError(f"Limits.cpus must be a number > 0, got {self.cpus!r}")
+
 
 @dataclass(frozen=True)
 class ExecResult:
-    """What one ``Sandbox.run`` produced.
+    """What one run produced.
 
     ``status``: ``ok`` the program ran to its end (any exit code); ``timeout`` it was killed at its
-    deadline; ``oom`` killed for memory (backends with a memory limit); ``output_limit`` killed
-    because stdout or stderr passed the cap; ``killed`` it died by a signal the sandbox did not
-    send (``exit_code`` is then ``-signal``); ``error`` the backend failed after the program started.
-    ``exit_code`` is None when the sandbox killed the program. ``truncated``: output was cut.
+    deadline; ``oom`` it died for lack of memory (see the backend for how that is detected);
+    ``output_limit`` killed because stdout or stderr passed the cap; ``killed`` it died by a signal
+    the sandbox did not send (``exit_code`` is then ``-signal``); ``error`` the backend failed after
+    the program started (``detail`` says how). ``exit_code`` is None when the sandbox killed it.
+    ``truncated``: some output was cut. ``files``: what ``collect`` copied out. ``detail``: a
+    human-readable why (for error/killed/oom, and the paths ``collect`` refused).
     """
 
     stdout: str
@@ -42,6 +106,8 @@ class ExecResult:
     status: str
     wall_s: float
     truncated: bool = False
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    detail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -49,29 +115,139 @@ class ExecResult:
         return self.status == "ok" and self.exit_code == 0
 
 
-class Sandbox(abc.ABC):
-    """Runs argv in an isolated working directory. Safe to call concurrently from one event loop."""
+class SandboxSession(abc.ABC):
+    """State across the turns of one episode: every ``run`` uses the same work dir (docker: the same
+    container), so files written by one turn are there for the next. Processes do not survive a
+    ``run``. Use as ``async with await sandbox.session() as s:`` or call ``close()``; ``close`` is
+    idempotent, and ``run`` after ``close`` raises SandboxError."""
 
     @abc.abstractmethod
-    async def run(self, argv: list[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: dict[str, bytes] | None = None) -> ExecResult:
-        """Run ``argv`` (no shell) with ``files`` in its working dir; stdin closed unless given."""
+    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
+                  files: Mapping[str, bytes] | None = None, collect: Sequence[str] = ()) -> ExecResult:
+        """Like ``Sandbox.run`` but in this session's work dir, with the session's limits."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Remove the work dir (docker: the container). Idempotent."""
+
+    async def __aenter__(self) -> "SandboxSession":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Sandbox(abc.ABC):
+    """Runs argv (no shell) in an isolated working directory. See the module docstring's contract."""
+
+    name: str = "sandbox"
+
+    @abc.abstractmethod
+    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
+                  files: Mapping[str, bytes] | None = None, limits: Limits | None = None,
+                  collect: Sequence[str] = ()) -> ExecResult:
+        """Run ``argv`` once in a fresh work dir holding ``files``; stdin closed unless given;
+        ``collect``: relative paths copied out after the run (escapes refused, named in detail)."""
+
+    async def session(self, *, limits: Limits | None = None) -> SandboxSession:
+        """Open a session (state across the turns of one episode). Backends that support sessions
+        override this; ``supports_sessions(sb)`` tells whether one does."""
+        raise NotImplementedError(f"the {self.name!r} sandbox ({type(self).__name__}) has no sessions")
 
     async def aclose(self) -> None:
         """Release pooled resources (containers, warm processes). The default holds none."""
 
 
-def default_sandbox() -> Sandbox:
-    """The process-wide subprocess sandbox. Shared so that its concurrency bound is global:
-    envs are built per episode, and a sandbox per env would bound nothing."""
-    global _DEFAULT
-    if _DEFAULT is None:
+def supports_sessions(sandbox: Sandbox) -> bool:
+    """Whether ``sandbox.session()`` is implemented (checked up front by envs asking for sessions)."""
+    return type(sandbox).session is not Sandbox.session
+
+
+def make_sandbox(backend: str = "auto", **options) -> Sandbox:
+    """A new sandbox of ``backend``:
+
+    * ``"local"``: ``agentrl.sandbox.local.LocalSandbox`` (rlimits; bubblewrap when available);
+    * ``"docker"``: ``agentrl.sandbox.docker.DockerSandbox`` (imported lazily);
+    * ``"subprocess"``: ``SubprocessSandbox``, no isolation (tests, trusted code);
+    * ``"auto"``: docker if its module imports, a daemon answers and the image exists, else local.
+      With ``"auto"`` only options every backend takes are allowed (``limits``, ``max_concurrency``).
+
+    ``options`` go to the backend's constructor. Unknown backend -> ConfigError naming the choices.
+    """
+    if backend == "auto":
+        _check_auto_options(options)
+        backend = "docker" if docker_unavailable_reason() is None else "local"
+    if backend == "local":
+        from agentrl.sandbox.local import LocalSandbox
+
+        return LocalSandbox(**options)
+    if backend == "subprocess":
         from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 
-        _DEFAULT = SubprocessSandbox()
-    return _DEFAULT
+        return SubprocessSandbox(**options)
+    if backend == "docker":
+        try:
+            from agentrl.sandbox.docker import DockerSandbox
+        except ImportError as e:
+            raise ConfigError(f"sandbox backend 'docker' is not available: {e}") from e
+        return DockerSandbox(**options)
+    raise ConfigError(f"sandbox backend must be one of {list(BACKENDS)}, got {backend!r}")
 
 
-_DEFAULT: Sandbox | None = None
+def _check_auto_options(options: dict) -> None:
+    extra = sorted(set(options) - {"limits", "max_concurrency"})
+    if extra:
+        raise ConfigError(f"sandbox backend 'auto' takes only the options every backend takes (limits, "
+                          f"max_concurrency), got {extra}; name the backend to pass backend-specific options")
 
-__all__ = ["STATUSES", "ExecResult", "Sandbox", "default_sandbox"]
+
+def docker_unavailable_reason() -> str | None:
+    """None when the docker backend can run here, else why not (module missing, no daemon, no image)."""
+    try:
+        from agentrl.sandbox import docker
+    except ImportError as e:
+        return f"agentrl.sandbox.docker cannot be imported: {e}"
+    probe = getattr(docker, "unavailable_reason", None)
+    if probe is None:
+        return "agentrl.sandbox.docker has no unavailable_reason()"
+    try:
+        return probe()
+    except Exception as e:  # a broken probe must not break backend choice
+        return f"docker probe failed: {type(e).__name__}: {e}"
+
+
+def shared_sandbox(backend: str = "local", **options) -> Sandbox:
+    """The process-wide sandbox of ``backend`` with ``options`` (built on first use). Shared so that
+    its concurrency bound is global: envs are built per episode, and a sandbox per env would bound
+    nothing. ``"auto"`` is resolved once per process."""
+    global _AUTO
+    if backend not in BACKENDS:
+        raise ConfigError(f"sandbox backend must be one of {list(BACKENDS)}, got {backend!r}")
+    with _SHARED_LOCK:  # envs may be built from several threads; a second instance would double the bound
+        if backend == "auto":
+            _check_auto_options(options)
+            if _AUTO is None:
+                _AUTO = "docker" if docker_unavailable_reason() is None else "local"
+            backend = _AUTO
+        try:
+            key = (backend, tuple(sorted(options.items())))
+            hash(key)
+        except TypeError:
+            raise ConfigError(f"shared sandbox options must be hashable values, got {options!r}") from None
+        sb = _SHARED.get(key)
+        if sb is None:
+            sb = _SHARED[key] = make_sandbox(backend, **options)
+        return sb
+
+
+def default_sandbox() -> Sandbox:
+    """The process-wide local sandbox (``shared_sandbox("local")``)."""
+    return shared_sandbox("local")
+
+
+_SHARED: dict[tuple, Sandbox] = {}
+_SHARED_LOCK = threading.RLock()
+_AUTO: str | None = None
+
+__all__ = ["BACKENDS", "STATUSES", "ExecResult", "Limits", "Sandbox", "SandboxSession", "default_sandbox",
+           "docker_unavailable_reason", "make_sandbox", "shared_sandbox", "supports_sessions"]

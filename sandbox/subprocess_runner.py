@@ -1,26 +1,29 @@
-"""A plain subprocess runner: deadline, process-group kill, empty env, temp dir, output caps.
+"""The process mechanics every host-process backend shares, and the plain runner built on them.
 
-THIS IS NOT A SECURITY BOUNDARY. The program runs as the same user as the trainer, with full
-network access, the whole filesystem readable and writable, no memory/CPU/pid limits, and the
+Owns: ``SubprocessSandbox`` (no isolation) and the machinery ``LocalSandbox`` extends through a few
+hooks: work dir lifecycle, spawning in a new session/process group, output capping as it arrives,
+the deadline, killing the whole group, reaping, copying files in and out, sessions.
+
+THE PLAIN RUNNER IS NOT A SECURITY BOUNDARY. The program runs as the same user as the trainer, with
+full network access, the whole filesystem readable and writable, no memory/CPU/pid limits, and the
 ability to signal any process of that user (``kill -9 -1`` would take the trainer down). Use it
-for trusted workloads, tests and benchmarks; the hardened local backend (rlimits + bubblewrap)
-and the Docker backend are separate and plug into the same ``Sandbox`` interface.
+for trusted workloads, tests and benchmarks; ``agentrl.sandbox.local`` is the hardened one.
 
-What it does guarantee:
+What the mechanics guarantee (both backends):
 
-* each run gets a fresh temp working dir (``HOME`` and ``TMPDIR`` point there), removed after;
+* each run (or session) gets a fresh temp working dir, removed afterwards; ``files`` are written
+  there first and ``collect`` copies files out with ``agentrl.sandbox.files`` (escapes refused);
 * the environment is empty except ``PATH`` (this interpreter's bin dir first, so ``python3`` is
   the trainer's Python), ``LANG``, ``HOME``, ``TMPDIR`` and ``PYTHONDONTWRITEBYTECODE``/``UNBUFFERED``;
 * the program leads its own session/process group; at the deadline, at an output overflow, on
   cancellation, and after a normal exit (to reap background children such as ``sleep 1000 &``)
-  the whole group gets SIGKILL. A child that calls ``setsid`` itself escapes the group: only a
-  pid-namespace backend can catch it; we stop reading its pipes after a short grace instead;
-* stdout and stderr are each capped (``max_output_bytes``, 64 KiB by default). Going over the
-  cap kills the program with status ``output_limit``: reading and discarding a 1 GB flood would
-  burn the deadline for output nobody will read;
+  the whole group gets SIGKILL. Here a child that calls ``setsid`` itself escapes the group (the
+  local backend catches those); we stop reading its pipes after a short grace instead;
+* stdout and stderr are each capped (``Limits.max_output_bytes``). Going over the cap kills the
+  program with status ``output_limit``: reading a 1 GB flood would burn the deadline for nothing;
 * at most ``max_concurrency`` programs run at once (a semaphore per event loop).
 
-Status ``oom`` is never reported here (no memory limit is set).
+Of ``Limits`` the plain runner enforces only ``max_output_bytes``; status ``oom`` never occurs.
 """
 from __future__ import annotations
 
@@ -32,39 +35,45 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import PurePosixPath
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox import ExecResult, Sandbox
+from agentrl.sandbox import ExecResult, Limits, Sandbox, SandboxSession
+from agentrl.sandbox.files import check_relpath, collect_files, write_files
 
 _PIPE_GRACE_S = 0.5  # how long to wait for pipes held open by escaped (setsid) children
 _EXIT_GRACE_S = 5.0  # after SIGKILL a process is gone in microseconds; this only bounds a wedged kernel
+WORKDIR_PREFIX = "agentrl-sbx-"
+MB = 1 << 20
 
 
-def _base_env(workdir: str) -> dict[str, str]:
-    bindir = os.path.dirname(sys.executable)
-    return {
-        "PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin"]),
-        "HOME": workdir,
-        "TMPDIR": workdir,
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+def base_env(home: str, tmp: str, python_bin: str | None) -> dict[str, str]:
+    """The whole environment a sandboxed program gets (nothing is inherited from the trainer)."""
+    path = ([python_bin] if python_bin else []) + ["/usr/local/bin", "/usr/bin", "/bin"]
+    return {"PATH": os.pathsep.join(path), "HOME": home, "TMPDIR": tmp, "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def _safe_relpath(name: str) -> PurePosixPath:
-    p = PurePosixPath(name)
-    if not name or p.is_absolute() or ".." in p.parts:
-        raise ValueError(f"sandbox file name must be a relative path without '..', got {name!r}")
-    return p
+@dataclass
+class Workdir:
+    """A run's or a session's work dir: ``path`` on the host, ``owner`` (uid, gid) of the sandbox
+    user when it differs from ours, and whatever the backend needs to tear it down."""
+
+    path: str
+    owner: tuple[int, int] | None = None
+    mounted: bool = False
 
 
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
+@dataclass
+class Spawn:
+    """How to start one program: the host argv, its env and cwd, extra Popen keywords."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    popen: dict[str, Any]
+    status_fd: int | None = None  # backend-specific: read end of a status pipe, closed after the run
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -72,12 +81,11 @@ class _Protocol(asyncio.SubprocessProtocol):
     (a background child may hold them open for ever)."""
 
     def __init__(self, cap: int) -> None:
+        loop = asyncio.get_running_loop()
         self.cap = cap
         self.bufs = {1: bytearray(), 2: bytearray()}
         self.seen = {1: 0, 2: 0}
-        self.exited = asyncio.get_running_loop().create_future()
-        self.overflow = asyncio.get_running_loop().create_future()
-        self.pipes_closed = asyncio.get_running_loop().create_future()
+        self.exited, self.overflow, self.pipes_closed = (loop.create_future() for _ in range(3))
         self._open = {1, 2}
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
@@ -115,19 +123,48 @@ async def _settle(proto: _Protocol) -> None:
             pass
 
 
-class SubprocessSandbox(Sandbox):
-    """Runs programs as plain child processes. See the module docstring: not a security boundary."""
+def killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
 
-    def __init__(self, *, max_output_bytes: int = 64 * 1024, max_concurrency: int = 16,
-                 extra_env: dict[str, str] | None = None) -> None:
-        if max_output_bytes < 1 or max_concurrency < 1:
-            raise ValueError("max_output_bytes and max_concurrency must be >= 1")
-        self.max_output_bytes = max_output_bytes
+
+def check_call(argv: Sequence[str], timeout_s: float) -> list[str]:
+    """Caller mistakes, raised before anything runs."""
+    if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+        raise ValueError(f"argv must be a non-empty list of str without NUL, got {argv!r:.200}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    return list(argv)
+
+
+class SubprocessSandbox(Sandbox):
+    """Runs programs as plain child processes. See the module docstring: not a security boundary.
+
+    Subclasses change *how* (``_new_workdir``, ``_drop_workdir``, ``_spawn``, ``_kill``,
+    ``_classify``); the deadline/output/cleanup/session mechanics stay here, in one place.
+    """
+
+    name = "subprocess"
+
+    def __init__(self, *, limits: Limits | None = None, max_concurrency: int = 16,
+                 max_output_bytes: int | None = None, extra_env: dict[str, str] | None = None) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
+        limits = limits or Limits()
+        if max_output_bytes is not None:  # the older spelling of limits.max_output_bytes
+            limits = replace(limits, max_output_bytes=max_output_bytes)
+        self.limits = limits
         self.max_concurrency = max_concurrency
         self.extra_env = dict(extra_env or {})
         # asyncio primitives bind to the loop that first waits on them; keep one per loop so the
         # same sandbox works from a sync env's private loop and from the trainer's loop.
         self._sems: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
+
+    @property
+    def max_output_bytes(self) -> int:
+        return self.limits.max_output_bytes
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -137,72 +174,137 @@ class SubprocessSandbox(Sandbox):
             entry = self._sems[id(loop)] = (loop, asyncio.Semaphore(self.max_concurrency))
         return entry[1]
 
-    async def run(self, argv: list[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: dict[str, bytes] | None = None) -> ExecResult:
-        if not argv:
-            raise ValueError("argv must not be empty")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        paths = {_safe_relpath(k): v for k, v in (files or {}).items()}
-        async with self._semaphore():
-            try:
-                workdir = tempfile.mkdtemp(prefix="agentrl-sbx-")
-            except OSError as e:
-                raise SandboxError(f"cannot create a sandbox work dir: {e}") from e
-            try:
-                for rel, data in paths.items():
-                    dest = os.path.join(workdir, *rel.parts)
-                    os.makedirs(os.path.dirname(dest), exist_ok=True)
-                    with open(dest, "wb") as f:
-                        f.write(data)
-                return await self._run_in(argv, workdir, stdin, timeout_s)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+    # ------------------------------------------------------------------------------ hooks
+    def _new_workdir(self, limits: Limits) -> Workdir:
+        return Workdir(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
 
-    async def _run_in(self, argv: list[str], workdir: str, stdin: bytes | None, timeout_s: float) -> ExecResult:
-        env = {**_base_env(workdir), **self.extra_env}
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        try:
-            transport, proto = await loop.subprocess_exec(
-                lambda: _Protocol(self.max_output_bytes), *argv, cwd=workdir, env=env, start_new_session=True,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )
-        except OSError as e:
-            raise SandboxError(f"cannot start {argv[0]!r}: {e}") from e
-        pid = transport.get_pid()
-        try:
-            if stdin is not None:
-                w = transport.get_pipe_transport(0)
-                w.write(stdin)  # buffered by the transport; a program that never reads just times out
-                w.write_eof()
-            await asyncio.wait({proto.exited, proto.overflow}, timeout=timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-            if proto.overflow.done():
-                status = "output_limit"
-            elif proto.exited.done():
-                status = "ok"
-            else:
-                status = "timeout"
-        finally:
-            # Always kill the group: at the deadline, on overflow, on cancellation, and after a
-            # normal exit to take background children with it. (Safe after the leader is reaped:
-            # Linux does not reuse a pid while it is still some live process group's id.)
-            _killpg(pid)
+    def _drop_workdir(self, wd: Workdir) -> None:
+        shutil.rmtree(wd.path, ignore_errors=True)
+
+    def _spawn(self, argv: list[str], wd: Workdir, limits: Limits, timeout_s: float) -> Spawn:
+        env = {**base_env(wd.path, wd.path, os.path.dirname(sys.executable)), **self.extra_env}
+        return Spawn(argv, env, wd.path, {})
+
+    def _kill(self, pid: int, wd: Workdir) -> None:
+        killpg(pid)
+
+    def _classify(self, status: str, code: int | None, stderr: str, spawn: Spawn,
+                  limits: Limits) -> tuple[str, int | None, str]:
+        """(status, exit_code, detail) from what the mechanics saw; backends refine (oom, signals)."""
+        if status == "ok" and code is not None and code < 0:
+            return "killed", code, f"died by signal {-code}"
+        return status, code, ""
+
+    # ------------------------------------------------------------------------------ API
+    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
+                  files: Mapping[str, bytes] | None = None, limits: Limits | None = None,
+                  collect: Sequence[str] = ()) -> ExecResult:
+        argv = check_call(argv, timeout_s)
+        limits = limits or self.limits
+        for name in files or {}:
+            check_relpath(name)
+        async with self._semaphore():
+            wd = self._open_workdir(limits)
             try:
-                await _settle(proto)
-            finally:  # even if cancelled while settling
-                transport.close()
-        wall = time.perf_counter() - t0
-        code = transport.get_returncode()
-        if status == "ok":
-            if code is not None and code < 0:
-                status = "killed"
-            elif proto.truncated:
+                return await self._execute(argv, wd, limits, stdin, timeout_s, files, collect)
+            finally:
+                self._drop_workdir(wd)
+
+    async def session(self, *, limits: Limits | None = None) -> SandboxSession:
+        return _Session(self, limits or self.limits)
+
+    def _open_workdir(self, limits: Limits) -> Workdir:
+        try:
+            return self._new_workdir(limits)
+        except OSError as e:
+            raise SandboxError(f"cannot create a sandbox work dir: {e}") from e
+
+    async def _execute(self, argv: list[str], wd: Workdir, limits: Limits, stdin: bytes | None, timeout_s: float,
+                       files: Mapping[str, bytes] | None, collect: Sequence[str]) -> ExecResult:
+        if files:
+            write_files(wd.path, files, owner=wd.owner, max_total_bytes=limits.disk_mb * MB)
+        spawn = self._spawn(argv, wd, limits, timeout_s)
+        try:
+            loop = asyncio.get_running_loop()
+            t0 = time.perf_counter()
+            try:
+                transport, proto = await loop.subprocess_exec(
+                    lambda: _Protocol(limits.max_output_bytes), *spawn.argv, cwd=spawn.cwd, env=spawn.env,
+                    start_new_session=True, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, **spawn.popen)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
+            finally:
+                for fd in spawn.popen.get("pass_fds", ()):
+                    os.close(fd)  # the child has its copy; ours would keep the pipe open for ever
+            pid = transport.get_pid()
+            try:
+                if stdin is not None:
+                    w = transport.get_pipe_transport(0)
+                    w.write(stdin)  # buffered by the transport; a program that never reads just times out
+                    w.write_eof()
+                await asyncio.wait({proto.exited, proto.overflow}, timeout=timeout_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                status = "output_limit" if proto.overflow.done() else "ok" if proto.exited.done() else "timeout"
+            finally:
+                # Always kill: at the deadline, on overflow, on cancellation, and after a normal exit to
+                # take background children with it. (Safe after the leader is reaped: Linux does not
+                # reuse a pid while it is still some live process group's id.)
+                self._kill(pid, wd)
+                try:
+                    await _settle(proto)
+                finally:  # even if cancelled while settling
+                    transport.close()
+            wall = time.perf_counter() - t0
+            code = transport.get_returncode()
+            if status == "ok" and proto.truncated:
                 status = "output_limit"
+            stderr = proto.text(2)
+            status, code, detail = self._classify(status, code, stderr, spawn, limits)
+        finally:
+            if spawn.status_fd is not None:
+                os.close(spawn.status_fd)
+        got: Mapping[str, bytes] = {}
+        if collect:
+            c = collect_files(wd.path, collect, max_file_bytes=limits.fsize_mb * MB,
+                              max_total_bytes=limits.disk_mb * MB)
+            got, detail = c.files, "; ".join(d for d in (detail, c.detail()) if d)
         return ExecResult(
-            stdout=proto.text(1), stderr=proto.text(2),
-            exit_code=code if status in ("ok", "killed") else None,
-            status=status, wall_s=wall, truncated=proto.truncated,
-        )
+            stdout=proto.text(1), stderr=stderr, exit_code=code if status in ("ok", "killed", "oom") else None,
+            status=status, wall_s=wall, truncated=proto.truncated, files=got, detail=detail)
+
+
+class _Session(SandboxSession):
+    """One work dir kept across runs; each run is a fresh process tree in it."""
+
+    def __init__(self, sandbox: SubprocessSandbox, limits: Limits) -> None:
+        self.sandbox, self.limits = sandbox, limits
+        self._wd: Workdir | None = None
+        self._closed = False
+
+    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
+                  files: Mapping[str, bytes] | None = None, collect: Sequence[str] = ()) -> ExecResult:
+        argv = check_call(argv, timeout_s)
+        for name in files or {}:
+            check_relpath(name)
+        async with self.sandbox._semaphore():
+            if self._closed:
+                raise SandboxError("sandbox session is closed")
+            if self._wd is None:
+                self._wd = self.sandbox._open_workdir(self.limits)
+            return await self.sandbox._execute(argv, self._wd, self.limits, stdin, timeout_s, files, collect)
+
+    async def close(self) -> None:
+        self._closed = True
+        wd, self._wd = self._wd, None
+        if wd is not None:
+            self.sandbox._drop_workdir(wd)
+
+    def __del__(self) -> None:
+        # An episode that forgot close() must not leak a work dir (or a tmpfs mount).
+        wd, self._wd = getattr(self, "_wd", None), None
+        if wd is not None:
+            try:
+                self.sandbox._drop_workdir(wd)
+            except Exception:  # at interpreter exit modules may be half torn down
+                pass

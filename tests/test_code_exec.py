@@ -1,8 +1,10 @@
 """CodeExecEnv end to end with the real python tool, plus the procedural task generator."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -24,6 +26,7 @@ def env_factory():
     envs = []
 
     def build(**kw):
+        kw.setdefault("sandbox_backend", "local")  # the same backend on every machine (auto may pick docker)
         env = make("code_exec", **kw)
         envs.append(env)
         return env
@@ -220,8 +223,78 @@ def test_sandbox_failure_ends_episode_as_sandbox_error():
         env.step("```python\ndef f(): pass\n```")
 
 
+# ------------------------------------------------------------------ sandbox wiring
+def test_one_shot_runs_share_nothing(env_factory):
+    env = env_factory(tools=["python", "bash"])
+    env.reset(seed=0)
+    env.step("<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": "echo hi > note"}}) + "</tool_call>")
+    obs, *_ = env.step(py_call("import os; print(os.path.exists('note'))"))
+    assert obs == "False"
+    assert "Nothing persists" in env.reset(seed=0)[1]["tools"][0]["function"]["description"]
+
+
+def test_session_keeps_files_across_turns_and_not_across_episodes(env_factory):
+    env = env_factory(session=True, tools=["python", "bash"])
+    _, info = env.reset(seed=0)
+    assert "files written in the working directory do" in info["tools"][0]["function"]["description"]
+    env.step(py_call("open('state.txt', 'w').write('41')"))
+    obs, *_ = env.step(py_call("print(int(open('state.txt').read()) + 1)"))
+    assert obs == "42"
+    obs, *_ = env.step("<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": "cat state.txt"}})
+                       + "</tool_call>")
+    assert obs == "41"
+    workdir = env.runner._session._wd.path
+    env.reset(seed=1)  # a new episode: the old session is closed, its work dir gone
+    assert env.runner._session is None and not os.path.exists(workdir)
+    obs, *_ = env.step(py_call("import os; print(os.path.exists('state.txt'))"))
+    assert obs == "False"
+    workdir = env.runner._session._wd.path
+    env.close()
+    assert not os.path.exists(workdir)
+
+
+async def test_session_closed_by_close_inside_a_running_loop(env_factory):
+    env = env_factory(session=True)
+    await env.areset(seed=0)
+    await env.astep(py_call("open('f', 'w').write('x')"))
+    workdir = env.runner._session._wd.path
+    env.close()  # what the episode manager does, from inside its loop
+    for _ in range(50):
+        if not os.path.exists(workdir):
+            break
+        await asyncio.sleep(0.01)
+    assert not os.path.exists(workdir)
+
+
+def test_grading_runs_one_shot_even_with_sessions(env_factory):
+    env = env_factory(session=True, difficulty=5)
+    _, info = env.reset(seed=0)
+    n = len(info["task"]["tests"])
+    # A json.py planted in the session's work dir would replace the grader's tests with "pass".
+    plant = (f"def load(f):\n    return ['pass'] * {n}\n"
+             f"def dumps(x):\n    return '[' + ', '.join(['true'] * {n}) + ']'\n")
+    env.step(py_call(f"open('json.py', 'w').write({plant!r})"))
+    obs, *_ = env.step(py_call("import json; print(json.load(None)[0])"))
+    assert obs == "pass"  # the plant works inside the session...
+    wrong = f"```python\ndef {info['task']['entry_point']}(*a):\n    return 0\n```"
+    assert env.step(wrong)[1] == 0.0  # ...not on the grader
+
+
+class NoSessions(Sandbox):
+    name = "nosessions"
+
+    async def run(self, argv, *, stdin=None, timeout_s, files=None):
+        raise SandboxError("unused")
+
+
+def test_session_needs_a_backend_with_sessions():
+    with pytest.raises(ConfigError, match="no sessions"):
+        CodeExecEnv(sandbox=NoSessions(), session=True)
+
+
 @pytest.mark.parametrize("kw", [{"difficulty": 0}, {"difficulty": []}, {"split": "test"}, {"tools": ["bash"]},
-                                {"tools": ["python", "curl"]}, {"test_reward": "most"}, {"code_timeout_s": 0}])
+                                {"tools": ["python", "curl"]}, {"test_reward": "most"}, {"code_timeout_s": 0},
+                                {"sandbox_backend": "podman"}, {"session": "yes"}])
 def test_config_errors(kw):
     with pytest.raises(ConfigError):
         CodeExecEnv(**kw)

@@ -195,3 +195,21 @@ class _BrokenSandbox(Sandbox):
 async def test_tools_propagate_sandbox_errors():
     with pytest.raises(SandboxError):
         await make_python_tool(_BrokenSandbox())(code="print(1)")
+
+
+async def test_sessions_collect_and_limits(sb):
+    from agentrl.sandbox import Limits
+
+    async with await sb.session(limits=Limits(max_output_bytes=10)) as s:
+        await s.run([PY, "-c", "open('keep.txt', 'w').write('kept')"], timeout_s=10)
+        r = await s.run([PY, "-c", "print(open('keep.txt').read() * 5)"], timeout_s=10, collect=["keep.txt", "../x"])
+        assert r.status == "output_limit" and r.files == {"keep.txt": b"kept"} and "'../x'" in r.detail
+    with pytest.raises(SandboxError, match="closed"):
+        await s.run([PY, "-c", "pass"], timeout_s=5)
+    assert sb.max_output_bytes == 64 * 1024 and SubprocessSandbox(max_output_bytes=5).limits.max_output_bytes == 5
+
+
+@pytest.mark.parametrize("argv, timeout", [([], 5), ("echo hi", 5), (["echo", "a\x00b"], 5), (["true"], 0)])
+async def test_caller_mistakes_are_value_errors(sb, argv, timeout):
+    with pytest.raises(ValueError):
+        await sb.run(argv, timeout_s=timeout)

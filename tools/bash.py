@@ -5,17 +5,21 @@ with ``bash cmd.sh``. Does not: isolate anything itself (the sandbox does, or do
 """
 from __future__ import annotations
 
-from agentrl.sandbox import Sandbox, default_sandbox
+from agentrl.sandbox import default_sandbox
 from agentrl.tooling import Tool
-from agentrl.tools import format_exec_result
+from agentrl.tools import Runner, format_exec_result
+
+_FRESH = "Run a bash script in a fresh working directory and return its stdout and stderr."
+_SESSION = ("Run a bash script and return its stdout and stderr. Files in the working directory persist "
+            "between calls; processes do not.")
 
 
-def make_bash_tool(sandbox: Sandbox | None = None, *, timeout_s: float = 5.0, name: str = "bash") -> Tool:
+def make_bash_tool(sandbox: Runner | None = None, *, timeout_s: float = 5.0, name: str = "bash") -> Tool:
     """A ``Tool`` named ``name`` running bash through ``sandbox`` with a ``timeout_s`` deadline."""
     sb = sandbox if sandbox is not None else default_sandbox()
 
     async def bash_tool(command: str) -> str:
-        """Run a bash script in a fresh working directory and return its stdout and stderr.
+        """Run a bash script.
 
         Args:
             command: The bash commands to run.
@@ -24,4 +28,4 @@ def make_bash_tool(sandbox: Sandbox | None = None, *, timeout_s: float = 5.0, na
                            timeout_s=timeout_s)
         return format_exec_result(res, timeout_s)
 
-    return Tool(bash_tool, name=name)
+    return Tool(bash_tool, name=name, description=_SESSION if getattr(sb, "persistent", False) else _FRESH)

@@ -7,20 +7,26 @@ sandbox does, or does not).
 """
 from __future__ import annotations
 
-from agentrl.sandbox import Sandbox, default_sandbox
+from agentrl.sandbox import default_sandbox
 from agentrl.tooling import Tool
-from agentrl.tools import format_exec_result
+from agentrl.tools import Runner, format_exec_result
+
+_FRESH = ("Run a Python 3 program and return its stdout and stderr. Nothing persists between calls: "
+          "each call is a fresh process in a fresh directory, so print() what you need to see.")
+_SESSION = ("Run a Python 3 program and return its stdout and stderr. Each call is a fresh process, so "
+            "variables do not persist, but files written in the working directory do.")
 
 
-def make_python_tool(sandbox: Sandbox | None = None, *, timeout_s: float = 5.0, python: str = "python3",
+def make_python_tool(sandbox: Runner | None = None, *, timeout_s: float = 5.0, python: str = "python3",
                      name: str = "python") -> Tool:
-    """A ``Tool`` named ``name`` running code through ``sandbox`` (default: the shared subprocess
-    sandbox) with a ``timeout_s`` deadline per run. A program that times out is the model's
-    mistake and comes back as ``TimeoutError: ...`` text; SandboxError propagates."""
+    """A ``Tool`` named ``name`` running code through ``sandbox`` (a ``Sandbox``, a session or an
+    ``EpisodeSandbox``; default: the shared local sandbox) with a ``timeout_s`` deadline per run.
+    A program that times out is the model's mistake and comes back as ``TimeoutError: ...`` text;
+    SandboxError propagates."""
     sb = sandbox if sandbox is not None else default_sandbox()
 
     async def python_tool(code: str) -> str:
-        """Run a Python 3 program and return its stdout and stderr. Nothing persists between calls: each call is a fresh process, so print() what you need to see.
+        """Run a Python 3 program.
 
         Args:
             code: The complete program to run.
@@ -28,4 +34,4 @@ def make_python_tool(sandbox: Sandbox | None = None, *, timeout_s: float = 5.0, 
         res = await sb.run([python, "-"], stdin=code.encode("utf-8", "surrogatepass"), timeout_s=timeout_s)
         return format_exec_result(res, timeout_s)
 
-    return Tool(python_tool, name=name)
+    return Tool(python_tool, name=name, description=_SESSION if getattr(sb, "persistent", False) else _FRESH)

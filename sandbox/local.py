@@ -1,0 +1,305 @@
+"""The hardened local backend: a child process under rlimits, inside bubblewrap namespaces when available.
+
+Owns: ``LocalSandbox`` (the default backend where Docker is absent), its bwrap command line and
+probe, and how its results are classified. The process mechanics (deadline, group kill, output
+caps, work dir, sessions, file copy) are shared with the plain runner in
+``agentrl.sandbox.subprocess_runner``; what happens in the child before exec is in
+``agentrl.sandbox.jail``.
+
+Layers, each on when it can work here (``LocalSandbox.describe()`` says which are on):
+
+1. Always: its own session/process group, killed as a whole at the deadline, at an output
+   overflow, on cancellation and after exit; an empty environment; a fresh work dir; stdin closed
+   unless given; stdout/stderr capped; rlimits: address space (``memory_mb``), CPU seconds
+   (ceil(timeout)+1), file size, open files, core dumps 0; parent-death SIGKILL.
+2. When the trainer runs as root (the usual case on our machines), with ``uid_base`` not None:
+   the program runs as a dedicated unprivileged uid (one per concurrent run or session, from a
+   block of 65536 uids this process holds alone via a lock file) with no-new-privs, never as
+   root. That makes RLIMIT_NPROC (``pids``) effective (the kernel exempts root from it), keeps
+   host files, the docker socket, other processes' ``/proc/*/environ`` and ``~/.ssh`` out of reach
+   by plain permissions, makes ``kill -9 -1`` reach only the run's own processes, and lets us kill
+   everything of that uid after the run (``setsid`` orphans, daemons). The work dir is a tmpfs of
+   ``disk_mb`` (inodes capped) mounted for the run: filling the disk or the inodes fills only
+   that. A Python prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible
+   read-only at its own path. Stale mounts of a crashed trainer go at the next LocalSandbox.
+3. As root without bwrap: private mount, network, IPC and UTS namespaces made in the child: no
+   network at all (loopback down), tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm`` of ``disk_mb``.
+4. When ``bwrap`` works (probed once): user, pid, network, ipc, uts and cgroup namespaces, no
+   further user namespaces, all capabilities dropped, a new terminal session; the filesystem is a
+   read-only root showing only ``/usr`` (+ the ``/bin``-style links, a few ``/etc`` files, the
+   trainer's Python prefix), a private ``/proc``, a minimal read-only ``/dev``, tmpfs ``/tmp``
+   and ``/dev/shm`` of ``disk_mb`` each, and the work dir read-write at ``/work``. When the run
+   ends the namespace's init dies and the kernel kills everything left in the namespace.
+
+What it does NOT isolate:
+
+* Without bwrap: the filesystem view (everything world-readable on the host is readable: /etc,
+  /home dirs with open permissions, /proc of the host: process list, command lines, mounts);
+  the pid namespace (the program sees host processes, though it can signal only its own).
+* Without root (no dedicated uid, no namespaces we can make): ``pids`` is not enforced
+  (RLIMIT_NPROC would count every process of the trainer's user), the work dir is not size-capped
+  (only ``fsize_mb`` per file); without bwrap as well, the network is open and the program can
+  read, write and signal everything the trainer's user can (``kill -9 -1`` kills the trainer).
+* Ever: the kernel is shared (a kernel exploit escapes; gVisor/Docker are the stronger choice);
+  memory is an address-space limit, not a cgroup (programs that reserve large virtual memory fail
+  early; tmpfs pages in /tmp, /dev/shm and the work dir are host RAM bounded only by their sizes);
+  ``cpus`` is not a share (a multi-threaded program may use every core until its CPU-time limit);
+  no seccomp filter; timing and cache side channels.
+
+Statuses: ``oom`` when the program dies with a ``MemoryError`` (Python under RLIMIT_AS); other
+programs meet allocation failure their own way (often SIGSEGV: ``killed``). Exceeding the CPU-time
+limit (SIGXCPU) is ``timeout``. Under bwrap an exit code 129..192 is reported as death by signal
+(bwrap folds the two together), and a program that could not be started (``python3`` missing from
+the sandbox, say) raises SandboxError.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+
+from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox import Limits, jail
+from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env, killpg
+
+_SANDBOX_UID = 1000  # the uid the program sees inside bwrap (whatever the host uid is)
+_ETC = ["/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+        "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", *sorted(glob.glob("/etc/python3*"))]
+_TOP_LINKS = ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+
+
+# ------------------------------------------------------------------------------ probes (cached)
+_PROBES: dict[str, object] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def bwrap_unavailable_reason(uid: int | None = None) -> str | None:
+    """None when bwrap can build our sandbox here (run as ``uid``), else why not. Probed once per uid."""
+    key = f"bwrap:{uid}"
+    with _PROBE_LOCK:
+        if key not in _PROBES:
+            _PROBES[key] = _probe_bwrap(uid)
+    return _PROBES[key]  # type: ignore[return-value]
+
+
+def _probe_bwrap(uid: int | None) -> str | None:
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bwrap is not installed (Debian: apt-get install bubblewrap)"
+    workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX + "probe-")
+    try:
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        argv = _bwrap_argv(exe, workdir, Limits(), None, []) + ["/bin/sh", "-c", "echo ok > /work/probe"]
+        r = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, timeout=20,
+                           preexec_fn=jail.preexec([], uid, pdeathsig=False) if uid is not None else None)
+        if r.returncode != 0 or not os.path.exists(os.path.join(workdir, "probe")):
+            return f"bwrap does not work here (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:300]}"
+        return None
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"bwrap does not work here: {e}"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _can_mount_tmpfs() -> bool:
+    with _PROBE_LOCK:
+        if "tmpfs" not in _PROBES:
+            path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX + "probe-")
+            try:
+                jail.mount_tmpfs(path, 1, 0)
+                jail.unmount(path)
+                _PROBES["tmpfs"] = True
+            except OSError:
+                _PROBES["tmpfs"] = False
+            os.rmdir(path)
+    return bool(_PROBES["tmpfs"])
+
+
+# ------------------------------------------------------------------------------ bwrap
+def _bwrap_argv(exe: str, workdir: str, limits: Limits, status_fd: int | None,
+                binds: list[tuple[str, str]]) -> list[str]:
+    disk = str(limits.disk_mb * MB)
+    argv = [exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID), "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr"]
+    for top in _TOP_LINKS:
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    for path in _ETC:
+        argv += ["--ro-bind-try", path, path]
+    for src, dst in binds:
+        argv += ["--ro-bind", src, dst]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs",
+             "/dev/shm", "--bind", workdir, "/work", "--chdir", "/work",
+             # bwrap's own root and /dev are tmpfs without a size: read-only, or they could fill host RAM.
+             "--remount-ro", "/dev", "--remount-ro", "/"]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
+    return argv + ["--"]
+
+
+# ------------------------------------------------------------------------------ the backend
+class LocalSandbox(SubprocessSandbox):
+    """Runs programs as hardened local processes. See the module docstring for what is isolated.
+
+    Args:
+        limits: default ``Limits`` of a run (``run(limits=...)`` / ``session(limits=...)`` override).
+        max_concurrency: programs running at once (a semaphore per event loop).
+        bwrap: use bubblewrap namespaces: None = when it works here, True = required
+            (ConfigError if it does not work), False = never.
+        uid_base: when running as root, run programs as dedicated uids from a block at or above this
+            (None: keep our uid, i.e. root: then pids is not enforced and host files are not protected).
+        tmpfs: mount a ``disk_mb`` tmpfs as each work dir: None = when root, True/False to force.
+        extra_env: more environment variables for the program.
+    """
+
+    name = "local"
+
+    def __init__(self, *, limits: Limits | None = None, max_concurrency: int = 16, bwrap: bool | None = None,
+                 uid_base: int | None = 1_600_000, tmpfs: bool | None = None,
+                 extra_env: dict[str, str] | None = None, max_output_bytes: int | None = None) -> None:
+        super().__init__(limits=limits, max_concurrency=max_concurrency, max_output_bytes=max_output_bytes,
+                         extra_env=extra_env)
+        root = os.geteuid() == 0
+        top = 2**31 - 2 * jail.UID_BLOCKS * jail.UID_RANGE
+        if uid_base is not None and not (isinstance(uid_base, int) and 1000 <= uid_base < top):
+            raise ConfigError(f"uid_base must be an int in [1000, {top}) or None, got {uid_base!r}")
+        self.uid_base = uid_base if root else None
+        self.uid_block = jail.claim_uid_block(uid_base) if self.uid_base is not None else None
+        probe_uid = self.uid_block + jail.UID_RANGE - 1 if self.uid_block is not None else None  # never handed out
+        reason = bwrap_unavailable_reason(probe_uid) if bwrap is not False else "disabled (bwrap=False)"
+        if bwrap and reason:
+            raise ConfigError(f"bwrap=True but {reason}")
+        self.bwrap = shutil.which("bwrap") if reason is None else None
+        self.bwrap_reason = reason
+        self.tmpfs = (root and _can_mount_tmpfs()) if tmpfs is None else bool(tmpfs)
+        if self.tmpfs and not (root and _can_mount_tmpfs()):
+            raise ConfigError("tmpfs=True needs root and a kernel that lets us mount tmpfs")
+        # bwrap binds the Python prefix itself (from a host export if the uid cannot reach it); without
+        # bwrap, as root, private mount/net/ipc/uts namespaces are the isolation we can still have.
+        self.mounts = jail.ChildMounts(probe_uid, isolate=self.bwrap is None, export=self.bwrap is not None)
+        self.prefixes = self.mounts.prefixes
+        if root:
+            _remove_stale_mounts()
+
+    def describe(self) -> dict:
+        """Which isolation layers are on (for logs, the CLI and the hostile-suite report)."""
+        return {"backend": self.name, "bwrap": self.bwrap is not None, "bwrap_reason": self.bwrap_reason,
+                "dedicated_uid": self.uid_base is not None, "pids_enforced": self.uid_base is not None,
+                "tmpfs_workdir": self.tmpfs, "network_isolated": self.bwrap is not None or self.mounts.isolate,
+                "private_tmp": self.bwrap is not None or self.mounts.isolate,
+                "python_prefixes": list(self.prefixes)}
+
+    # ------------------------------------------------------------------------------ hooks
+    def _new_workdir(self, limits: Limits) -> Workdir:
+        path = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+        uid = jail.take_uid(self.uid_block) if self.uid_block is not None else None
+        wd = Workdir(path, owner=(uid, uid) if uid is not None else None)
+        try:
+            if self.tmpfs:
+                jail.mount_tmpfs(path, limits.disk_mb, uid if uid is not None else os.geteuid())
+                wd.mounted = True
+            elif uid is not None:
+                os.chown(path, uid, uid)
+        except BaseException:
+            self._drop_workdir(wd)
+            raise
+        return wd
+
+    def _drop_workdir(self, wd: Workdir) -> None:
+        # No process of the uid is left here: every run ended in _kill (and bwrap's pid namespace).
+        jail.remove_mountpoint(wd.path, contents=True)
+        wd.mounted = False
+        if wd.owner is not None:
+            jail.give_uid(wd.owner[0])
+            wd.owner = None
+
+    def _spawn(self, argv: list[str], wd: Workdir, limits: Limits, timeout_s: float) -> Spawn:
+        uid = wd.owner[0] if wd.owner is not None else None
+        # bwrap's two processes (outer + namespace init) run under the same uid and count too.
+        nproc = None if uid is None else limits.pids + (2 if self.bwrap else 0)
+        rlimits = jail.rlimits(limits, timeout_s, nproc)
+        python_bin = os.path.join(self.prefixes[0], "bin") if self.prefixes else None
+        if self.bwrap is None:  # namespaces of our own need code in the child: a preexec_fn
+            env = {**base_env(wd.path, wd.path, python_bin), **self.extra_env}
+            pre = jail.preexec(rlimits, uid, mounts=self.mounts, workdir=wd.path, disk_mb=limits.disk_mb)
+            return Spawn(argv, env, wd.path, {"preexec_fn": pre})
+        env = {**base_env("/work", "/tmp", python_bin), **self.extra_env}
+        prefix = jail.launcher(rlimits, uid)
+        popen: dict = {} if prefix is not None else {"preexec_fn": jail.preexec(rlimits, uid)}
+        r, w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(r, False)
+        popen["pass_fds"] = (w,)
+        bwrap = _bwrap_argv(self.bwrap, wd.path, limits, w, self.mounts.binds)
+        return Spawn((prefix or []) + bwrap + argv, env, wd.path, popen, status_fd=r)
+
+    def _kill(self, pid: int, wd: Workdir) -> None:
+        killpg(pid)  # under bwrap: the outer bwrap and the namespace's init; the kernel kills the rest
+        if wd.owner is not None and self.bwrap is None:
+            jail.kill_uid(wd.owner[0])  # setsid orphans left the group but not the uid
+
+    def _classify(self, status: str, code: int | None, stderr: str, spawn: Spawn,
+                  limits: Limits) -> tuple[str, int | None, str]:
+        if spawn.status_fd is not None and status == "ok":
+            if not _bwrap_ran(spawn.status_fd) and stderr.startswith("bwrap: "):
+                # The program never ran (no exit record), so all of stderr is bwrap's own.
+                raise SandboxError(f"the local sandbox could not start the program: {stderr.strip()[:500]}")
+            if code is not None and 128 < code <= 192:
+                code = -(code - 128)  # bwrap reports death by signal N as exit 128 + N
+        if status == "ok" and code is not None and code < 0:
+            if -code == signal.SIGXCPU:
+                return "timeout", None, "CPU-time limit (RLIMIT_CPU) reached"
+            why = "file size limit (RLIMIT_FSIZE)" if -code == signal.SIGXFSZ else f"died by signal {-code}"
+            return "killed", code, why
+        if status == "ok" and code not in (0, None) and _died_of_memory_error(stderr):
+            return "oom", code, f"MemoryError under the {limits.memory_mb} MB address-space limit"
+        return status, code, ""
+
+
+def _bwrap_ran(fd: int) -> bool:
+    """bwrap's json status stream has an ``exit-code`` record only if the program was started."""
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    for line in data.splitlines():
+        try:
+            if "exit-code" in json.loads(line):
+                return True
+        except (ValueError, TypeError):
+            continue
+    return False
+
+
+def _died_of_memory_error(stderr: str) -> bool:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return bool(lines) and lines[-1].startswith("MemoryError")
+
+
+def _remove_stale_mounts() -> None:
+    """Unmount and remove work dirs and Python exports left by trainer processes that died (their
+    pid is in the name)."""
+    tmp = tempfile.gettempdir()
+    for prefix, contents in ((WORKDIR_PREFIX, True), (jail.EXPORT_PREFIX, False)):
+        for path in glob.glob(os.path.join(tmp, prefix + "*-*")):
+            pid = os.path.basename(path)[len(prefix):].split("-", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive (or a reused pid): not ours to touch
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            jail.remove_mountpoint(path, contents=contents)

@@ -77,24 +77,42 @@ def rollout(
     console.print(f"wrote {len(trajs)} trajectories to {out_dir / 'trajectories.jsonl'}")
 
 
-PLANNED_ALGOS = ("grpo", "ppo")
-
-
 @app.command()
 def run(
     env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
-    algo: str = typer.Option("grpo", "--algo", "-a", help=f"RL algorithm: {', '.join(PLANNED_ALGOS)}."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir; default: the built-in tiny model."),
+    algo: str = typer.Option("grpo", "--algo", "-a", help="grpo | dr_grpo | rloo | reinforce_pp | ppo (algo.name)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir; default: the built-in SFT-warm-started tiny model."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
     config: Optional[List[str]] = ConfigOpt,
     sets: Optional[List[str]] = SetOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
-    """The main job. Today: the rollout stage on the embedded defaults (learning lands with issue #4)."""
-    if algo not in PLANNED_ALGOS:
-        _fail(AgentRLError(f"--algo {algo!r} is not one of {list(PLANNED_ALGOS)}"))
-    console.print(f"[yellow]note:[/] the learning loop for --algo {algo} is not implemented yet (issue #4); "
-                  "this run collects and saves one batch of rollouts with the current policy.")
-    rollout(env=env, model=model, num_prompts=None, group_size=None, out="runs/run-" + env, config=config,
-            sets=sets, quiet=False)
+    """The main job: rollouts -> rewards -> credit -> update -> weight sync, with evaluation and checkpoints."""
+    import asyncio
+
+    from agentrl.runner import Runner
+
+    base: dict = {"env": {"id": env}, "algo": {"name": algo}, "output_dir": out or f"runs/{env}-{algo}"}
+    if model:
+        base["model"] = {"path": model}
+    train = {k: v for k, v in (("steps", steps), ("resume", resume or None)) if v is not None}
+    if train:
+        base["train"] = train
+    try:
+        cfg = _load(config, sets, base)
+        summary = asyncio.run(Runner(cfg, progress=not quiet).run())
+    except AgentRLError as e:
+        _fail(e)
+    tab = Table(title=f"agentrl run: {cfg.env.id} / {cfg.algo.name}")
+    tab.add_column("metric")
+    tab.add_column("value", justify="right")
+    for key in ("steps", "wall_s", "eval_solve_rate_start", "eval_solve_rate_end", "eval_tool_use_rate_end"):
+        v = summary.get(key)
+        tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+    console.print(tab)
+    console.print(f"run directory: {cfg.output_dir} (metrics.jsonl, curves.png, summary.json, checkpoints/)")
 
 
 @app.command("check-template")
@@ -137,6 +155,10 @@ def config_cmd(
     except AgentRLError as e:
         _fail(e)
     console.print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+from agentrl.cli_sandbox import app as sandbox_app  # noqa: E402
+app.add_typer(sandbox_app, name="sandbox")
 
 
 def main() -> None:

@@ -95,6 +95,9 @@ class LoggingConfig:
     wandb_project: str | None = doc(None, "Log to this Weights & Biases project (needs `pip install wandb`).")
 
 
+from agentrl.trainer.config import TrainerConfig  # noqa: E402  (needs doc() above; imports no torch)
+
+
 @dataclass
 class RunConfig:
     output_dir: str = doc("runs/latest", "Where trajectories, metrics and the resolved config are written.")
@@ -106,6 +109,7 @@ class RunConfig:
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
 # ------------------------------------------------------------------------------------------
@@ -141,6 +145,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     base = origin or tp
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if base is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-4 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if base is bool and not isinstance(value, bool):
         raise ConfigError(f"{path}: expected true/false, got {value!r}")
     if base in (int, float, str, dict, list) and not isinstance(value, base) or (base is int and isinstance(value, bool)):
@@ -210,7 +219,9 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), base: d
         data = _deep_merge(data, loaded)
     for o in overrides:
         data = _deep_merge(data, parse_override(o))
-    return _build(RunConfig, data)
+    cfg = _build(RunConfig, data)
+    cfg.trainer.check()
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict:

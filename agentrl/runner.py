@@ -1,0 +1,257 @@
+"""The main job: ``agentrl run`` — rollout -> reward -> credit -> update -> weight sync -> next.
+
+Owns the in-process training loop: building the pieces from the config (model, LocalEngine,
+Trainer, env factory, EpisodeManager, StalenessQueue, sinks), the producer that admits and runs
+groups of episodes, the trainer loop (batch -> samples -> train_step -> weight sync -> version),
+held-out evaluation, checkpoints with the data position (for ``--resume``), the live progress
+display, the final summary table and the curve PNG. Does not implement any of those pieces.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import RunConfig, save_config, to_dict
+from agentrl.credit_assign import ALGOS, build_samples, episode_return
+from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
+from agentrl.metrics import RolloutMetrics
+from agentrl.staleness import StalenessQueue
+from agentrl.trajectory import Trajectory
+
+
+def rollout_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
+    trajs = [t for g in groups for t in g]
+    ok = [t for t in trajs if t.trainable]
+    used_tool = [t for t in ok if t.info.get("tool_stats", {}).get("calls", 0) > 0]
+    return {
+        "reward_mean": sum(episode_return(t) for t in ok) / len(ok) if ok else 0.0,
+        "solve_rate": sum(t.reward > 0 for t in ok) / len(ok) if ok else 0.0,
+        "tool_use_rate": len(used_tool) / len(ok) if ok else 0.0,
+        "turns_mean": sum(t.num_turns for t in trajs) / len(trajs) if trajs else 0.0,
+        "sampled_tokens": float(sum(t.num_sampled for t in trajs)),
+        "infra_failures": float(len(trajs) - len(ok)),
+    }
+
+
+class Runner:
+    """One training run. ``await Runner(cfg).run()``; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, *, progress: bool = True) -> None:
+        if cfg.algo.name not in ALGOS:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"algo.name: {cfg.algo.name!r} is not one of {sorted(ALGOS)}")
+        if cfg.trainer.temperature != cfg.rollout.temperature:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
+                              f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
+        self.cfg, self.progress = cfg, progress
+        self.preset = ALGOS[cfg.algo.name]
+        self.run_dir = Path(cfg.output_dir)
+        self.step = 0
+        self.data_position = 0  # next prompt index of the training stream
+        self.history: list[dict[str, Any]] = []
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from agentrl.default_model import resolve_model_path
+        from agentrl.engine.local import LocalEngine
+        from agentrl.rollout import env_factory, tune_gc
+        from agentrl.sinks import make_sinks
+        from agentrl.trainer import Trainer
+
+        cfg = self.cfg
+        tune_gc()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.make_env = env_factory(cfg)
+        eval_kwargs = {**cfg.env.kwargs, **cfg.eval.env_kwargs}
+        from agentrl.registry import make
+
+        self.make_eval_env = lambda: make(cfg.env.id, **eval_kwargs)
+        resume = self._latest_checkpoint() if cfg.train.resume else None
+        self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
+        extra = self.trainer.load(resume) if resume else {}
+        self.step = int(extra.get("step", 0))
+        self.data_position = int(extra.get("data_position", 0))
+        self.engine = LocalEngine.from_pretrained(str(self.model_path), device=cfg.model.device,
+                                                  dtype=getattr(torch, cfg.model.dtype),
+                                                  max_batch_size=cfg.engine.max_batch_size,
+                                                  max_context=cfg.rollout.max_context)
+        self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
+                                          wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
+                                          append=resume is not None)
+        self.warnings = warnings + ([f"resumed from {resume} at step {self.step}"] if resume else [])
+
+    def _latest_checkpoint(self) -> Path | None:
+        ckpts = sorted((self.run_dir / "checkpoints").glob("step_*/COMPLETE"))
+        return ckpts[-1].parent if ckpts else None
+
+    # -- loop ----------------------------------------------------------------------------------
+    async def _sync_weights(self) -> float:
+        t0 = time.perf_counter()
+        state = await asyncio.to_thread(self.trainer.full_state_dict)
+        await self.engine.update_weights(state, self.trainer.version)
+        return time.perf_counter() - t0
+
+    async def evaluate(self) -> dict[str, float]:
+        ev = self.cfg.eval
+        if ev.num_tasks <= 0:
+            return {}
+        rcfg = _replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
+        mgr = EpisodeManager(self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id)
+        specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(ev.num_tasks)]
+        trajs = await mgr.collect(specs)
+        s = rollout_stats([trajs])
+        return {"solve_rate": s["solve_rate"], "tool_use_rate": s["tool_use_rate"], "turns_mean": s["turns_mean"]}
+
+    async def _producer(self, queue: StalenessQueue, manager: EpisodeManager) -> None:
+        G = self.cfg.rollout.group_size
+        running: set[asyncio.Task] = set()
+
+        async def run_group(index: int, position: int) -> None:
+            specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position)
+            group = await asyncio.gather(*(manager.run_episode(s) for s in specs))
+            await queue.put(index, list(group))
+
+        try:
+            while True:
+                index = await queue.admit()
+                task = asyncio.create_task(run_group(index, self.data_position))
+                self.data_position += 1
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            for t in running:
+                t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def run(self) -> dict[str, Any]:
+        self._setup()
+        cfg = self.cfg
+        await self.engine.start()
+        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step)
+        queue.version = self.trainer.version
+        manager = EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
+        display = _Display(self.progress, cfg.train.steps, start=self.step)
+        t_start = time.perf_counter()
+        producer = None
+        try:
+            self.first_eval = await self.evaluate()
+            self._log({"eval": self.first_eval}, display)
+            producer = asyncio.create_task(self._producer(queue, manager))
+            while self.step < cfg.train.steps:
+                t0 = time.perf_counter()
+                groups = await queue.get_batch()
+                t_wait = time.perf_counter() - t0
+                values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
+                samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,
+                                                lam=cfg.algo.lam, values_fn=values_fn)
+                tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
+                sync_s = await self._sync_weights()
+                await queue.set_version(self.trainer.version)
+                self.step += 1
+                row: dict[str, Any] = {"rollout": rollout_stats(groups), "train": tm, "credit": sstats,
+                                       "staleness": queue.metrics(), "time": {"wait_rollout_s": t_wait,
+                                       "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
+                                       "elapsed_s": time.perf_counter() - t_start}}
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                    row["eval"] = await self.evaluate()
+                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    self._checkpoint()
+                self._log(row, display)
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+            final = await self.evaluate()
+            self._log({"eval": final, "time": {"elapsed_s": time.perf_counter() - t_start}}, display)
+            self._checkpoint(final=True)
+        finally:
+            if producer is not None and not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+            await queue.close()
+            display.close()
+            self.sinks.close()
+            await self.engine.close()
+        return self._finish(final, time.perf_counter() - t_start, manager.metrics)
+
+    # -- outputs -------------------------------------------------------------------------------
+    def _log(self, row: dict[str, Any], display: "_Display") -> None:
+        from agentrl.sinks import flatten
+
+        flat = flatten(row)
+        self.history.append({"step": self.step, **flat})
+        self.sinks.write(self.step, flat)
+        display.update(self.step, flat)
+
+    def _checkpoint(self, final: bool = False) -> Path:
+        path = self.run_dir / "checkpoints" / (f"step_{self.step:06d}")
+        self.trainer.save(path, extra={"step": self.step, "data_position": self.data_position,
+                                       "policy_version": self.trainer.version, "final": final})
+        return path
+
+    def _finish(self, final: dict, wall_s: float, rollout_metrics: RolloutMetrics) -> dict[str, Any]:
+        from agentrl.plots import plot_curves
+
+        first = getattr(self, "first_eval", {}) or {}
+        summary = {
+            "algo": self.cfg.algo.name, "steps": self.step, "wall_s": wall_s,
+            "eval_solve_rate_start": first.get("solve_rate"), "eval_solve_rate_end": final.get("solve_rate"),
+            "eval_tool_use_rate_end": final.get("tool_use_rate"),
+            "rollout": rollout_metrics.summary(), "model": str(self.model_path),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        plot_curves(self.history, self.run_dir / "curves.png", title=f"{self.cfg.env.id} / {self.cfg.algo.name}")
+        return summary
+
+
+def _replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def _as_samples(trajs: list[Trajectory]):
+    from agentrl.trainer import TrainSample
+
+    return [TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
+                        advantages=[0.0] * len(t.token_ids)) for t in trajs]
+
+
+class _Display:
+    """A rich progress bar with the headline numbers of the last step."""
+
+    def __init__(self, enabled: bool, total: int, start: int = 0) -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[status]}"))
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=total, completed=start, status="")
+
+    def update(self, step: int, flat: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        parts = []
+        for key, label in (("rollout/reward_mean", "reward"), ("eval/solve_rate", "eval"),
+                           ("rollout/tool_use_rate", "tool"), ("staleness/staleness_mean", "stale"),
+                           ("train/loss", "loss")):
+            if key in flat and isinstance(flat[key], (int, float)):
+                parts.append(f"{label}={flat[key]:.3f}")
+        self.bar.update(self.task, completed=step, status=" ".join(parts))
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.stop()

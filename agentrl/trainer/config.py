@@ -1,0 +1,95 @@
+"""TrainerConfig: every knob of the FSDP2 trainer, one documented field each.
+
+Owns: the field list, defaults and ranges (checked by agentrl.config when the tree is loaded) and
+``check()``, the cross-field rules a single field cannot express. Does not know which algorithm
+runs: loss, aggregation and KL estimator are registry names looked up in ``agentrl.algos``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentrl.config import doc
+from agentrl.errors import ConfigError
+
+
+@dataclass
+class TrainerConfig:
+    # -- optimisation ---------------------------------------------------------------------------
+    lr: float = doc(1e-5, "AdamW peak learning rate of the policy.", min=0.0)
+    weight_decay: float = doc(0.0, "AdamW decoupled weight decay.", min=0.0)
+    adam_betas: list = doc([0.9, 0.999], "AdamW (beta1, beta2).")
+    adam_eps: float = doc(1e-8, "AdamW epsilon.", min=0.0)
+    lr_schedule: Literal["constant", "cosine"] = doc(
+        "constant", "'constant' (after warmup) or 'cosine' decay to min_lr_ratio*lr at total_steps.")
+    warmup_steps: int = doc(0, "Optimizer steps of linear warmup from lr/warmup_steps to lr.", min=0)
+    total_steps: int = doc(1000, "Optimizer steps the cosine schedule spans (warmup included).", min=1)
+    min_lr_ratio: float = doc(0.0, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
+    max_grad_norm: float = doc(
+        1.0, "Clip the global gradient norm to this (0 = no clipping, norm still reported).", min=0.0)
+    # -- batching -------------------------------------------------------------------------------
+    micro_batch_tokens: int = doc(
+        4096, "Tokens per micro-batch (one forward/backward); gradients accumulate over a step's micro-batches.", min=1)
+    batching: Literal["pack", "pad"] = doc(
+        "pack", "'pack': sequences back to back in [1, T] rows (no padding); 'pad': the padded [b, T_max] baseline.")
+    attn_implementation: str = doc(
+        "varlen_sdpa",
+        "'varlen_sdpa' (one causal SDPA call per packed sequence; any device) or an HF implementation "
+        "('sdpa', 'eager', 'flash_attention_2'), which sees packing through position_ids or packed_mask.")
+    packed_mask: bool = doc(
+        False, "Give packed rows an explicit [T, T] block-diagonal causal mask instead of relying on position_ids.")
+    activation_checkpointing: bool = doc(
+        False, "Recompute each decoder layer in backward instead of storing activations.")
+    param_dtype: Literal["float32", "bfloat16", "float16"] = doc(
+        "float32",
+        "Compute dtype of forward/backward (FSDP2 mixed precision); master weights and grad reduction stay fp32.")
+    # -- loss -----------------------------------------------------------------------------------
+    policy_loss: str = doc("ppo_clip", "Name in agentrl.algos.POLICY_LOSSES ('ppo_clip', 'sft', ...).")
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = doc(
+        "token-mean", "How per-token losses become the step loss (agentrl.algos.aggregate mode).")
+    loss_norm_len: int | None = doc(
+        None, "Constant length divisor for 'seq-mean-token-sum-norm' (required there; e.g. max response length).",
+        min=1)
+    clip_low: float = doc(0.2, "PPO ratio clip below: ratio >= 1 - clip_low.", min=0.0)
+    clip_high: float = doc(0.2, "PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher uses 0.28).", min=0.0)
+    dual_clip_c: float | None = doc(None, "Dual-clip bound c > 1 for negative advantages (null = off).", min=1.0)
+    temperature: float = doc(
+        1.0, "Sampling temperature the rollouts used; logits are divided by it (0 = greedy: unscaled).", min=0.0)
+    old_logprobs: Literal["behaviour", "current"] = doc(
+        "behaviour",
+        "Ratio denominator when a sample carries no old_logprobs: the engine's 'behaviour' logprobs, "
+        "or the training model's own at the start of the step ('current', ratio starts at 1).")
+    tis_cap: float | None = doc(
+        None, "Truncated importance sampling: weight the policy loss by min(pi_old/pi_engine, cap) (null = off).",
+        min=0.0)
+    kl_coef: float = doc(
+        0.0, "Weight of KL(policy || reference) in the loss (> 0 loads a frozen reference model).", min=0.0)
+    kl_estimator: str = doc("k3", "Name in agentrl.algos.KL_ESTIMATORS ('k1', 'k3').")
+    reference: bool = doc(
+        False, "Load the reference model even with kl_coef = 0 (for KL in the reward via ref_logprobs()).")
+    entropy_coef: float = doc(
+        0.0, "Entropy bonus: loss -= entropy_coef * entropy (token entropy of the scaled logits).")
+    # -- critic (PPO) ---------------------------------------------------------------------------
+    critic_model_path: str | None = doc(None, "Initial critic weights (HF dir); null = the policy's model_path.")
+    critic_lr: float | None = doc(None, "Critic AdamW learning rate (null = lr).", min=0.0)
+    vf_coef: float = doc(0.5, "Weight of the value loss.", min=0.0)
+    value_clip: float | None = doc(
+        0.2, "Clip values to old_values +- value_clip in the value loss (null = off).", min=0.0)
+    # -- runtime --------------------------------------------------------------------------------
+    device: str = doc("auto", "'auto' (cuda if available, else cpu), 'cpu' or 'cuda' (this rank's LOCAL_RANK GPU).")
+    dist_timeout_s: float = doc(
+        600.0, "Timeout of every collective; a stuck peer fails the step instead of hanging.", min=1.0)
+    seed: int = doc(0, "Seeds torch/numpy/python RNGs at trainer start.")
+
+    def check(self) -> None:
+        """Cross-field validation (ranges are checked by the config loader)."""
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(f"trainer.adam_betas: {self.adam_betas!r} must be two numbers in [0, 1)")
+        if self.lr_schedule == "cosine" and self.warmup_steps >= self.total_steps:
+            raise ConfigError(
+                f"trainer.warmup_steps: {self.warmup_steps} must be below trainer.total_steps={self.total_steps}")
+        if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_len is None:
+            raise ConfigError(
+                "trainer.loss_norm_len: null, but loss_agg 'seq-mean-token-sum-norm' needs a constant length")
+        if self.batching == "pad" and self.packed_mask:
+            raise ConfigError("trainer.packed_mask: only meaningful with trainer.batching='pack'")

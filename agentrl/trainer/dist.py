@@ -1,0 +1,115 @@
+"""The trainer's process group and the data-parallel bookkeeping around it.
+
+Owns: creating (or joining) the default torch.distributed group - a 1-rank group when the process
+was not launched by torchrun, so one code path (FSDP2 always applied) serves 1 and N processes -
+with reference counting so several Trainers in one process share it; choosing the device and
+backend (gloo on CPU, NCCL on CUDA); the deterministic assignment of samples to ranks; and small
+collectives (sums, max, gathering Python objects).
+
+Every rank must call the trainer with the *same* full list of samples: each takes its own slice.
+
+Does not: shard parameters (``models``) or launch processes (torchrun / the caller does).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+_owned_refs = 0  # Trainers holding a group this module created
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def acquire(device: torch.device, timeout_s: float) -> bool:
+    """Join the default group, creating it if needed. True if this module owns it."""
+    global _owned_refs
+    if dist.is_initialized():
+        if _owned_refs:
+            _owned_refs += 1
+            return True
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)  # env:// (torchrun)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    _owned_refs = 1
+    return True
+
+
+def release(owned: bool) -> None:
+    global _owned_refs
+    if not owned or not dist.is_initialized():
+        return
+    _owned_refs -= 1
+    if _owned_refs == 0:
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+def world() -> int:
+    return dist.get_world_size()
+
+
+def assign(lengths: list[int], n_ranks: int) -> list[list[int]]:
+    """Longest-processing-time-first: sample indices per rank, balanced by token count.
+
+    Deterministic (ties broken by index), so every rank computes the same assignment.
+    """
+    out: list[list[int]] = [[] for _ in range(n_ranks)]
+    load = [0] * n_ranks
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(n_ranks), key=lambda r: (load[r], r))
+        out[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(x) for x in out]
+
+
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max_int(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    if world() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def gather_objects(obj) -> list:
+    if world() == 1:
+        return [obj]
+    out: list = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if world() > 1:
+        dist.barrier()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,358 @@
+"""The FSDP2 trainer: one optimizer step over a batch of TrainSamples, on 1 or N processes.
+
+Owns: the Trainer (policy + optional frozen reference + optional critic, their AdamW optimizers and
+LR schedules), the step loop (shard samples across ranks, lay them out in micro-batches, recompute
+logprobs, build the per-token loss, accumulate gradients, clip, step) and its metrics, no-grad
+inference (logprobs, reference logprobs, values) and the public face of weight export/checkpoints.
+
+Algorithm-blind: the per-token advantages come from the run loop (agentrl.algos.credit); the policy
+loss, the aggregation, the KL estimator, TIS and the value loss are looked up by the names in
+TrainerConfig. There is no branch on an algorithm name here.
+
+Exactness across world sizes: every rank gets the same full sample list and takes a deterministic
+slice; aggregation denominators (loss tokens, sequences) are all-reduced, so each rank's loss is its
+share of the *global* loss, and FSDP's gradient averaging is undone by scaling by the world size.
+Ranks with fewer micro-batches run empty ones so every rank joins every collective.
+
+Does not: compute advantages, talk to engines (weight sync takes ``full_state_dict()``), or launch
+processes (use torchrun; without it the trainer makes a 1-process group).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+from agentrl.errors import ConfigError
+from agentrl.trainer import checkpoint as C
+from agentrl.trainer import dist as D
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.models import (
+    all_targets,
+    load_causal_lm,
+    load_value_model,
+    model_inputs,
+    scatter_per_sample,
+    shard,
+    token_logprobs,
+    token_values,
+)
+from agentrl.trainer.packing import MicroBatch, TrainSample, check_samples, dummy_micro_batch, pack, pad
+
+
+def _algos():
+    """agentrl.algos, imported when first needed (the trainer only needs it to train)."""
+    try:
+        return importlib.import_module("agentrl.algos")
+    except ImportError as e:
+        raise ImportError(f"the trainer needs agentrl.algos for its losses: {e}") from e
+
+
+def _lr_lambda(cfg: TrainerConfig):
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def _scalar(x) -> float:
+    if hasattr(x, "full_tensor"):  # a DTensor (e.g. the clipped grad norm of sharded params)
+        x = x.full_tensor()
+    return float(x)
+
+
+class Trainer:
+    """See the module docstring. All ranks must make the same calls with the same arguments."""
+
+    def __init__(self, model_path: str, cfg: TrainerConfig | None = None, *, ref_model_path: str | None = None,
+                 critic: bool = False) -> None:
+        self.cfg = cfg = cfg or TrainerConfig()
+        cfg.check()
+        self.model_path = str(model_path)
+        self.device = D.pick_device(cfg.device)
+        self._owns_group = D.acquire(self.device, cfg.dist_timeout_s)
+        self._closed = False
+        try:
+            self._build(ref_model_path, critic)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, ref_model_path: str | None, critic: bool) -> None:
+        cfg = self.cfg
+        self.rank, self.world = D.rank(), D.world()
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        random.seed(cfg.seed)
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        wrap = dict(param_dtype=cfg.param_dtype, checkpointing=cfg.activation_checkpointing)
+        policy = load_causal_lm(self.model_path, cfg.attn_implementation).to(self.device)
+        self.model = shard(policy, mesh, **wrap, trainable=True)
+        self.optimizer, self.scheduler = self._optim(self.model, cfg.lr)
+        self.ref = None
+        if cfg.kl_coef > 0 or cfg.reference or ref_model_path is not None:
+            ref = load_causal_lm(ref_model_path or self.model_path, cfg.attn_implementation).to(self.device)
+            self.ref = shard(ref, mesh, **wrap, trainable=False)
+        self.critic = self.critic_optimizer = self.critic_scheduler = None
+        if critic:
+            crit = load_value_model(cfg.critic_model_path or self.model_path, cfg.attn_implementation).to(self.device)
+            self.critic = shard(crit, mesh, **wrap, trainable=True)
+            critic_lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
+            self.critic_optimizer, self.critic_scheduler = self._optim(self.critic, critic_lr)
+        self.version = 0
+        try:
+            self._resolve(_algos())
+        except ImportError:
+            pass  # inference works without it; train_step raises the import error
+
+    def _optim(self, model, lr: float):
+        cfg = self.cfg
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+                                weight_decay=cfg.weight_decay)
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+
+    def _resolve(self, A) -> None:
+        """Look up the configured names once, with errors that list the choices."""
+        cfg = self.cfg
+        if cfg.policy_loss not in A.POLICY_LOSSES:
+            raise ConfigError(f"trainer.policy_loss: {cfg.policy_loss!r} is not one of {sorted(A.POLICY_LOSSES)}")
+        if cfg.kl_estimator not in A.KL_ESTIMATORS:
+            raise ConfigError(f"trainer.kl_estimator: {cfg.kl_estimator!r} is not one of {sorted(A.KL_ESTIMATORS)}")
+        self._loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
+        # Pass the clip settings only to losses that take them (sft takes none).
+        params = inspect.signature(self._loss_fn).parameters
+        offered = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip_c": cfg.dual_clip_c}
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        self._loss_kw = {k: v for k, v in offered.items() if takes_all or k in params}
+        self._A = A
+
+    # -- layout ----------------------------------------------------------------------------------
+    def _local(self, samples: list[TrainSample]) -> list[int]:
+        return D.assign([len(s.token_ids) for s in samples], self.world)[self.rank]
+
+    def _layout(self, samples: list[TrainSample]) -> tuple[list[int], list[MicroBatch]]:
+        """This rank's sample indices and micro-batches, padded with empty ones to the ranks' max."""
+        check_samples(samples, self.cfg.micro_batch_tokens)  # on every rank, so all raise the same error
+        local = self._local(samples)
+        layout = pack if self.cfg.batching == "pack" else pad
+        mbs = layout([samples[i] for i in local], self.cfg.micro_batch_tokens) if local else []
+        n = D.all_max_int(len(mbs), self.device)
+        mbs += [dummy_micro_batch(packed=self.cfg.batching == "pack") for _ in range(n - len(mbs))]
+        return local, mbs
+
+    def _inputs(self, mb: MicroBatch) -> dict:
+        return model_inputs(mb, packed_mask=self.cfg.packed_mask, attn_implementation=self.cfg.attn_implementation)
+
+    # -- training --------------------------------------------------------------------------------
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step over all ``samples`` (see the module docstring); returns metrics."""
+        if self._closed:
+            raise RuntimeError("this Trainer is closed")
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        if not hasattr(self, "_A"):
+            self._resolve(_algos())
+        if self.critic is not None:
+            missing = [i for i, s in enumerate(samples) if s.returns is None]
+            if missing:
+                raise ValueError(f"samples {missing[:5]} have no returns, but this trainer trains a critic")
+        t0 = time.perf_counter()
+        local, mbs = self._layout(samples)
+        mine = [samples[i] for i in local]
+        vmasks = [s.value_mask if s.value_mask is not None else s.loss_mask for s in mine]
+        g_tok, g_seq, g_vtok, g_vseq, g_real, g_slots = D.all_sum([
+            sum(sum(s.loss_mask) for s in mine), sum(1 for s in mine if any(s.loss_mask)),
+            sum(sum(v) for v in vmasks), sum(1 for v in vmasks if any(v)),
+            sum(len(s.token_ids) for s in mine), sum(mb.num_slots for mb in mbs if mb.num_tokens),
+        ], self.device)
+        glob = {"tok": max(g_tok, 1.0), "seq": max(g_seq, 1.0), "vtok": max(g_vtok, 1.0), "vseq": max(g_vseq, 1.0)}
+        self.model.train()
+        if self.critic is not None:
+            self.critic.train()
+        acc: dict[str, float] = defaultdict(float)
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for mb in mbs:
+            self._micro_step(mb.to(self.device), glob, acc, pairs)
+        grad_norm = self._step(self.model, self.optimizer)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        out: dict[str, float] = {}
+        if self.critic is not None:
+            out["critic_grad_norm"] = self._step(self.critic, self.critic_optimizer)
+            self.critic_scheduler.step()
+        self.version += 1
+        keys = sorted(acc)
+        sums = dict(zip(keys, D.all_sum([acc[k] for k in keys], self.device)))
+        dt = time.perf_counter() - t0
+        out.update({
+            "loss": sums.pop("loss"), "pg_loss": sums.pop("pg_loss"), "grad_norm": grad_norm,
+            "skipped": float(not math.isfinite(grad_norm)), "lr": lr, "tokens": g_real, "loss_tokens": g_tok,
+            "seqs": float(len(samples)), "micro_batches": float(len(mbs)),
+            "padding_frac": 1.0 - g_real / max(g_slots, 1.0), "step_time_s": dt, "tokens_per_s": g_real / dt,
+            "version": float(self.version),
+        })
+        if "value_loss" in sums:
+            out["value_loss"] = sums.pop("value_loss")
+            out["values_mean"] = sums.pop("value_sum") / glob["vtok"]
+        for k, v in sums.items():  # token sums -> token means (kl, entropy, clipfrac, tis_weight, ...)
+            out[k.removesuffix("_sum")] = v / glob["tok"]
+        out.update(self._mismatch(pairs))
+        return out
+
+    def _micro_step(self, mb: MicroBatch, glob: dict, acc: dict, pairs: list) -> None:
+        A, cfg = self._A, self.cfg
+        sel = mb.loss_mask > 0
+        inputs = self._inputs(mb)
+        logp, logits = token_logprobs(self.model, inputs, mb, sel, cfg.temperature)
+        beh, adv, ntok = mb.behaviour_logprobs[sel], mb.advantages[sel], mb.seq_ntokens[sel]
+        old_in = mb.old_logprobs[sel]
+        fallback = beh if cfg.old_logprobs == "behaviour" else logp.detach()
+        old = torch.where(torch.isnan(old_in), fallback, old_in)
+        pg_tok, pg_metrics = self._loss_fn(logp, old, adv, **self._loss_kw)
+        if cfg.tis_cap:
+            w = A.truncated_is_weights(old, beh, cap=cfg.tis_cap).detach()
+            pg_tok = pg_tok * w
+            acc["tis_weight_sum"] += float(w.sum())
+        tok = pg_tok
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_lp, _ = token_logprobs(self.ref, inputs, mb, sel, cfg.temperature)
+            kl_tok = A.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_lp)
+            if cfg.kl_coef:
+                tok = tok + cfg.kl_coef * kl_tok
+            acc["kl_sum"] += float(kl_tok.detach().sum())
+        if cfg.entropy_coef:
+            ent = A.entropy_from_logits(logits)
+            tok = tok - cfg.entropy_coef * ent
+        else:
+            with torch.no_grad():
+                ent = A.entropy_from_logits(logits.detach())
+        acc["entropy_sum"] += float(ent.detach().sum())
+        ones = torch.ones_like(tok)
+
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return A.aggregate(cfg.loss_agg, x, ones, ntok, global_tokens=glob["tok"], global_seqs=glob["seq"],
+                               norm_len=cfg.loss_norm_len)
+
+        loss = agg(tok)
+        with torch.no_grad():
+            acc["pg_loss"] += float(agg(pg_tok.detach()))
+        for k, v in pg_metrics.items():  # every rank must add the same keys (they are all-reduced)
+            v = torch.as_tensor(v).detach().float()
+            if tok.numel():
+                acc[f"{k}_sum"] += float(v.sum()) if v.numel() == tok.numel() else float(v) * tok.numel()
+            else:
+                acc[f"{k}_sum"] += 0.0
+        if self.critic is not None:
+            vsel = mb.value_mask > 0
+            values = token_values(self.critic, inputs, vsel)
+            old_v = mb.old_values[vsel]
+            old_v = torch.where(torch.isnan(old_v), values.detach(), old_v)
+            vl_tok = A.value_loss(values, old_v, mb.returns[vsel], clip=cfg.value_clip)
+            vloss = A.aggregate("token-mean", vl_tok, torch.ones_like(vl_tok), mb.seq_nvalue[vsel],
+                                global_tokens=glob["vtok"], global_seqs=glob["vseq"])
+            loss = loss + cfg.vf_coef * vloss
+            acc["value_loss"] += float(vloss.detach())
+            acc["value_sum"] += float(values.detach().sum())
+        acc["loss"] += float(loss.detach())
+        # Each rank's loss is its share of the global loss; FSDP averages gradients over ranks.
+        (loss * self.world).backward()
+        pairs.append((logp.detach().cpu(), beh.detach().cpu()))
+
+    def _step(self, model, optimizer) -> float:
+        """Clip, step (skipped on a non-finite norm), zero grads; returns the pre-clip norm."""
+        max_norm = self.cfg.max_grad_norm or math.inf
+        norm = _scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        if math.isfinite(norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _mismatch(self, pairs: list) -> dict[str, float]:
+        """Trainer-vs-engine logprob mismatch over the whole step's loss tokens (all ranks)."""
+        train = torch.cat([p[0] for p in pairs]) if pairs else torch.zeros(0)
+        beh = torch.cat([p[1] for p in pairs]) if pairs else torch.zeros(0)
+        if self.world > 1:
+            parts = D.gather_objects((train, beh))
+            train, beh = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        if train.numel() == 0:
+            return {}
+        m = self._A.mismatch_metrics(train, beh, torch.ones_like(train), cap=self.cfg.tis_cap or None)
+        return {(k if k.startswith("mismatch") else f"mismatch/{k}"): _scalar(v) for k, v in m.items()}
+
+    # -- inference -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _infer(self, samples: list[TrainSample], model, fn) -> list[list[float]]:
+        if not samples:
+            return []
+        local, mbs = self._layout(samples)
+        was_training = model.training
+        model.eval()
+        found: dict[int, list[float]] = {}
+        try:
+            for mb in mbs:
+                mb = mb.to(self.device)
+                sel = all_targets(mb)
+                for i, vals in scatter_per_sample(mb, sel, fn(model, self._inputs(mb), mb, sel)).items():
+                    found[local[i]] = vals
+        finally:
+            model.train(was_training)
+        for part in D.gather_objects(found):
+            found.update(part)
+        return [found[i] for i in range(len(samples))]
+
+    def _logprob_fn(self, model, inputs: dict, mb: MicroBatch, sel: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(model, inputs, mb, sel, self.cfg.temperature)[0]
+
+    def logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Per-token logprobs of the current policy (temperature-scaled; 0.0 at position 0)."""
+        return self._infer(samples, self.model, self._logprob_fn)
+
+    def ref_logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Per-token logprobs of the frozen reference (for KL in the reward)."""
+        if self.ref is None:
+            raise RuntimeError("no reference model: set trainer.kl_coef > 0 or trainer.reference = true")
+        return self._infer(samples, self.ref, self._logprob_fn)
+
+    def values(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Critic values per token: values[t] = V(state before token t); 0.0 at position 0."""
+        if self.critic is None:
+            raise RuntimeError("no critic: construct the Trainer with critic=True")
+        return self._infer(samples, self.critic, lambda m, x, mb, sel: token_values(m, x, sel))
+
+    # -- weights and checkpoints -----------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Gathered full policy weights on CPU, HF names (rank 0; other ranks get {}). Collective."""
+        return C.gather_model(self.model)
+
+    def save(self, path: str | Path, *, extra: dict | None = None) -> None:
+        """Atomic checkpoint (HF dir + optimizer + scheduler + RNG + ``extra``). Collective."""
+        C.save(self, path, extra)
+
+    def load(self, path: str | Path) -> dict:
+        """Restore a checkpoint written by ``save``; returns its ``extra``. Collective."""
+        return C.load(self, path)
+
+    def close(self) -> None:
+        """Destroy the process group if this Trainer created it (after the last sharer closes)."""
+        if not self._closed:
+            self._closed = True
+            D.release(self._owns_group)
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

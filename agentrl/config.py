@@ -16,13 +16,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from agentrl.errors import ConfigError
-
-
-def doc(default: Any, text: str, **kw: Any) -> Any:
-    """A dataclass field with a one-line doc (shown by ``agentrl config --docs``)."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text, **kw})
-    return field(default=default, metadata={"doc": text, **kw})
+from agentrl.fields import doc
+from agentrl.trainer.config import TrainerConfig
 
 
 @dataclass
@@ -93,9 +88,6 @@ class EvalConfig:
 class LoggingConfig:
     tensorboard: bool = doc(True, "Write TensorBoard event files under output_dir/tensorboard.")
     wandb_project: str | None = doc(None, "Log to this Weights & Biases project (needs `pip install wandb`).")
-
-
-from agentrl.trainer.config import TrainerConfig  # noqa: E402  (needs doc() above; imports no torch)
 
 
 @dataclass

@@ -81,6 +81,14 @@ sys.__stdout__.flush()
 '''
 
 
+_FAILURE_MARKS = ("Traceback (most recent call last)", "[exit code ", "TimeoutError: ", "[the program was killed")
+
+
+def _failed(result) -> bool:
+    """A call the model got wrong: rejected by the env, or its program failed (format_exec_result's marks)."""
+    return result.error is not None or any(m in result.content for m in _FAILURE_MARKS)
+
+
 class CodeExecEnv(ToolEnv):
     """Tasks solved with a Python tool; reward from the final answer or from unit tests.
 
@@ -98,6 +106,9 @@ class CodeExecEnv(ToolEnv):
         code_timeout_s: deadline of one program run (tool call or grading).
         test_reward: ``"all"`` or ``"fraction"`` for tasks with unit tests.
         system_prompt: overrides the default prompt for the parser; ``""`` sends none.
+        failed_call_penalty: per-turn reward of ``-penalty`` for each call in the turn that failed
+            (malformed/unknown/bad arguments, or a program that crashed, timed out or exited non-zero):
+            a turn-level signal for credit assignment experiments (default 0: outcome reward only).
         **kwargs: ``ToolEnv`` options (parser, on_bad_call, tool_timeout_s, ...).
     """
 
@@ -105,7 +116,7 @@ class CodeExecEnv(ToolEnv):
                  on_bad_row: str = "error", tools: tuple[str, ...] | list[str] = ("python",),
                  sandbox: Sandbox | None = None, sandbox_backend: str = "auto", sandbox_options: dict | None = None,
                  session: bool = False, code_timeout_s: float = 5.0, test_reward: str = "all",
-                 system_prompt: str | None = None, **kwargs) -> None:
+                 system_prompt: str | None = None, failed_call_penalty: float = 0.0, **kwargs) -> None:
         from agentrl.tools.bash import make_bash_tool
         from agentrl.tools.python import make_python_tool
 
@@ -128,7 +139,10 @@ class CodeExecEnv(ToolEnv):
             raise ConfigError(f"session must be true or false, got {session!r}")
         self.sandbox = sandbox if sandbox is not None else shared_sandbox(sandbox_backend, **(sandbox_options or {}))
         self.runner = EpisodeSandbox(self.sandbox, session=session)
+        if not failed_call_penalty >= 0:
+            raise ConfigError(f"failed_call_penalty must be >= 0, got {failed_call_penalty!r}")
         self.code_timeout_s, self.test_reward = code_timeout_s, test_reward
+        self.failed_call_penalty = float(failed_call_penalty)
         self.difficulty, self.split = levels, split
         self.tools = [factories[t](self.runner, timeout_s=code_timeout_s) for t in tools]
         super().__init__(**kwargs)
@@ -165,6 +179,11 @@ class CodeExecEnv(ToolEnv):
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def turn_reward(self, task: dict, parsed, results) -> float:
+        if not self.failed_call_penalty:
+            return 0.0
+        return -self.failed_call_penalty * sum(1 for r in results if _failed(r))
 
     async def score(self, task: dict, final_text: str, transcript: list[dict]) -> float:
         if task.get("tests"):

@@ -306,3 +306,16 @@ def test_eval_split_and_options(env_factory):
     assert all("-eval-" in i for i in ids)
     _, info = env.reset(seed=0, options={"difficulty": 3, "split": "train"})
     assert info["task"]["difficulty"] == 3 and "-train-" in info["task"]["id"]
+
+
+def test_failed_call_penalty_is_a_per_turn_reward(env_factory):
+    env = env_factory(failed_call_penalty=0.5)
+    env.reset(seed=0)
+    _, r, term, _, _ = env.step(py_call("print(undefined_name)"))  # crashes: penalised
+    assert not term and r == -0.5
+    _, r, _, _, _ = env.step(py_call("print(1)") + py_call("1/0") + "<tool_call>{bad</tool_call>")
+    assert r == -1.0  # one good call, one crash, one malformed
+    _, r, _, _, _ = env.step(py_call("print(2)"))
+    assert r == 0.0
+    with pytest.raises(ConfigError, match="failed_call_penalty"):
+        env_factory(failed_call_penalty=-1)

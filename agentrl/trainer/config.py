@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agentrl.config import doc
+from agentrl.fields import doc
 from agentrl.errors import ConfigError
 
 

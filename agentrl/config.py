@@ -47,6 +47,7 @@ class RolloutConfig:
     max_new_tokens: int = doc(256, "Most tokens sampled in one assistant turn.", min=1)
     max_context: int = doc(4096, "Token budget of a whole episode (prompt + all turns).", min=8)
     min_turn_tokens: int = doc(8, "A turn starts only if this many tokens still fit; else context_overflow.", min=1)
+    score_truncated: bool = doc(False, "Still hand a turn cut at its token limit to env.step and keep its reward (outcome stays truncated_length).")
     max_obs_chars: int = doc(4000, "Cap on each observation message's characters before rendering.", min=1)
     temperature: float = doc(1.0, "Sampling temperature (0 = greedy).", min=0.0)
     top_p: float = doc(1.0, "Nucleus sampling threshold in (0, 1].", min=0.0, max=1.0)

@@ -247,6 +247,10 @@ class EpisodeManager:
             text = renderer.decode(gen.token_ids)
             ep.messages.append({"role": "assistant", "content": text})
             if gen.finish_reason != "stop":
+                if cfg.score_truncated:  # the cut text is scored as the final answer (it rarely holds one)
+                    _, reward, terminated, _, _ = await self._step(env, text)
+                    rec.env_s, rec.reward = time.perf_counter() - t_env, float(reward)
+                    traj.reward = float(reward) if terminated else 0.0
                 self._end(traj, Outcome.TRUNCATED_LENGTH, f"turn {turn} hit its token limit ({params.max_new_tokens})")
                 return
             _, reward, terminated, truncated, sinfo = await self._step(env, text)

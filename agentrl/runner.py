@@ -139,6 +139,8 @@ class Runner:
         self._setup()
         cfg = self.cfg
         await self.engine.start()
+        if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version
+            await self._sync_weights()
         queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step)
         queue.version = self.trainer.version
         manager = EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)

@@ -7,7 +7,7 @@ and the staleness histogram. ``max_staleness=0`` is plain synchronous on-policy 
 batch is generated, trained on, the weights synced, then the next batch is admitted.
 
 Admission rule: with B groups per train step and the trainer at version t (t steps done), the
-n-th admitted group (0-based) may start only if ``n < (t + k + 1) * B``. Groups handed out oldest
+n-th admitted group (0-based) may start only if ``n - dropped < (t + k + 1) * B``. Groups handed out oldest
 admission first therefore train at a version <= admission version + k, so drops only happen when
 a group finishes out of order by more than the bound allows (or tokens were sampled by an older
 engine version than the one current at admission).
@@ -54,7 +54,9 @@ class StalenessQueue:
 
     # -- producer side -------------------------------------------------------------------------
     def can_admit(self) -> bool:
-        return self.admitted < (self.version + self.k + 1) * self.B
+        # a dropped group will never be trained: its slot goes back to the producer (else a drop
+        # would leave the trainer waiting for a batch that admission control never lets start)
+        return self.admitted - self.dropped_groups < (self.version + self.k + 1) * self.B
 
     async def admit(self) -> int:
         """Wait until one more group may start; returns its admission index."""
@@ -86,12 +88,10 @@ class StalenessQueue:
         stale groups are dropped (counted in ``dropped_groups``)."""
         async with self._cond:
             while True:
-                kept = []
-                for e in self._ready:
-                    if self._fresh(e.group):
-                        kept.append(e)
-                    else:
-                        self.dropped_groups += 1
+                kept = [e for e in self._ready if self._fresh(e.group)]
+                if len(kept) < len(self._ready):
+                    self.dropped_groups += len(self._ready) - len(kept)
+                    self._cond.notify_all()  # freed admission slots
                 self._ready = kept
                 if len(self._ready) >= self.B:
                     batch, self._ready = self._ready[: self.B], self._ready[self.B :]

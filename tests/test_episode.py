@@ -287,3 +287,15 @@ def test_env_reset_failure_is_env_error(tiny_tokenizer):
     mgr = EpisodeManager(FakeEngine(_fixed(tiny_tokenizer, "x")), Broken, tiny_tokenizer)
     t = asyncio.run(mgr.run_episode(EpisodeSpec("g", 0, 0)))
     assert t.outcome == Outcome.ENV_ERROR and "dataset row missing" in t.outcome_detail
+
+
+def test_score_truncated_hands_the_cut_turn_to_the_env(tiny_tokenizer):
+    class Scored(NoopEnv):
+        def step(self, action):
+            return "", 0.25, True, False, {"messages": []}
+
+    pol = _fixed(tiny_tokenizer, "word " * 50, stop=False)
+    for flag, reward in ((False, 0.0), (True, 0.25)):
+        mgr = EpisodeManager(FakeEngine(pol), Scored, tiny_tokenizer, RolloutConfig(max_new_tokens=10, score_truncated=flag))
+        t = asyncio.run(mgr.run_episode(EpisodeSpec("g", 0, 0)))
+        assert t.outcome == Outcome.TRUNCATED_LENGTH and t.reward == reward

@@ -184,6 +184,7 @@ class Runner:
             display.close()
             self.sinks.close()
             await self.engine.close()
+            self.trainer.close()  # releases the process group it created
         return self._finish(final, time.perf_counter() - t_start, manager.metrics)
 
     # -- outputs -------------------------------------------------------------------------------

@@ -135,12 +135,12 @@ def _bwrap_argv(exe: str, workdir: str, limits: Limits, status_fd: int | None,
             argv += ["--ro-bind", top, top]
     for path in _ETC:
         argv += ["--ro-bind-try", path, path]
-    for src, dst in binds:
-        argv += ["--ro-bind", src, dst]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs",
-             "/dev/shm", "--bind", workdir, "/work", "--chdir", "/work",
-             # bwrap's own root and /dev are tmpfs without a size: read-only, or they could fill host RAM.
-             "--remount-ro", "/dev", "--remount-ro", "/"]
+             "/dev/shm", "--bind", workdir, "/work", "--chdir", "/work"]
+    for src, dst in binds:  # after the tmpfs /tmp, which would hide a Python prefix under /tmp (a venv there)
+        argv += ["--ro-bind", src, dst]
+    # bwrap's own root and /dev are tmpfs without a size: read-only, or they could fill host RAM.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
     return argv + ["--"]

@@ -118,8 +118,12 @@ async def test_frozen_container_hits_the_host_deadline():
     client = _docker()
     try:
         task = asyncio.ensure_future(sb.run(["sleep", "60"], timeout_s=2))
-        await asyncio.sleep(0.8)
-        (cid,) = [c["id"] for c in _ours(sb.run_id)]
+        for _ in range(300):  # wait for the container (slow to start on a loaded machine)
+            await asyncio.sleep(0.1)
+            ids = [c["id"] for c in _ours(sb.run_id)]
+            if ids:
+                break
+        (cid,) = ids
         await asyncio.to_thread(client.api.pause, cid)
         t0 = time.monotonic()
         with pytest.raises(SandboxError, match="no answer from its executor"):

@@ -117,6 +117,8 @@ async def test_frozen_container_hits_the_host_deadline():
     sb = DockerSandbox(pool_size=0, max_concurrency=1, host_grace_s=2.0)
     client = _docker()
     try:
+        # warm one container first: on a loaded machine a cold start alone can outlast a 2 s deadline
+        assert (await sb.run(["true"], timeout_s=60)).ok
         task = asyncio.ensure_future(sb.run(["sleep", "60"], timeout_s=2))
         for _ in range(300):  # wait for the container (slow to start on a loaded machine)
             await asyncio.sleep(0.1)

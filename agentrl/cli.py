@@ -159,6 +159,9 @@ def config_cmd(
 
 from agentrl.cli_sandbox import app as sandbox_app  # noqa: E402
 app.add_typer(sandbox_app, name="sandbox")
+from agentrl.cli_sft import sft_cmd  # noqa: E402
+
+app.command("sft")(sft_cmd)
 
 
 def main() -> None:

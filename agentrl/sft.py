@@ -8,6 +8,10 @@ Owns:
   has exactly the token layout RL sees: prompt ids, sampled-turn ids (mask 1), observation deltas
   (mask 0). Turn 1 calls the tool with the task's reference ``solution``; turn 2 gives the
   answer it printed as ``\\boxed{..}`` (or, for function tasks, the function in a code block).
+  A fraction ``direct_frac`` of the demonstrations instead answer at once, without the tool, as a
+  chat model often does with arithmetic: the corpus then mixes both habits, like real chat data,
+  and the SFT model inherits the mix. Which habit pays is left to RL to find (a tiny model's mental
+  arithmetic is mostly wrong).
 * ``load_chat_jsonl`` / ``chat_example``: user chat data, rows ``{"messages": [...], "tools": [...]}``,
   rendered with the model's chat template; mask 1 on every assistant turn's content and its
   end-of-turn token, 0 on everything else. Bad rows raise ``DatasetError`` naming file and row.
@@ -82,9 +86,14 @@ class OracleSandbox(Sandbox):
                           wall_s=time.perf_counter() - t0)
 
 
-def oracle_turn(task: dict, turn: int, observation: str | None, parser: str = "hermes") -> str:
-    """The reference assistant turn ``turn`` (0 = the tool call, 1 = the final answer) for ``task``."""
+def oracle_turn(task: dict, turn: int, observation: str | None, parser: str = "hermes", direct: bool = False) -> str:
+    """The reference assistant turn ``turn`` (0 = the tool call, 1 = the final answer) for ``task``;
+    ``direct=True``: turn 0 is the final answer itself (the task's known answer, no tool call)."""
     code = task["solution"]
+    if direct and turn == 0:
+        if task.get("tests"):
+            return f"```python\n{task['solution']}\n```"
+        return f"The answer is \\boxed{{{task['answer']}}}."
     if turn == 0:
         if task.get("tests"):  # a function task: define it and try it on the first test's call
             call = task["tests"][0].removeprefix("assert ").rsplit(" == ", 1)[0]
@@ -100,6 +109,7 @@ def oracle_turn(task: dict, turn: int, observation: str | None, parser: str = "h
 
 
 def _oracle_policy(tokenizer, tasks_by_prompt: dict[str, dict], parser: str):
+    """A FakeEngine policy writing ``oracle_turn``s; a task with ``"direct": True`` is answered at once."""
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def policy(prompt_ids, params, ctx):
@@ -107,18 +117,23 @@ def _oracle_policy(tokenizer, tasks_by_prompt: dict[str, dict], parser: str):
         task = tasks_by_prompt[_USER.search(text).group(1)]
         turn = text.count("<|im_start|>assistant") - 1
         responses = _RESPONSE.findall(text)
-        reply = oracle_turn(task, turn, responses[-1] if responses else None, parser)
+        reply = oracle_turn(task, turn, responses[-1] if responses else None, parser, bool(task.get("direct")))
         return list(tokenizer.encode(reply, add_special_tokens=False)) + [end]
 
     return policy
 
 
-def demo_tasks(n: int, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0) -> list[dict]:
-    """``n`` train-split procedural tasks, difficulties cycled (never a held-out prompt)."""
+def demo_tasks(n: int, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0, direct_frac: float = 0.0) -> list[dict]:
+    """``n`` train-split procedural tasks, difficulties cycled (never a held-out prompt); a seeded
+    ``direct_frac`` of them marked ``"direct": True`` (demonstrated without the tool)."""
+    import random
+
     from agentrl.envs import tasks
 
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
-    return [tasks.generate_task(seed * 1_000_003 + i, levels[i % len(levels)], "train") for i in range(n)]
+    rng = random.Random(seed)
+    out = [tasks.generate_task(seed * 1_000_003 + i, levels[i % len(levels)], "train") for i in range(n)]
+    return [{**t, "direct": True} if rng.random() < direct_frac else t for t in out]
 
 
 async def make_demonstrations(tokenizer, tasks: list[dict], *, env_kwargs: dict | None = None,
@@ -153,9 +168,9 @@ def _run_sync(coro):
 
 
 def demonstration_examples(tokenizer, n: int, *, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0,
-                           env_kwargs: dict | None = None) -> list[SFTExample]:
+                           direct_frac: float = 0.0, env_kwargs: dict | None = None) -> list[SFTExample]:
     """``n`` demonstrations as ``SFTExample``s (token ids and loss mask straight from the trajectories)."""
-    trajs = _run_sync(make_demonstrations(tokenizer, demo_tasks(n, difficulty, seed), env_kwargs=env_kwargs,
+    trajs = _run_sync(make_demonstrations(tokenizer, demo_tasks(n, difficulty, seed, direct_frac), env_kwargs=env_kwargs,
                                           max_concurrency=64))
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]
 
@@ -289,6 +304,8 @@ class SFTConfig:
     min_lr_ratio: float = doc(0.1, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
     num_demos: int = doc(4000, "Oracle demonstrations on code_exec train tasks (0 = only --data).", min=0)
     difficulty: list = doc([1, 2, 3, 4], "Procedural difficulties the demonstrations cycle through.")
+    direct_frac: float = doc(0.0, "Fraction of demonstrations that answer at once without the tool (a mixed-habit "
+                                  "corpus, like chat data).", min=0.0, max=1.0)
     env_kwargs: dict = doc({}, "Extra code_exec kwargs for the demonstrations (parser, tools, ...).")
     demo_sandbox: str = doc("oracle", "'oracle': run the reference programs in-process (trusted code, ~15x faster); "
                                       "'env': in the env's own sandbox, as RL does.")
@@ -305,7 +322,7 @@ def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFT
     data: dict = dict(base or {})
     for o in overrides:
         data = _deep_merge(data, parse_override(o))
-    for name in ("lr", "min_lr_ratio"):  # YAML 1.1 reads "1e-3" as a string; accept it as the number it is
+    for name in ("lr", "min_lr_ratio", "direct_frac"):  # YAML 1.1 reads "1e-3" as a string; accept it as the number it is
         if isinstance(data.get(name), str):
             try:
                 data[name] = float(data[name])
@@ -350,7 +367,7 @@ def run_sft(model_path: str | Path, out_dir: str | Path, cfg: SFTConfig | None =
         if cfg.demo_sandbox == "oracle":
             env_kwargs.setdefault("sandbox", OracleSandbox())
         demos = demonstration_examples(tokenizer, cfg.num_demos, difficulty=cfg.difficulty, seed=cfg.seed,
-                                       env_kwargs=env_kwargs)
+                                       direct_frac=cfg.direct_frac, env_kwargs=env_kwargs)
         if len(demos) < cfg.num_demos:
             raise RuntimeError(f"only {len(demos)} of {cfg.num_demos} oracle demonstrations succeeded; "
                                "the sandbox or the tasks' reference solutions are broken")

@@ -174,3 +174,14 @@ def test_sft_command_trains_on_user_data_and_names_a_bad_row(tmp_path):
     res = CliRunner().invoke(app, ["sft", "--model", str(base), "--data", str(bad), "--steps", "2", "-q",
                                    "--out", str(tmp_path / "out2")])
     assert res.exit_code == 2 and "row 2" in res.output and not (tmp_path / "out2").exists()
+
+
+def test_direct_demonstrations_answer_without_the_tool(tiny_tokenizer, sandbox):
+    todo = sft.demo_tasks(40, [1, 2], seed=3, direct_frac=0.5)
+    direct = [t for t in todo if t.get("direct")]
+    assert 10 <= len(direct) <= 30 and sft.demo_tasks(40, [1, 2], seed=3, direct_frac=0.5) == todo  # seeded
+    trajs = asyncio.run(sft.make_demonstrations(tiny_tokenizer, direct[:3] + [t for t in todo if not t.get("direct")][:2],
+                                                env_kwargs={"sandbox": sandbox}))
+    roles = sorted(tuple(m["role"] for m in t.messages) for t in trajs)
+    assert roles == [("system", "user", "assistant")] * 3 + [("system", "user", "assistant", "tool", "assistant")] * 2
+    assert all(t.reward == 1.0 for t in trajs)

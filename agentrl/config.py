@@ -30,7 +30,7 @@ class ModelConfig:
 @dataclass
 class EngineConfig:
     kind: Literal["local"] = doc("local", "Rollout engine: 'local' (in-process HF transformers).")
-    max_batch_size: int = doc(64, "Most sequences decoded together by the local engine.", min=1)
+    max_batch_size: int = doc(128, "Most sequences decoded together by the local engine.", min=1)
 
 
 @dataclass
@@ -42,7 +42,7 @@ class EnvConfig:
 @dataclass
 class RolloutConfig:
     num_prompts: int = doc(8, "Prompts (tasks) per rollout call; each is sampled group_size times.", min=1)
-    group_size: int = doc(4, "Samples per prompt (G); a group shares one task.", min=1)
+    group_size: int = doc(8, "Samples per prompt (G); a group shares one task.", min=1)
     max_turns: int = doc(8, "Assistant turns per episode before it ends as truncated_turns.", min=1)
     max_new_tokens: int = doc(256, "Most tokens sampled in one assistant turn.", min=1)
     max_context: int = doc(4096, "Token budget of a whole episode (prompt + all turns).", min=8)
@@ -70,8 +70,8 @@ class AlgoConfig:
 
 @dataclass
 class TrainLoopConfig:
-    steps: int = doc(40, "Optimizer steps (policy versions) to train.", min=1)
-    groups_per_step: int = doc(8, "Prompt groups (of rollout.group_size samples) per optimizer step.", min=1)
+    steps: int = doc(100, "Optimizer steps (policy versions) to train.", min=1)
+    groups_per_step: int = doc(32, "Prompt groups (of rollout.group_size samples) per optimizer step.", min=1)
     max_staleness: int = doc(1, "k: no trained sample holds a token older than version - k (0 = synchronous).", min=0)
     checkpoint_every: int = doc(0, "Save a checkpoint every N steps (0 = only at the end).", min=0)
     resume: bool = doc(False, "Continue from the newest complete checkpoint in output_dir.")
@@ -79,8 +79,8 @@ class TrainLoopConfig:
 
 @dataclass
 class EvalConfig:
-    num_tasks: int = doc(64, "Held-out tasks per evaluation (0 = no evaluation).", min=0)
-    every: int = doc(10, "Evaluate every N steps (and always before the first and after the last).", min=0)
+    num_tasks: int = doc(200, "Held-out tasks per evaluation (0 = no evaluation).", min=0)
+    every: int = doc(20, "Evaluate every N steps (and always before the first and after the last).", min=0)
     temperature: float = doc(1.0, "Sampling temperature for evaluation (0 = greedy).", min=0.0)
     env_kwargs: dict = doc({"split": "eval"}, "Env kwargs overriding env.kwargs for evaluation (held-out split).")
 

@@ -25,12 +25,30 @@ class AlgoPreset:
 
 
 ALGOS: dict[str, AlgoPreset] = {
-    "grpo": AlgoPreset("grpo", "outcome", "token-mean", False),
+    "grpo": AlgoPreset("grpo", "outcome", "seq-mean-token-mean", False),  # as in the GRPO paper
     "dr_grpo": AlgoPreset("dr_grpo", "outcome", "seq-mean-token-sum-norm", False),
     "rloo": AlgoPreset("rloo", "outcome", "token-mean", False),
     "reinforce_pp": AlgoPreset("reinforce_pp", "outcome", "token-mean", False),
     "ppo": AlgoPreset("gae", "turn_gae", "token-mean", True),
 }
+
+
+def resolve_trainer(cfg, preset: AlgoPreset):
+    """``cfg`` (a RunConfig) with its null ("auto") trainer fields chosen for this run: ``lr``
+    ``BUILTIN_RL_LR`` for the built-in tiny model, else ``DEFAULT_LR``; ``loss_agg`` the preset's
+    aggregation; ``loss_norm_len`` (Dr. GRPO's constant) the most tokens an episode can sample."""
+    import dataclasses
+
+    from agentrl.default_model import BUILTIN_RL_LR
+    from agentrl.trainer.config import DEFAULT_LR
+
+    t = cfg.trainer
+    lr = t.lr if t.lr is not None else (BUILTIN_RL_LR if cfg.model.path is None else DEFAULT_LR)
+    agg = t.loss_agg or preset.aggregation
+    norm = t.loss_norm_len
+    if agg == "seq-mean-token-sum-norm" and norm is None:
+        norm = min(cfg.rollout.max_context, cfg.rollout.max_new_tokens * cfg.rollout.max_turns)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, lr=lr, loss_agg=agg, loss_norm_len=norm))
 
 
 def episode_return(t: Trajectory) -> float:

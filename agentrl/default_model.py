@@ -33,6 +33,10 @@ BASE = dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512, v
 WARM_START = dict(steps=400, batch_size=32, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, num_demos=4000,
                   difficulty=[1, 2, 3, 4], seed=0)
 
+#: The RL learning rate `agentrl run` uses with the built-in model when trainer.lr is null
+#: (measured in BENCHMARKS.md P7: 1e-3 collapses, 2e-4 is stable).
+BUILTIN_RL_LR = 2e-4
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig, save_config, to_dict
-from agentrl.credit_assign import ALGOS, build_samples, episode_return
+from agentrl.credit_assign import ALGOS, build_samples, episode_return, resolve_trainer
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.metrics import RolloutMetrics
 from agentrl.staleness import StalenessQueue
@@ -49,8 +49,8 @@ class Runner:
 
             raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
                               f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
-        self.cfg, self.progress = cfg, progress
         self.preset = ALGOS[cfg.algo.name]
+        self.cfg, self.progress = resolve_trainer(cfg, self.preset), progress
         self.run_dir = Path(cfg.output_dir)
         self.step = 0
         self.data_position = 0  # next prompt index of the training stream

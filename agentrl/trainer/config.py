@@ -13,10 +13,16 @@ from agentrl.fields import doc
 from agentrl.errors import ConfigError
 
 
+#: The policy learning rate when trainer.lr is null and nothing else chose one.
+DEFAULT_LR = 1e-6
+
+
 @dataclass
 class TrainerConfig:
     # -- optimisation ---------------------------------------------------------------------------
-    lr: float = doc(1e-5, "AdamW peak learning rate of the policy.", min=0.0)
+    lr: float | None = doc(
+        None, "AdamW peak learning rate of the policy. null: `agentrl run` picks 2e-4 for the built-in tiny model "
+              "and 1e-6 for a --model (a common RL rate for 1-10B models); the Trainer API alone uses 1e-6.", min=0.0)
     weight_decay: float = doc(0.0, "AdamW decoupled weight decay.", min=0.0)
     adam_betas: list = doc([0.9, 0.999], "AdamW (beta1, beta2).")
     adam_eps: float = doc(1e-8, "AdamW epsilon.", min=0.0)
@@ -45,8 +51,9 @@ class TrainerConfig:
         "Compute dtype of forward/backward (FSDP2 mixed precision); master weights and grad reduction stay fp32.")
     # -- loss -----------------------------------------------------------------------------------
     policy_loss: str = doc("ppo_clip", "Name in agentrl.algos.POLICY_LOSSES ('ppo_clip', 'sft', ...).")
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = doc(
-        "token-mean", "How per-token losses become the step loss (agentrl.algos.aggregate mode).")
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = doc(
+        None, "How per-token losses become the step loss (agentrl.algos.aggregate mode). null: the --algo preset's "
+              "(`agentrl run`), token-mean (Trainer API).")
     loss_norm_len: int | None = doc(
         None, "Constant length divisor for 'seq-mean-token-sum-norm' (required there; e.g. max response length).",
         min=1)
@@ -91,5 +98,12 @@ class TrainerConfig:
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_len is None:
             raise ConfigError(
                 "trainer.loss_norm_len: null, but loss_agg 'seq-mean-token-sum-norm' needs a constant length")
+
+    def resolved(self) -> "TrainerConfig":
+        """A copy with the Trainer API's choices for the null ("auto") fields."""
+        import dataclasses
+
+        return dataclasses.replace(self, lr=DEFAULT_LR if self.lr is None else self.lr,
+                                   loss_agg=self.loss_agg or "token-mean")
         if self.batching == "pad" and self.packed_mask:
             raise ConfigError("trainer.packed_mask: only meaningful with trainer.batching='pack'")

@@ -78,7 +78,7 @@ class Trainer:
 
     def __init__(self, model_path: str, cfg: TrainerConfig | None = None, *, ref_model_path: str | None = None,
                  critic: bool = False) -> None:
-        self.cfg = cfg = cfg or TrainerConfig()
+        self.cfg = cfg = (cfg or TrainerConfig()).resolved()
         cfg.check()
         self.model_path = str(model_path)
         self.device = D.pick_device(cfg.device)

@@ -91,7 +91,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algos", nargs="+", default=["grpo", "ppo"])
+    ap.add_argument("--algos", nargs="*", default=["grpo", "ppo"], help="algorithms run on the defaults (none: only --staleness runs)")
     ap.add_argument("--staleness", nargs="*", type=int, default=[], help="extra grpo runs at these max_staleness")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override for every run")
     ap.add_argument("--cold", action="store_true", help="fresh AGENTRL_CACHE: the first run builds and warm-starts")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrl import sft
+from agentrl import chat_data, sft
 from agentrl.chat import ChatRenderer
 from agentrl.envs import tasks
 from agentrl.errors import DatasetError
@@ -84,8 +84,8 @@ CHAT = {
 
 def test_chat_example_masks_exactly_the_assistant_turns(tiny_tokenizer):
     tok = tiny_tokenizer
-    messages, tools = sft._check_row(json.loads(json.dumps(CHAT)), "x")
-    ex = sft.chat_example(tok, messages, tools, "x")
+    messages, tools = chat_data._check_row(json.loads(json.dumps(CHAT)), "x")
+    ex = chat_data.chat_example(tok, messages, tools, "x")
     assert len(ex.token_ids) == len(ex.loss_mask) and ex.loss_mask[0] == 0
     r = ChatRenderer(tok, tools=tools)
     assert tok.decode(ex.token_ids) + r.glue == r.render(messages)
@@ -114,15 +114,15 @@ def _write(tmp_path, rows):
 def test_jsonl_loader_rejects_bad_rows_naming_file_and_row(tiny_tokenizer, tmp_path, bad, match):
     p = _write(tmp_path, [CHAT, "", bad])  # the bad row is line 3 (a blank line 2 is skipped)
     with pytest.raises(DatasetError, match=match) as e:
-        sft.load_chat_jsonl(p, tiny_tokenizer)
+        chat_data.load_chat_jsonl(p, tiny_tokenizer)
     assert f"{p}: row 3" in str(e.value)
 
 
 def test_jsonl_loader_reads_good_rows(tiny_tokenizer, tmp_path):
-    rows = sft.load_chat_jsonl(_write(tmp_path, [CHAT, CHAT]), tiny_tokenizer)
+    rows = chat_data.load_chat_jsonl(_write(tmp_path, [CHAT, CHAT]), tiny_tokenizer)
     assert len(rows) == 2 and rows[0].token_ids == rows[1].token_ids and rows[0].num_target > 0
     with pytest.raises(DatasetError, match="no such file"):
-        sft.load_chat_jsonl(tmp_path / "missing.jsonl", tiny_tokenizer)
+        chat_data.load_chat_jsonl(tmp_path / "missing.jsonl", tiny_tokenizer)
 
 
 def test_short_sft_lowers_the_loss_and_writes_a_loadable_model(tmp_path, sandbox):

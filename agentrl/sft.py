@@ -43,7 +43,9 @@ class OracleSandbox(Sandbox):
     as an ``ExecResult``. Spawning a process per demonstration would make data generation, not
     training, the cost of the warm start. Only for trusted code we generated: it isolates nothing,
     has no deadline and no output cap. ``tests/test_sft.py`` checks that demonstrations made with it
-    are token-identical to ones made with a real sandbox."""
+    are token-identical to ones made with a real sandbox. It cannot grade difficulty-5 tasks (their
+    unit tests run as a file): such episodes end ``sandbox_error`` and are dropped, so use
+    ``demo_sandbox='env'`` for them."""
 
     name = "oracle"
 
@@ -176,8 +178,8 @@ class SFTConfig:
     direct_frac: float = doc(0.0, "Fraction of demonstrations that answer at once without the tool (a mixed-habit "
                                   "corpus, like chat data).", min=0.0, max=1.0)
     env_kwargs: dict = doc({}, "Extra code_exec kwargs for the demonstrations (parser, tools, ...).")
-    demo_sandbox: str = doc("oracle", "'oracle': run the reference programs in-process (trusted code, ~15x faster); "
-                                      "'env': in the env's own sandbox, as RL does.")
+    demo_sandbox: str = doc("oracle", "'oracle': run the reference programs in-process (trusted code, ~15x faster; "
+                                      "difficulties 1-4 only); 'env': in the env's own sandbox, as RL does.")
     micro_batch_tokens: int = doc(4096, "Tokens per trainer micro-batch.", min=1)
     batching: str = doc("pad", "Trainer layout: 'pad' (fastest for short uniform demos on CPU) or 'pack'.")
     device: str = doc("auto", "Trainer device ('auto', 'cpu', 'cuda').")

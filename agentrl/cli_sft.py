@@ -78,12 +78,11 @@ def _progress(total: int, enabled: bool):
 
 
 def _print_fields(cls) -> None:
-    import dataclasses
+    from agentrl.config import field_docs
 
     tab = Table(title="sft fields (--set name=value)")
     for col in ("field", "default", "doc"):
         tab.add_column(col)
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        tab.add_row(f.name, repr(default), f.metadata.get("doc", ""))
+    for name, text, default in field_docs(cls):
+        tab.add_row(name, repr(default), text)
     console.print(tab)

@@ -200,3 +200,12 @@ def test_oracle_sandbox_demonstrations_match_a_real_sandbox(tiny_tokenizer, sand
     real, oracle = demos(sandbox, todo), demos(sft.OracleSandbox(), todo)
     assert len(real) == len(todo) and oracle == real
     assert demos(sft.OracleSandbox(), [tasks.generate_task(0, 5, "train")]) == []  # dropped, never wrong
+
+
+def test_sft_command_lists_its_fields():
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    res = CliRunner().invoke(app, ["sft", "--set", "help=1"], terminal_width=200)
+    assert res.exit_code == 0 and "direct_frac" in res.output and "Optimizer steps." in res.output

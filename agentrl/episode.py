@@ -237,7 +237,7 @@ class EpisodeManager:
             params = replace(base, max_new_tokens=min(cfg.max_new_tokens, budget),
                              seed=None if base.seed is None else (base.seed + 7919 * turn) % (2**31))
             t_gen = time.perf_counter()
-            gen = await self._generate(ep.ids, params)
+            gen = await self._generate(ep.ids, params, traj.episode_id)
             t_env = time.perf_counter()
             rec = TurnRecord(index=turn, start=len(ep.ids), n_sampled=len(gen.token_ids), n_observation=0,
                              finish_reason=gen.finish_reason, gen_s=t_env - t_gen)
@@ -298,8 +298,9 @@ class EpisodeManager:
         except Exception as e:
             raise on_error(f"{what} failed: {type(e).__name__}: {e}") from e
 
-    async def _generate(self, ids: list[int], params: SamplingParams):
-        gen = await self._guarded(self.engine.generate(ids, params), "generation", EngineError, EngineError)
+    async def _generate(self, ids: list[int], params: SamplingParams, session: str):
+        gen = await self._guarded(self.engine.generate(ids, params, session=session), "generation",
+                                  EngineError, EngineError)
         if len(gen.logprobs) != len(gen.token_ids) or (gen.versions and len(gen.versions) != len(gen.token_ids)):
             raise EngineError(f"engine returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
         if not gen.token_ids:

@@ -54,8 +54,13 @@ class Engine(abc.ABC):
     policy_version: int = 0
 
     @abc.abstractmethod
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
-        """Continue ``prompt_ids``. Raises agentrl.errors.EngineError when the engine fails."""
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       session: str | None = None) -> Generation:
+        """Continue ``prompt_ids``. Raises agentrl.errors.EngineError when the engine fails.
+
+        ``session`` names the episode the request belongs to: engines with several servers send all
+        requests of one session to the same server (its prefix cache then holds the episode so far);
+        single-process engines ignore it."""
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Load new weights in place and start stamping tokens with ``version``."""

@@ -46,7 +46,8 @@ class FakeEngine(Engine):
     def max_context(self) -> int | None:
         return self._max_context
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       session: str | None = None) -> Generation:
         ctx = FakeContext(self.calls, self.state)
         self.calls += 1
         if self._max_context is not None and len(prompt_ids) >= self._max_context:

@@ -176,7 +176,8 @@ class LocalEngine(Engine):
                 self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
                 self._thread.start()
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       session: str | None = None) -> Generation:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise EngineError("empty prompt: the engine needs at least one token to continue")

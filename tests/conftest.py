@@ -14,3 +14,37 @@ def tiny_model_dir(tmp_path_factory):
     from agentrl.tiny_model import build_model
 
     return build_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def sglang_model_dir(tmp_path_factory):
+    """A tiny Qwen3 (head_dim 32, the built-in model's shape) for SGLang servers and their references."""
+    from agentrl.default_model import BASE
+    from agentrl.tiny_model import build_model
+
+    return build_model(tmp_path_factory.mktemp("sglang-model"), **BASE)
+
+
+def start_sglang_or_skip(model_dir, **kwargs):
+    """Start an SGLang server on ``model_dir``, or skip the test saying why SGLang cannot run here."""
+    from agentrl.engine.sglang_server import SGLangServer, unavailable_reason
+    from agentrl.errors import EngineError
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = SGLangServer(model_dir, **kwargs)
+    try:
+        return server.start()
+    except EngineError as e:
+        server.kill()
+        pytest.skip(f"SGLang could not start here: {e}")
+
+
+@pytest.fixture(scope="session")
+def sglang_server(sglang_model_dir):
+    """One live SGLang server (CPU flags, GUIDE §3) shared by the session's tests. Tests that change
+    its weights must restore them (or use their own server)."""
+    server = start_sglang_or_skip(sglang_model_dir)
+    yield server
+    server.stop()

@@ -1,0 +1,191 @@
+"""Launching and supervising one ``sglang.launch_server`` process.
+
+Owns: where SGLang's Python lives (it pins its own torch, so it sits in its own virtualenv), the
+pinned version, the launch flags (the CPU flags in ONE place: GUIDE §3), picking a free port,
+waiting until the server answers ``/health``, killing (its whole process group) and restarting,
+and the server's log file (its tail goes into every error). Does not send generation requests or
+route between servers (``agentrl.engine.sglang``).
+
+Where SGLang is looked for, first hit wins:
+``$AGENTRL_SGLANG_PYTHON`` (a python executable), ``$AGENTRL_CACHE/sglang-venv/bin/python`` (what
+``.ci/install_sglang.sh`` makes), then this interpreter if it can import ``sglang``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+
+from agentrl.errors import EngineError
+
+#: The SGLang release agentrl is tested against (.ci/install_sglang.sh installs it).
+SGLANG_VERSION = "0.5.23"
+
+#: Flags that make SGLang run on a CPU (GUIDE §3): the transformers model implementation (the
+#: default one imports vllm), torch-native attention and sampling, no CUDA graphs.
+CPU_FLAGS = ("--device", "cpu", "--model-impl", "transformers", "--attention-backend", "torch_native",
+             "--disable-cuda-graph", "--sampling-backend", "pytorch")
+
+
+def sglang_python() -> str | None:
+    """The python executable that can run ``sglang.launch_server``, or None."""
+    env = os.environ.get("AGENTRL_SGLANG_PYTHON")
+    if env:
+        return env
+    from agentrl.default_model import cache_dir
+
+    venv = cache_dir() / "sglang-venv" / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    if importlib.util.find_spec("sglang") is not None:
+        return sys.executable
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why no SGLang server can be started here (None when one can)."""
+    py = sglang_python()
+    if py is None:
+        return ("SGLang is not installed: run `bash .ci/install_sglang.sh` (makes $AGENTRL_CACHE/sglang-venv) "
+                "or set AGENTRL_SGLANG_PYTHON to a python that has sglang")
+    if not Path(py).exists():
+        return f"AGENTRL_SGLANG_PYTHON={py} does not exist"
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SGLangServer:
+    """One supervised SGLang server process.
+
+    ``device="cpu"`` adds :data:`CPU_FLAGS`; ``max_total_tokens`` bounds the KV cache (without it
+    SGLang reserves most of the machine's memory on CPU). ``extra_args`` are appended verbatim.
+    Use as a context manager or call :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(self, model_path: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 device: str = "cpu", max_total_tokens: int = 32768, max_running_requests: int = 64,
+                 extra_args: Sequence[str] = (), python: str | None = None, log_path: str | Path | None = None,
+                 startup_timeout_s: float = 240.0) -> None:
+        if not Path(model_path).is_dir():
+            raise EngineError(f"SGLang model path {model_path} is not a directory")
+        self.model_path = str(model_path)
+        self.host, self.port = host, port or free_port(host)
+        self.device = device
+        self.max_total_tokens, self.max_running_requests = max_total_tokens, max_running_requests
+        self.extra_args = list(extra_args)
+        self.python = python or sglang_python()
+        self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"agentrl-sglang-{self.port}.log"
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        if self.python is None:
+            raise EngineError(unavailable_reason() or "SGLang not found")
+        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
+               "--host", self.host, "--port", str(self.port),
+               "--max-total-tokens", str(self.max_total_tokens),
+               "--max-running-requests", str(self.max_running_requests)]
+        if self.device == "cpu":
+            cmd += CPU_FLAGS
+        return cmd + self.extra_args
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, wait: bool = True) -> "SGLangServer":
+        """Spawn the server (a new process group, output to ``log_path``); wait until ready."""
+        if self.alive():
+            return self
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== agentrl: starting {' '.join(self.command())}\n".encode())
+            log.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until ``/health`` answers 200; raise EngineError (with the log tail) if the process
+        exits or the deadline passes."""
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = None if self.proc is None else self.proc.returncode
+                raise EngineError(f"SGLang server on port {self.port} exited with code {code} while starting; "
+                                  f"log {self.log_path} ends with:\n{self.log_tail()}")
+            if self.healthy(timeout_s=2.0):
+                return
+            time.sleep(0.5)
+        self.kill()
+        raise EngineError(f"SGLang server on port {self.port} not ready after {timeout_s or self.startup_timeout_s}s; "
+                          f"log {self.log_path} ends with:\n{self.log_tail()}")
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (SGLang runs scheduler/detokenizer children)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL after ``grace_s``."""
+        if self.proc is None:
+            return
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=grace_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def restart(self, wait: bool = True) -> None:
+        self.kill()
+        self.restarts += 1
+        self.start(wait=wait)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

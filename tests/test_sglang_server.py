@@ -1,0 +1,44 @@
+"""The SGLang launcher against a real server process (skips, saying why, where SGLang cannot run)."""
+import pytest
+
+from agentrl.engine.sglang_server import CPU_FLAGS, SGLangServer
+from agentrl.errors import EngineError
+
+pytestmark = pytest.mark.sglang
+
+
+def test_command_has_the_cpu_flags_once(sglang_model_dir):
+    cmd = SGLangServer(sglang_model_dir, port=1234, python="py").command()
+    assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
+    assert cmd.count("--device") == 1 and all(f in cmd for f in CPU_FLAGS)
+    assert "--max-total-tokens" in cmd and "--port" in cmd and "1234" in cmd
+
+
+def test_bad_model_path_names_it(tmp_path):
+    with pytest.raises(EngineError, match="nope"):
+        SGLangServer(tmp_path / "nope")
+
+
+def test_kill_and_restart_a_live_server(sglang_model_dir):
+    from conftest import start_sglang_or_skip
+
+    server = start_sglang_or_skip(sglang_model_dir)
+    try:
+        assert server.healthy()
+        server.kill()
+        assert not server.alive() and not server.healthy(timeout_s=1)
+        server.restart()
+        assert server.alive() and server.healthy() and server.restarts == 1
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+def test_startup_failure_raises_with_the_log(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    server = SGLangServer(tmp_path, startup_timeout_s=120)
+    if server.python is None:
+        pytest.skip("SGLang is not installed")
+    with pytest.raises(EngineError, match="exited with code"):
+        server.start()
+    assert not server.alive()

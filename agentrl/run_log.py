@@ -1,0 +1,67 @@
+"""What a training run keeps about its rollouts beyond scalar metrics.
+
+Owns: the per-step rollout statistics the report and the monitors read (tokens per episode, share
+of distinct completions within groups, outcome counts) and saving the trained trajectories of each
+step, token-exact and with the per-token advantages they were trained with
+(``info["advantages"]``), to ``RUN/trajectories/step_NNNNNN.jsonl`` (temp file + rename: a reader never
+sees half a file). Does not compute advantages (``agentrl.credit_assign``) or render anything
+(``agentrl.report``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from agentrl.trajectory import Trajectory, write_jsonl
+
+
+def rollout_extra(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """``tokens_per_episode`` (sampled tokens), ``distinct_frac`` (distinct sampled-token sequences /
+    samples, averaged over groups of 2+), and ``outcome/<name>`` counts."""
+    trajs = [t for g in groups for t in g]
+    out: dict[str, float] = {}
+    if trajs:
+        out["tokens_per_episode"] = sum(t.num_sampled for t in trajs) / len(trajs)
+    fracs = []
+    for g in groups:
+        if len(g) > 1:
+            seqs = {tuple(tok for tok, m in zip(t.token_ids, t.loss_mask) if m) for t in g}
+            fracs.append(len(seqs) / len(g))
+    if fracs:
+        out["distinct_frac"] = sum(fracs) / len(fracs)
+    for name, n in Counter(str(getattr(t.outcome, "value", t.outcome)) for t in trajs).items():
+        out[f"outcome/{name}"] = float(n)
+    return out
+
+
+class TrajectoryLog:
+    """Writes each step's trajectories. ``per_step``: how many to keep per step (-1 all, 0 none);
+    trained ones first (they carry advantages), then the excluded ones (infra failures)."""
+
+    def __init__(self, run_dir: str | Path, per_step: int) -> None:
+        self.dir = Path(run_dir) / "trajectories"
+        self.per_step = per_step
+
+    def write(self, step: int, groups: Sequence[Sequence[Trajectory]], trained: Sequence[Trajectory],
+              advantages: Sequence[Sequence[float]]) -> Path | None:
+        """``trained[i]`` was trained with per-token ``advantages[i]``; the rest of ``groups`` was not."""
+        if self.per_step == 0:
+            return None
+        if len(trained) != len(advantages):
+            raise ValueError(f"{len(trained)} trained trajectories but {len(advantages)} advantage rows")
+        for t, adv in zip(trained, advantages):
+            if len(adv) != len(t.token_ids):
+                raise ValueError(f"{t.episode_id}: {len(adv)} advantages for {len(t.token_ids)} tokens")
+            t.info["advantages"] = [float(a) for a in adv]
+        ids = {id(t) for t in trained}
+        rest = [t for g in groups for t in g if id(t) not in ids]
+        keep = list(trained) + rest
+        if self.per_step > 0:
+            keep = keep[: self.per_step]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"step_{step:06d}.jsonl"
+        tmp = path.with_suffix(".jsonl.tmp")
+        write_jsonl(tmp, keep)
+        tmp.replace(path)
+        return path

@@ -48,7 +48,7 @@ def serve_cmd(
         if backend == "sglang":
             if device != "cpu" or dtype != "float32":
                 console.print("[yellow]note:[/] --device/--dtype apply to the local backend only")
-            service = SGLangService(target, host=host, port=port or _free(host), name=name, follow=follow,
+            service = SGLangService(target, host=host, port=port, name=name, follow=follow,
                                     poll_s=poll_s, log=say)
             say(f"starting SGLang on {target.model_dir} (log {service.server.log_path}) ...")
             service.start()
@@ -71,12 +71,6 @@ def serve_cmd(
     except AgentRLError as e:
         console.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2)
-
-
-def _free(host: str) -> int:
-    from agentrl.engine.sglang_server import free_port
-
-    return free_port(host)
 
 
 def _ready(url: str, name: str, target, backend: str, follow: bool) -> None:

@@ -313,9 +313,12 @@ def default_name(target: ServeTarget) -> str:
 # ---------------------------------------------------------------------------------------- sglang
 class SGLangService:
     """The sglang backend: one supervised SGLang server on the target's weights (it serves
-    ``/v1``); with ``follow``, newer checkpoints are pushed with ``/update_weights_from_disk``."""
+    ``/v1``); with ``follow``, newer checkpoints are pushed with ``/update_weights_from_disk``.
+    ``port`` None or 0 picks a free one. SGLang accepts any model name in requests, and after a swap
+    its ``/v1/models`` lists the checkpoint's path (its own behaviour); ``/model_info`` has the
+    ``weight_version`` (the policy version)."""
 
-    def __init__(self, target: ServeTarget, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
+    def __init__(self, target: ServeTarget, *, host: str = "127.0.0.1", port: int | None = None, name: str | None = None,
                  follow: bool = False, poll_s: float = 2.0, log: Callable[[str], None] = print, **server_kwargs) -> None:
         from agentrl.engine.sglang_server import SGLangServer, unavailable_reason
 

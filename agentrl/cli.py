@@ -162,6 +162,9 @@ app.add_typer(sandbox_app, name="sandbox")
 from agentrl.cli_sft import sft_cmd  # noqa: E402
 
 app.command("sft")(sft_cmd)
+from agentrl.cli_eval import eval_cmd  # noqa: E402
+
+app.command("eval")(eval_cmd)
 from agentrl.cli_serve import serve_cmd  # noqa: E402
 
 app.command("serve")(serve_cmd)

@@ -20,35 +20,34 @@ import asyncio
 import copy
 from typing import Any
 
+import gymnasium as gym
+
 from agentrl.errors import ConfigError
 from agentrl.judge import JudgeReward
 
 COMBINE = ("replace", "add", "multiply")
 
 
-class JudgedEnv:
-    """Wraps ``env`` (an agentrl text env); see the module docstring. Other attributes are the
-    wrapped env's (``parser``, ``tools``...)."""
+class JudgedEnv(gym.Wrapper):
+    """Wraps ``env`` (an agentrl text env, a ``gymnasium.Env``); see the module docstring. Other
+    attributes are the wrapped env's (``parser``, ``tools``...)."""
 
     def __init__(self, env: Any, judge: JudgeReward | dict, *, combine: str = "replace", weight: float = 1.0) -> None:
         if combine not in COMBINE:
             raise ConfigError(f"combine must be one of {COMBINE}, got {combine!r}")
         if not isinstance(weight, (int, float)):
             raise ConfigError(f"weight must be a number, got {weight!r}")
-        self.env, self.judge = env, JudgeReward.from_config(judge)
+        super().__init__(env)
+        self.judge = JudgeReward.from_config(judge)
         self.combine, self.weight = combine, float(weight)
         self._task: dict = {}
         self._transcript: list[dict] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __getattr__(self, name: str) -> Any:  # only called for attributes the wrapper lacks
-        if name == "env":
+        if name == "env" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.env, name)
-
-    @property
-    def unwrapped(self) -> Any:
-        return getattr(self.env, "unwrapped", self.env)
 
     async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
         afn = getattr(self.env, "a" + name, None)

@@ -1,0 +1,523 @@
+"""The SGLang rollout engine: token ids in, sampled ids + logprobs out, over SGLang's HTTP API.
+
+Owns: attaching to running servers by URL or supervising :class:`SGLangServer` processes (restarting
+a dead one), one shared ``httpx.AsyncClient`` sized for thousands of requests in flight, routing
+(:mod:`agentrl.engine.router`: least-loaded, sticky per session), ``/generate`` requests and the
+mapping of their answers to :class:`Generation`, crash recovery, pause/resume/flush around weight
+updates, admin calls to every server, and server stats for metrics. Does not: launch flags (the
+launcher, ``agentrl.engine.sglang_server``), move weights (``agentrl.engine.weight_sync``), render chat.
+
+Conventions (match :class:`agentrl.engine.local.LocalEngine` where SGLang allows):
+
+- Ids and logprobs are SGLang's ``output_ids`` / ``meta_info.output_token_logprobs``, never
+  re-tokenized. A matched stop id is kept in ``token_ids`` (SGLang keeps it; checked per answer).
+- SGLang stops on ``stop_token_ids`` AND on the model's eos ids (``ignore_eos`` would disable both),
+  so unlike LocalEngine an eos id missing from ``stop_token_ids`` still stops a request.
+- ``seed`` is sent as ``sampling_seed``; SGLang honours it only when the server runs with
+  ``--enable-deterministic-inference``.
+- Per-token versions come from SGLang's ``meta_info.weight_versions`` spans. The engine keeps every
+  server's ``weight_version`` equal to ``str(policy_version)`` (pushed at start and on ``resume``);
+  a span that is not an integer is stamped with ``policy_version``.
+- ``pause`` uses SGLang's ``retract`` mode: running requests go back to the server's queue and their
+  HTTP requests stay open; after ``resume`` they continue (their K/V recomputed, so the cache can be
+  flushed in between). ``abort`` mode would end them; ``in_place`` forbids flushing the cache.
+
+Failures: a request never delivered (connection refused) is retried ``retries`` times with
+exponential backoff. A request delivered and then lost (the connection died: the server crashed) is
+re-sent exactly once, after the server is restarted (supervised) or to another healthy server
+(attached); a second loss, a non-200 answer or a timeout raise EngineError naming the server.
+Prompt ids outside the vocabulary are refused here: SGLang 0.5.23's scheduler dies on them.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.router import Backend, Router
+from agentrl.engine.sglang_server import SGLangServer
+from agentrl.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_ENGINE_KWARGS = ("max_connections", "request_timeout_s", "retries", "backoff_s", "restart_dead", "max_context")
+
+
+def _model_limits(model_path: str | None) -> tuple[int | None, int | None]:
+    """(max_position_embeddings, vocab_size) from a local HF dir's config.json, else (None, None)."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text()) if model_path else {}
+    except (OSError, ValueError):
+        return None, None
+    cfg = cfg.get("text_config", cfg)
+    return cfg.get("max_position_embeddings"), cfg.get("vocab_size")
+
+
+class SGLangEngine(Engine):
+    """Drives one or many SGLang servers. ``urls``: attach to running servers; ``servers``: supervise
+    these :class:`SGLangServer` objects (restarted when they die if ``restart_dead``; not stopped
+    by :meth:`close` unless the engine launched them with :meth:`launch`)."""
+
+    #: seconds between health checks of the servers (restarts a supervised server that died idle)
+    HEALTH_INTERVAL_S = 5.0
+    #: a supervised server restarted this many times is left dead (its requests then fail)
+    MAX_RESTARTS = 5
+
+    def __init__(self, urls: Sequence[str] = (), *, servers: Sequence[SGLangServer] = (),
+                 max_connections: int = 2048, request_timeout_s: float = 600.0, retries: int = 3,
+                 backoff_s: float = 0.5, restart_dead: bool = True, max_context: int | None = None) -> None:
+        if bool(urls) == bool(servers):
+            raise EngineError("SGLangEngine needs either urls= (attach) or servers= (supervise), not both or neither")
+        if max_connections < 1 or request_timeout_s <= 0 or retries < 0 or backoff_s < 0:
+            raise EngineError(f"bad SGLangEngine limits: max_connections={max_connections}, "
+                              f"request_timeout_s={request_timeout_s}, retries={retries}, backoff_s={backoff_s}")
+        self._servers = {i: s for i, s in enumerate(servers)}
+        self.router = Router([s.url for s in servers] if servers else list(urls))
+        self.max_connections, self.request_timeout_s = max_connections, request_timeout_s
+        self.retries, self.backoff_s, self.restart_dead = retries, backoff_s, restart_dead
+        self._max_context = max_context
+        self._vocab: int | None = None
+        self._version = 0
+        self._base_version = 0  # what a server serves right after (re)starting from its model path
+        #: a full checkpoint of the served weights on disk (set by weight syncs through
+        #: :meth:`note_weights`); a restarted server reloads it instead of serving stale weights
+        self.weights_path: str | None = None
+        self.weights_version: int | None = None
+        self._owned = False
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running: asyncio.Event | None = None  # cleared while paused
+        self._paused = False
+        self._closed = False
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._monitor: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        #: requests that were re-sent after a loss (each at most once)
+        self.resends = 0
+
+    @classmethod
+    def launch(cls, model_path: str | Path, *, num_servers: int = 1, device: str = "cpu",
+               **server_kwargs: Any) -> "SGLangEngine":
+        """Start ``num_servers`` SGLang servers on ``model_path`` (in parallel) and return an engine
+        that owns them: :meth:`close` stops them. Keyword arguments named like the constructor's
+        (``retries``, ``max_context``, ...) go to the engine, the rest to :class:`SGLangServer`."""
+        if num_servers < 1:
+            raise EngineError(f"num_servers must be >= 1, got {num_servers}")
+        ekw = {k: server_kwargs.pop(k) for k in _ENGINE_KWARGS if k in server_kwargs}
+        servers = [SGLangServer(model_path, device=device, **server_kwargs) for _ in range(num_servers)]
+        try:
+            for s in servers:
+                s.start(wait=False)
+            for s in servers:
+                s.wait_ready()
+        except BaseException:
+            for s in servers:
+                s.kill()
+            raise
+        eng = cls(servers=servers, **ekw)
+        eng._owned = True
+        return eng
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def urls(self) -> list[str]:
+        return [b.url for b in self.router.backends]
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        return self._version
+
+    def set_policy_version(self, v: int) -> None:
+        """Stamp tokens sampled from now on with ``v``; servers learn it at the next :meth:`resume`."""
+        self._version = int(v)
+
+    def note_weights(self, path: str | Path, version: int) -> None:
+        """Record that ``path`` (an HF dir loadable by ``/update_weights_from_disk``) holds the weights
+        of ``version``: a server restarted after a crash loads it before taking requests."""
+        self.weights_path, self.weights_version = str(path), int(version)
+
+    @property
+    def max_context(self) -> int | None:
+        if self._max_context is None and self._servers:
+            self._max_context, self._vocab = _model_limits(self._servers[0].model_path)
+        return self._max_context
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise EngineError("the SGLang engine is closed")
+        if self._started and self._loop is loop:
+            return
+        if self._start_lock is None or self._loop is not loop:
+            self._start_lock, self._loop = asyncio.Lock(), loop
+            self._started = False
+        async with self._start_lock:
+            if self._started:
+                return
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=self.max_connections,
+                                    max_keepalive_connections=self.max_connections),
+                timeout=httpx.Timeout(self.request_timeout_s, connect=10.0, pool=self.request_timeout_s))
+            self._running = asyncio.Event()
+            if not self._paused:
+                self._running.set()
+            for b in self.router.backends:  # fresh locks for this loop
+                b.lock = asyncio.Lock()
+            await self._learn_limits()
+            self._base_version = self._version
+            await asyncio.gather(*(self._push_version(b) for b in self.router.backends), return_exceptions=True)
+            self._monitor = asyncio.create_task(self._watch())
+            self._started = True
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._running is not None:
+            self._running.set()  # wake requests waiting on a pause; they then fail as closed
+        for t in [self._monitor, *self._tasks]:
+            if t is not None:
+                t.cancel()
+        if self._client is not None:
+            await self._client.aclose()
+        if self._owned:
+            await asyncio.gather(*(asyncio.to_thread(s.stop) for s in self._servers.values()))
+
+    async def _learn_limits(self) -> None:
+        """max_context and vocab size: given, else the model's config.json, else the server's limits."""
+        mc, vocab = self._max_context, None
+        path = self._servers[0].model_path if self._servers else None
+        info = None
+        if path is None:
+            for b in self.router.backends:
+                try:
+                    info = await self._get_json(b, "/server_info", timeout_s=10.0)
+                    path = info.get("model_path")
+                    break
+                except EngineError as e:
+                    b.healthy = False
+                    log.warning("%s", e)
+        pos, vocab = _model_limits(path)
+        if mc is None:
+            mc = pos if pos is not None else (info or {}).get("max_req_input_len")
+        self._max_context, self._vocab = mc, vocab
+
+    # --- generation ---------------------------------------------------------------------------
+    def _sampling(self, p: SamplingParams, prompt_len: int) -> dict[str, Any]:
+        n = p.max_new_tokens
+        if self._max_context is not None:
+            n = min(n, self._max_context - prompt_len)
+        sp: dict[str, Any] = {"max_new_tokens": n, "temperature": p.temperature, "top_p": p.top_p,
+                              "top_k": p.top_k if p.top_k > 0 else -1, "no_stop_trim": True,
+                              "skip_special_tokens": False, "spaces_between_special_tokens": False}
+        if p.stop_token_ids:
+            sp["stop_token_ids"] = [int(t) for t in p.stop_token_ids]
+        if p.seed is not None:
+            sp["sampling_seed"] = int(p.seed)
+        return sp
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       session: str | None = None) -> Generation:
+        await self.start()
+        prompt = [int(t) for t in prompt_ids]  # a copy: the caller's list keeps growing
+        if not prompt:
+            raise EngineError("empty prompt: the engine needs at least one token to continue")
+        if self._vocab is not None and not all(0 <= t < self._vocab for t in prompt):
+            bad = next(t for t in prompt if not 0 <= t < self._vocab)
+            raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
+        if self._max_context is not None and len(prompt) >= self._max_context:
+            raise EngineError(f"prompt of {len(prompt)} tokens leaves no room to generate within "
+                              f"max_context={self._max_context}")
+        payload = {"input_ids": prompt, "sampling_params": self._sampling(params, len(prompt)),
+                   "return_logprob": True}
+        data, backend, resent = await self._send_generate(payload, session)
+        gen = self._to_generation(data, backend)
+        gen.info["resent"] = resent
+        return gen
+
+    async def _gate(self) -> None:
+        assert self._running is not None
+        await self._running.wait()
+        if self._closed:
+            raise EngineError("the SGLang engine is closed")
+
+    async def _send_generate(self, payload: dict, session: str | None) -> tuple[dict, Backend, bool]:
+        assert self._client is not None
+        resent, connect_failures = False, 0
+        exclude: set[Backend] = set()
+        while True:
+            await self._gate()
+            b = self.router.pick(session, exclude)
+            async with b.lock:  # waits while this server restarts
+                epoch = b.epoch
+            b.inflight += 1
+            b.counts["sent"] += 1
+            if resent:
+                b.counts["resent"] += 1
+            try:
+                resp = await self._client.post(b.url + "/generate", json=payload)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # never delivered: retry with backoff
+                b.counts["connect_errors"] += 1
+                connect_failures += 1
+                if self._closed or connect_failures > self.retries:
+                    raise EngineError(f"SGLang server {b.url} unreachable after {connect_failures} tries: "
+                                      f"{type(e).__name__}: {e}") from e
+                if not await self._recover(b, epoch):
+                    exclude.add(b)
+                await asyncio.sleep(self.backoff_s * 2 ** (connect_failures - 1))
+                continue
+            except httpx.TimeoutException as e:
+                raise EngineError(f"SGLang server {b.url} did not answer /generate within "
+                                  f"{self.request_timeout_s}s") from e
+            except httpx.TransportError as e:  # delivered, then lost: re-send once
+                b.counts["lost"] += 1
+                if self._closed:
+                    raise EngineError("the SGLang engine was closed during the request") from e
+                if resent:
+                    raise EngineError(f"SGLang server {b.url} lost the request again after its one re-send: "
+                                      f"{type(e).__name__}: {e}") from e
+                resent = True
+                self.resends += 1
+                if not await self._recover(b, epoch):
+                    exclude.add(b)
+                continue
+            except RuntimeError as e:  # httpx after aclose()
+                raise EngineError(f"the SGLang engine was closed: {e}") from e
+            finally:
+                b.inflight -= 1
+            if resp.status_code != 200:
+                b.counts["http_errors"] += 1
+                raise EngineError(f"SGLang server {b.url} answered /generate with HTTP {resp.status_code}: "
+                                  f"{resp.text[:500]}")
+            b.counts["ok"] += 1
+            return resp.json(), b, resent
+
+    def _to_generation(self, data: dict, b: Backend) -> Generation:
+        try:
+            meta = data["meta_info"]
+            ids = [int(t) for t in data["output_ids"]]
+            pairs = meta["output_token_logprobs"]
+            logprobs = [float(lp) for lp, _, *_ in pairs]
+            lp_ids = [int(t) for _, t, *_ in pairs]
+            fr = meta.get("finish_reason") or {}
+        except (KeyError, TypeError, ValueError) as e:
+            raise EngineError(f"SGLang server {b.url} sent an answer without ids/logprobs "
+                              f"({type(e).__name__}: {e}): {str(data)[:300]}") from e
+        if lp_ids != ids:
+            raise EngineError(f"SGLang server {b.url}: logprob ids {lp_ids[:8]}... differ from output_ids {ids[:8]}...")
+        reason = _FINISH.get(fr.get("type"))
+        if reason is None:
+            raise EngineError(f"SGLang server {b.url}: unknown finish_reason {fr!r}")
+        matched = fr.get("matched")
+        if reason == "stop" and isinstance(matched, int) and (not ids or ids[-1] != matched):
+            raise EngineError(f"SGLang server {b.url} stopped on id {matched} but trimmed it from output_ids")
+        info = {"server": b.url, "prompt_tokens": meta.get("prompt_tokens"),
+                "cached_tokens": meta.get("cached_tokens"), "latency_s": meta.get("e2e_latency"),
+                "retractions": meta.get("num_retractions", 0)}
+        if reason == "abort":
+            info["abort"] = fr.get("message")
+        return Generation(ids, logprobs, reason, self._versions(meta, len(ids)), info)
+
+    def _versions(self, meta: dict, n: int) -> list[int]:
+        """Per-token policy versions from SGLang's ``weight_versions`` spans."""
+        out = [self._version] * n
+        spans = meta.get("weight_versions") or [{"version": meta.get("weight_version"), "start": 0, "end": n}]
+        for s in spans:
+            try:
+                v = int(s["version"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            for i in range(max(0, int(s.get("start", 0))), min(n, int(s.get("end", n)))):
+                out[i] = v
+        return out
+
+    # --- failures -----------------------------------------------------------------------------
+    async def _recover(self, b: Backend, epoch: int) -> bool:
+        """After a failure seen at ``epoch``: restart ``b`` if it is supervised and dead. Returns
+        whether ``b`` should be tried again (False: route around it)."""
+        async with b.lock:
+            if b.epoch != epoch:  # another request already recovered it
+                return b.healthy
+            server = self._servers.get(b.index)
+            if server is not None and self.restart_dead:
+                if server.alive() and await self._probe(b):
+                    return True
+                if b.counts["restarts"] >= self.MAX_RESTARTS:
+                    b.healthy = False
+                    return False
+                await self._restart(b, server)
+                return b.healthy
+            b.healthy = await self._probe(b)
+            return b.healthy
+
+    async def _restart(self, b: Backend, server: SGLangServer) -> None:
+        """Restart a dead supervised server (caller holds ``b.lock``), reload the latest weights and
+        tell it the version it serves."""
+        b.healthy = False
+        b.counts["restarts"] += 1
+        log.warning("SGLang server %s died; restarting (log: %s)", b.url, server.log_path)
+        try:
+            await asyncio.to_thread(server.restart)
+            b.pushed_version = None
+            served = self._base_version
+            if self.weights_path is not None:
+                await self._post(b, "/update_weights_from_disk", {"model_path": self.weights_path}, None)
+                served = self.weights_version if self.weights_version is not None else self._version
+            if served != self._version:
+                log.warning("restarted SGLang server %s serves version %s, not %s (no weights_path)",
+                            b.url, served, self._version)
+            await self._push_version(b, served)
+            b.healthy = True
+        except EngineError as e:
+            log.error("restarting SGLang server %s failed: %s", b.url, e)
+        finally:
+            b.epoch += 1
+
+    async def _probe(self, b: Backend, timeout_s: float = 5.0) -> bool:
+        assert self._client is not None
+        try:
+            return (await self._client.get(b.url + "/health", timeout=timeout_s)).status_code == 200
+        except (httpx.HTTPError, RuntimeError):
+            return False
+
+    async def _watch(self) -> None:
+        """Health checks: restart a supervised server found dead; bring an attached one back when its
+        ``/health`` answers again."""
+        while not self._closed:
+            await asyncio.sleep(self.HEALTH_INTERVAL_S)
+            for b in self.router.backends:
+                server = self._servers.get(b.index)
+                if server is not None:
+                    if self.restart_dead and not server.alive() and not b.lock.locked() \
+                            and b.counts["restarts"] < self.MAX_RESTARTS:
+                        t = asyncio.create_task(self._recover(b, b.epoch))
+                        self._tasks.add(t)
+                        t.add_done_callback(self._tasks.discard)
+                elif not b.lock.locked():
+                    b.healthy = await self._probe(b)
+
+    # --- admin --------------------------------------------------------------------------------
+    async def _post(self, b: Backend, path: str, payload: dict, timeout_s: float | None) -> dict:
+        assert self._client is not None
+        try:
+            r = await self._client.post(b.url + path, json=payload,
+                                        timeout=timeout_s if timeout_s is not None else self.request_timeout_s)
+        except httpx.HTTPError as e:
+            raise EngineError(f"SGLang server {b.url}: POST {path} failed: {type(e).__name__}: {e}") from e
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"text": r.text}
+        if not isinstance(body, dict):
+            body = {"result": body}
+        if r.status_code != 200 or body.get("success") is False:
+            msg = body.get("message") or body.get("error") or body.get("text") or r.text
+            raise EngineError(f"SGLang server {b.url}: POST {path} -> HTTP {r.status_code}: {str(msg)[:500]}")
+        return body
+
+    async def _get_json(self, b: Backend, path: str, timeout_s: float = 10.0) -> dict:
+        assert self._client is not None
+        try:
+            r = await self._client.get(b.url + path, timeout=timeout_s)
+            r.raise_for_status()
+            return r.json()
+        except (httpx.HTTPError, ValueError) as e:
+            raise EngineError(f"SGLang server {b.url}: GET {path} failed: {type(e).__name__}: {e}") from e
+
+    async def post_all(self, path: str, payload: dict, *, timeout_s: float | None = None) -> list[dict]:
+        """POST ``payload`` to ``path`` on every server (waiting out restarts in progress); the
+        answers in server order. Raises EngineError naming each server that failed and why."""
+        await self.start()
+
+        async def one(b: Backend) -> dict:
+            async with b.lock:
+                pass
+            return await self._post(b, path, payload, timeout_s)
+
+        results = await asyncio.gather(*(one(b) for b in self.router.backends), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise EngineError("; ".join(str(e) for e in errors))
+        return list(results)  # type: ignore[arg-type]
+
+    async def _push_version(self, b: Backend, version: int | None = None) -> None:
+        v = str(self._version if version is None else version)
+        if b.pushed_version != v:
+            await self._post(b, "/update_weight_version", {"new_version": v, "abort_all_requests": False}, 30.0)
+            b.pushed_version = v
+
+    async def pause(self) -> None:
+        """Stop generating on every server: new requests wait in the engine, running ones are
+        retracted into the servers' queues (their HTTP requests stay open) until :meth:`resume`."""
+        await self.start()
+        self._paused = True
+        assert self._running is not None
+        self._running.clear()
+        await self.post_all("/pause_generation", {"mode": "retract"})
+
+    async def resume(self) -> None:
+        """Tell every server the current policy version, then continue generation."""
+        await self.start()
+        errors = await asyncio.gather(*(self._push_version(b) for b in self.router.backends), return_exceptions=True)
+        bad = [e for e in errors if isinstance(e, BaseException)]
+        await self.post_all("/continue_generation", {})
+        self._paused = False
+        assert self._running is not None
+        self._running.set()
+        if bad:
+            raise EngineError("; ".join(str(e) for e in bad))
+
+    async def flush_cache(self) -> None:
+        """Drop every server's prefix cache (SGLang refuses while requests run: pause first)."""
+        await self.post_all("/flush_cache", {})
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        from agentrl.engine.weight_sync import DiskSync
+
+        await DiskSync(self).push(state_dict, version)
+
+    async def server_stats(self) -> dict[str, float]:
+        """Numbers for metrics, summed over servers unless named otherwise (from SGLang's ``/v1/loads``):
+
+        ``engine/servers``, ``engine/healthy_servers``; ``engine/running_reqs``, ``engine/waiting_reqs``
+        (scheduler queues); ``engine/kv_used_tokens``, ``engine/kv_capacity_tokens``, ``engine/kv_usage``
+        (used / capacity over all servers), ``engine/kv_usage_max`` (fullest server);
+        ``engine/cache_hit_rate`` (mean over servers), ``engine/gen_throughput`` (tokens/s);
+        ``engine/inflight`` (requests this engine awaits), ``engine/resends``, ``engine/restarts``,
+        ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors`` (counters since start)."""
+        await self.start()
+        loads = await asyncio.gather(*(self._get_json(b, "/v1/loads", 10.0) for b in self.router.backends),
+                                     return_exceptions=True)
+        keys = ("running_reqs", "waiting_reqs", "kv_used_tokens", "kv_capacity_tokens", "gen_throughput")
+        out: dict[str, float] = dict.fromkeys(("engine/" + k for k in keys), 0.0)
+        hit, usage_max, answered = [], 0.0, 0
+        for r in loads:
+            if isinstance(r, BaseException):
+                continue
+            answered += 1
+            for ld in r.get("loads", []):
+                out["engine/running_reqs"] += ld.get("num_running_reqs", 0)
+                out["engine/waiting_reqs"] += ld.get("num_waiting_reqs", 0)
+                out["engine/kv_used_tokens"] += ld.get("num_used_tokens", 0)
+                out["engine/kv_capacity_tokens"] += ld.get("max_total_num_tokens", 0)
+                out["engine/gen_throughput"] += ld.get("gen_throughput", 0.0)
+                usage_max = max(usage_max, float(ld.get("token_usage", 0.0)))
+                hit.append(float(ld.get("cache_hit_rate", 0.0)))
+        cap = out["engine/kv_capacity_tokens"]
+        out["engine/kv_usage"] = out["engine/kv_used_tokens"] / cap if cap else 0.0
+        out["engine/kv_usage_max"] = usage_max
+        out["engine/cache_hit_rate"] = sum(hit) / len(hit) if hit else 0.0
+        out["engine/servers"] = float(len(self.router.backends))
+        out["engine/healthy_servers"] = float(answered)
+        out["engine/inflight"] = float(sum(b.inflight for b in self.router.backends))
+        totals = self.router.totals()
+        out["engine/resends"] = float(self.resends)
+        for k in ("restarts", "connect_errors", "lost", "http_errors"):
+            out["engine/" + k] = float(totals[k])
+        return out

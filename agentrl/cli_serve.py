@@ -6,6 +6,7 @@ runs is :mod:`agentrl.serve`.
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Optional
 
 import typer
@@ -34,43 +35,54 @@ def serve_cmd(
     Responses carry the sampled token ids, their logprobs and the policy version in an extra
     `agentrl` field. Point any OpenAI client at http://HOST:PORT/v1 (litellm: model
     "openai/NAME", api_base=http://HOST:PORT/v1)."""
-    from agentrl.serve import LocalServer, SGLangService, resolve_target
-
+    # SIGTERM ends the server like Ctrl-C does, so a supervised SGLang server is never orphaned
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        if backend not in BACKENDS:
-            raise AgentRLError(f"--backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "auto":
-            from agentrl.engine.sglang_server import unavailable_reason
-
-            backend = "local" if unavailable_reason() else "sglang"
-        target = resolve_target(path, follow=follow)
-        say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-        if backend == "sglang":
-            if device != "cpu" or dtype != "float32":
-                console.print("[yellow]note:[/] --device/--dtype apply to the local backend only")
-            service = SGLangService(target, host=host, port=port, name=name, follow=follow,
-                                    poll_s=poll_s, log=say)
-            say(f"starting SGLang on {target.model_dir} (log {service.server.log_path}) ...")
-            service.start()
-            _ready(service.url, service.name, target, "sglang", follow)
-            try:
-                asyncio.run(service.supervise())
-            except KeyboardInterrupt:
-                pass
-            finally:
-                service.stop()
-            return
-        server = LocalServer(target, host=host, port=port, name=name, device=device, dtype=dtype, follow=follow,
-                             poll_s=poll_s, verbose=verbose, log=say)
-        server.start()
-        _ready(server.url, server.name, target, "local", follow)
-        try:
-            server.wait()
-        finally:
-            server.stop()
+        _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose)
     except AgentRLError as e:
         console.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose) -> None:
+    from agentrl.serve import LocalServer, SGLangService, resolve_target
+
+    if backend not in BACKENDS:
+        raise AgentRLError(f"--backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        from agentrl.engine.sglang_server import unavailable_reason
+
+        backend = "local" if unavailable_reason() else "sglang"
+    target = resolve_target(path, follow=follow)
+    say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
+    if backend == "sglang":
+        if device != "cpu" or dtype != "float32":
+            console.print("[yellow]note:[/] --device/--dtype apply to the local backend only")
+        service = SGLangService(target, host=host, port=port, name=name, follow=follow, poll_s=poll_s, log=say)
+        say(f"starting SGLang on {target.model_dir} (log {service.server.log_path}) ...")
+        try:
+            service.start()
+            _ready(service.url, service.name, target, "sglang", follow)
+            asyncio.run(service.supervise())
+        finally:
+            service.stop()
+        return
+    server = LocalServer(target, host=host, port=port, name=name, device=device, dtype=dtype, follow=follow,
+                         poll_s=poll_s, verbose=verbose, log=say)
+    try:
+        server.start()
+        _ready(server.url, server.name, target, "local", follow)
+        server.wait()
+    finally:
+        server.stop()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _ready(url: str, name: str, target, backend: str, follow: bool) -> None:

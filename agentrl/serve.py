@@ -173,6 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST":
                 size = int(self.headers.get("Content-Length") or 0)
                 if size > MAX_BODY:
+                    self.close_connection = True  # the unread body must not be parsed as the next request
                     raise APIError(f"request body of {size} bytes is over the {MAX_BODY}-byte limit", status=413)
                 raw = self.rfile.read(size)
                 try:
@@ -180,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise APIError(f"the request body is not valid JSON: {e}") from e
             if self.path.split("?")[0].rstrip("/") in ("/health", "/v1/health"):
-                return self._send(200, {"status": "ok", **self.server.owner.api._meta()})
+                return self._send(200, {"status": "ok", **self.server.owner.api.meta()})
             fut = asyncio.run_coroutine_threadsafe(self.server.owner.api.handle(method, self.path, body),
                                                    self.server.owner.loop)
             result = fut.result()
@@ -261,7 +262,11 @@ class LocalServer:
         if self.follow:
             self.follower = CheckpointFollower(self.target, self._swap, poll_s=self.poll_s, log=self.log)
             self._follow_task = asyncio.run_coroutine_threadsafe(self.follower.run(), self.loop)
-        self._http = _HTTP((self.host, self.port), _Handler)
+        try:
+            self._http = _HTTP((self.host, self.port), _Handler)
+        except OSError as e:
+            self.stop()
+            raise ConfigError(f"serve: cannot listen on {self.host}:{self.port}: {e}") from e
         self._http.owner = self
         self.port = self._http.server_address[1]
         http_thread = threading.Thread(target=self._http.serve_forever, name="agentrl-serve-http", daemon=True)
@@ -292,7 +297,7 @@ class LocalServer:
             self._http.server_close()
         if self.follower is not None:
             self.loop.call_soon_threadsafe(self._follow_task.cancel)
-        if hasattr(self, "engine"):
+        if hasattr(self, "engine") and self.loop.is_running():
             self._call(self.engine.close(), timeout=60)
         self.loop.call_soon_threadsafe(self.loop.stop)
         for t in self._threads:

@@ -126,7 +126,7 @@ class OpenAIAPI:
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
-                                            "owned_by": "agentrl", "agentrl": self._meta()}]}
+                                            "owned_by": "agentrl", "agentrl": self.meta()}]}
 
     async def chat(self, body: dict) -> dict:
         self._check_model(body)
@@ -266,7 +266,8 @@ class OpenAIAPI:
         return {"prompt_token_ids": prompt, "token_ids": g.token_ids, "logprobs": g.logprobs,
                 "policy_versions": sorted(set(g.versions)), "engine_finish_reason": g.finish_reason}
 
-    def _meta(self) -> dict:
+    def meta(self) -> dict:
+        """The policy version served now and where its weights came from."""
         return {"policy_version": self.engine.policy_version, **self.weights()}
 
     def _response(self, obj: str, prefix: str, choices: list[dict], prompts: list[list[int]], gens: list[Generation]) -> dict:
@@ -276,7 +277,7 @@ class OpenAIAPI:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens},
-                "agentrl": self._meta()}
+                "agentrl": self.meta()}
 
 
 def _plain(message: dict) -> dict:

@@ -3,6 +3,7 @@ litellm, bad requests, --follow on checkpoints written by the real trainer, and 
 (skips, saying why, where SGLang cannot run). Unit tests of the response building use FakeEngine."""
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -303,5 +304,50 @@ async def test_sglang_backend_serves_v1_and_follows(tmp_path, sglang_model_dir):
         assert httpx.get(f"{service.url}/model_info").json()["weight_version"] == str(version)
         comp = client.completions.create(model="run", prompt="The sum", max_tokens=4)
         assert 1 <= comp.usage.completion_tokens <= 4
+        # a dead server is restarted on the newest weights it had been given
+        service.server.kill()
+        supervisor = asyncio.create_task(service.supervise(check_s=0.2))
+        try:
+            end = time.monotonic() + 300
+            while time.monotonic() < end and not (service.server.restarts and service.server.healthy(timeout_s=2)):
+                await asyncio.sleep(0.5)
+        finally:
+            supervisor.cancel()
+        assert service.server.restarts == 1 and service.server.model_path == str(run / "checkpoints" / "step_000004")
+        assert httpx.get(f"{service.url}/model_info").json()["weight_version"] == str(version)
     finally:
         service.stop()
+
+
+def test_cli_serves_until_sigterm(tiny_model_dir):
+    """The real command in a subprocess: it listens, answers, and exits cleanly on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    from agentrl.engine.sglang_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", str(tiny_model_dir), "--backend", "local",
+                             "--port", str(port), "--name", "cli-tiny"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 180
+        while time.monotonic() < end and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "cli-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "serving cli-tiny" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

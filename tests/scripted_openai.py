@@ -2,7 +2,9 @@
 tests of agentrl's own retry, parsing and tool-call plumbing through the real litellm client.
 
 It is a fake endpoint (not a model): each POST to ``/v1/chat/completions`` takes the next scripted
-answer — an int (answer with that HTTP status and an error body) or a dict (a message: ``content``
+answer — an int (answer with that HTTP status and an error body), a ``(status, message)`` pair
+(``{authorization}`` in the message is replaced by the request's header, as providers that echo a
+bad key do) or a dict (a message: ``content``
 and optional ``tool_calls`` as ``[(name, arguments), ...]``, and ``finish_reason``). It records every
 request (body and Authorization header). Tests that claim to test a model endpoint use SGLang.
 """
@@ -32,7 +34,10 @@ class ScriptedOpenAI:
                     i = len(owner.requests) - 1
                     step = owner.script[min(i, len(owner.script) - 1)] if (owner.repeat_last or i < len(owner.script)) else 500
                 if isinstance(step, int):
-                    self._send(step, {"error": {"message": f"scripted status {step}", "type": "server_error"}})
+                    step = (step, f"scripted status {step}")
+                if isinstance(step, tuple):
+                    message = step[1].replace("{authorization}", self.headers.get("Authorization", ""))
+                    self._send(step[0], {"error": {"message": message, "type": "invalid_request_error"}})
                     return
                 calls = [{"id": f"tc-{i}-{k}", "type": "function",
                           "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}}

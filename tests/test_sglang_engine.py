@@ -296,7 +296,9 @@ def test_crash_during_64_concurrent_episodes(sglang_server, sglang_model_dir, tm
                 await asyncio.sleep(0.02)
             inflight_at_kill = b.inflight
             os.killpg(sglang_server.proc.pid, signal.SIGKILL)
+            t_kill = time.perf_counter()
             trajs = await asyncio.wait_for(run_task, 500)  # none hangs
+            print(f"crash test: episodes ended {time.perf_counter() - t_kill:.1f}s after the kill")
             after = await eng.generate([5, 6, 7], SamplingParams(max_new_tokens=2))
             stats = await eng.server_stats()
             return trajs, inflight_at_kill, after, stats
@@ -325,4 +327,4 @@ def test_crash_during_64_concurrent_episodes(sglang_server, sglang_model_dir, tm
         if t.outcome == Outcome.OK:
             assert sum(t.loss_mask) == _TurnsEnv.TURNS and len(t.turns) == _TurnsEnv.TURNS
     print(f"crash test: {outcomes.count(Outcome.OK)} ok, {outcomes.count(Outcome.ENGINE_ERROR)} engine_error, "
-          f"{inflight_at_kill} in flight at the kill, {b.counts['lost']} lost, {eng.resends} re-sent")
+          f"{inflight_at_kill} in flight at the kill, {eng.resends} re-sent; server counters {b.counts}")

@@ -88,6 +88,37 @@ def test_dead_port_retries_with_backoff_then_engine_error():
     assert elapsed >= 0.05 + 0.1  # it slept backoff_s * (1 + 2) between the tries
 
 
+def test_answer_mapping_versions_and_checks():
+    """How an SGLang answer becomes a Generation (crafted answers in SGLang 0.5.23's format)."""
+    eng = SGLangEngine(["http://x:1"])
+    eng.set_policy_version(7)
+    b = eng.router.backends[0]
+
+    def answer(ids, finish, spans=None):
+        meta = {"finish_reason": finish, "output_token_logprobs": [[-0.5, t, None] for t in ids],
+                "weight_version": "3", "prompt_tokens": 2}
+        if spans is not None:
+            meta["weight_versions"] = spans
+        return {"output_ids": ids, "meta_info": meta}
+
+    g = eng._to_generation(answer([4, 5, 2], {"type": "stop", "matched": 2},
+                                  [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]), b)
+    assert (g.token_ids, g.finish_reason, g.versions) == ([4, 5, 2], "stop", [3, 4, 4])
+    assert eng._to_generation(answer([4, 5], {"type": "length", "length": 2}), b).versions == [3, 3]
+    unlabelled = eng._to_generation(answer([4], {"type": "abort", "message": "x"}, [{"version": "default"}]), b)
+    assert unlabelled.versions == [7] and unlabelled.finish_reason == "abort"
+    with pytest.raises(EngineError, match="trimmed"):
+        eng._to_generation(answer([4, 5], {"type": "stop", "matched": 2}), b)
+    with pytest.raises(EngineError, match="unknown finish_reason"):
+        eng._to_generation(answer([4], {"type": "weird"}), b)
+    bad = answer([4, 5], {"type": "length"})
+    bad["meta_info"]["output_token_logprobs"][1][1] = 9
+    with pytest.raises(EngineError, match="differ"):
+        eng._to_generation(bad, b)
+    with pytest.raises(EngineError, match="without ids"):
+        eng._to_generation({"text": "hi"}, b)
+
+
 # --- live server ---------------------------------------------------------------------------------
 @pytest.fixture()
 def attached(sglang_server):

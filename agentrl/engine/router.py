@@ -36,6 +36,9 @@ class Backend:
     epoch: int = 0
     #: version string pushed to the server's ``weight_version`` (None: not pushed yet)
     pushed_version: str | None = None
+    #: restarted without the current weights (no weights_path): keeps its own version label until
+    #: the next weight load reaches it
+    serves_stale: bool = False
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

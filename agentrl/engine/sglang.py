@@ -369,12 +369,13 @@ class SGLangEngine(Engine):
             if self.weights_path is not None:
                 await self._post(b, "/update_weights_from_disk", {"model_path": self.weights_path}, None)
                 served = self.weights_version if self.weights_version is not None else self._version
-            if served != self._version:
+            b.serves_stale = served != self._version
+            if b.serves_stale:
                 log.warning("restarted SGLang server %s serves version %s, not %s (no weights_path)",
                             b.url, served, self._version)
             await self._push_version(b, served)
             b.healthy = True
-        except EngineError as e:
+        except Exception as e:  # the server stays down; its requests fail with EngineError
             log.error("restarting SGLang server %s failed: %s", b.url, e)
         finally:
             b.epoch += 1
@@ -441,12 +442,17 @@ class SGLangEngine(Engine):
             return await self._post(b, path, payload, timeout_s)
 
         results = await asyncio.gather(*(one(b) for b in self.router.backends), return_exceptions=True)
+        if path.startswith("/update_weights_from"):  # the servers it reached now hold current weights
+            for b, r in zip(self.router.backends, results):
+                b.serves_stale = b.serves_stale and isinstance(r, BaseException)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise EngineError("; ".join(str(e) for e in errors))
         return list(results)  # type: ignore[arg-type]
 
     async def _push_version(self, b: Backend, version: int | None = None) -> None:
+        if version is None and b.serves_stale:
+            return  # keep stamping its tokens with the version it really serves
         v = str(self._version if version is None else version)
         if b.pushed_version != v:
             await self._post(b, "/update_weight_version", {"new_version": v, "abort_all_requests": False}, 30.0)

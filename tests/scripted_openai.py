@@ -6,12 +6,14 @@ answer — an int (answer with that HTTP status and an error body), a ``(status,
 (``{authorization}`` in the message is replaced by the request's header, as providers that echo a
 bad key do) or a dict (a message: ``content``
 and optional ``tool_calls`` as ``[(name, arguments), ...]``, and ``finish_reason``). It records every
-request (body and Authorization header). Tests that claim to test a model endpoint use SGLang.
+request (body and Authorization header) and the most requests it held at once (``max_inflight``;
+a dict step's ``delay_s`` holds the answer back). Tests that claim to test a model endpoint use SGLang.
 """
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -19,6 +21,7 @@ class ScriptedOpenAI:
     def __init__(self, script: list, repeat_last: bool = True) -> None:
         self.script, self.repeat_last = list(script), repeat_last
         self.requests: list[dict] = []
+        self.inflight = self.max_inflight = 0
         self._lock = threading.Lock()
         owner = self
 
@@ -27,6 +30,16 @@ class ScriptedOpenAI:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802
+                with owner._lock:
+                    owner.inflight += 1
+                    owner.max_inflight = max(owner.max_inflight, owner.inflight)
+                try:
+                    self._answer()
+                finally:
+                    with owner._lock:
+                        owner.inflight -= 1
+
+            def _answer(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with owner._lock:
                     owner.requests.append({"path": self.path, "body": body,
@@ -39,6 +52,7 @@ class ScriptedOpenAI:
                     message = step[1].replace("{authorization}", self.headers.get("Authorization", ""))
                     self._send(step[0], {"error": {"message": message, "type": "invalid_request_error"}})
                     return
+                time.sleep(step.get("delay_s", 0))
                 calls = [{"id": f"tc-{i}-{k}", "type": "function",
                           "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}}
                          for k, (n, a) in enumerate(step.get("tool_calls", []))]

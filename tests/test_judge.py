@@ -109,6 +109,20 @@ async def test_concurrency_limit_is_shared_per_model_and_endpoint():
     assert a._limit() is b._limit() and a._limit() is not c._limit()
 
 
+def test_concurrency_limit_holds_across_judges(key):
+    """Eight verdicts from four judges of one model/endpoint with concurrency=2: the endpoint never
+    holds more than 2 requests at once."""
+    with ScriptedOpenAI([{"content": "SCORE: 5", "delay_s": 0.2}]) as srv:
+        judges = [JudgeReward("openai/judge", api_base=srv.url, api_key_env=KEY_ENV, concurrency=2) for _ in range(4)]
+
+        async def go():
+            return await asyncio.gather(*(judges[i % 4]({"id": i}, "a", []) for i in range(8)))
+
+        scores = asyncio.run(go())
+    assert scores == [0.5] * 8 and len(srv.requests) == 8
+    assert 1 <= srv.max_inflight <= 2, srv.max_inflight
+
+
 def test_retries_transient_status_then_parses_the_score(key):
     """Two 503s then a verdict: litellm (really) calls the endpoint 3 times; the key comes from the
     named variable and reaches only the endpoint; the score is rescaled to [0, 1]."""

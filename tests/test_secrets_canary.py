@@ -48,6 +48,13 @@ def _assert_clean(paths, canaries, what):
     return scanned
 
 
+def test_the_scan_finds_a_planted_canary(tmp_path):
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "deep" / "er" / "weights.bin").write_bytes(b"\x00\x01sk-canary-abc\x02")
+    with pytest.raises(AssertionError, match="OPENAI_API_KEY canary leaked into .*weights.bin"):
+        _assert_clean([tmp_path], {"OPENAI_API_KEY": "sk-canary-abc"}, "test")
+
+
 @pytest.mark.sglang
 def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_dir, tmp_path, canaries, capfd):
     from agentrl.errors import RewardError

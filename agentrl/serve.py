@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from agentrl.errors import AgentRLError, ConfigError, EngineError
 
 MARKER = "COMPLETE"  # agentrl.trainer.checkpoint.MARKER (not imported: that module pulls in torch.distributed)
 MAX_BODY = 32 << 20
+_STEP = re.compile(r"step_(\d+)")
 
 
 # ---------------------------------------------------------------------------------------- paths
@@ -48,10 +50,18 @@ class ServeTarget:
         return {"weights": str(self.model_dir), "checkpoint": self.checkpoint.name if self.checkpoint else None}
 
 
+def checkpoint_step(ckpt: Path) -> int | None:
+    """N for a directory named ``step_N``; None for anything else (``step_N.tmp`` being written and
+    ``step_N.old`` being replaced carry a COMPLETE marker too, for a moment: never serve those)."""
+    m = _STEP.fullmatch(Path(ckpt).name)
+    return int(m.group(1)) if m else None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run (``step_N`` names sort by step), or None."""
-    marks = sorted((Path(run_dir) / "checkpoints").glob(f"step_*/{MARKER}"))
-    return marks[-1].parent if marks else None
+    """The newest complete checkpoint of a run, or None."""
+    done = [(checkpoint_step(m.parent), m.parent) for m in (Path(run_dir) / "checkpoints").glob(f"step_*/{MARKER}")]
+    done = [(n, p) for n, p in done if n is not None]
+    return max(done)[1] if done else None
 
 
 def checkpoint_version(ckpt: Path) -> int:
@@ -96,7 +106,7 @@ def resolve_target(path: str | Path, *, follow: bool = False) -> ServeTarget:
                               f"(none of {run / 'checkpoints'}/step_*/ has a {MARKER} marker); "
                               "pass --follow to serve its initial model until one appears")
         return ServeTarget(_run_initial_model(run), run, None, 0)
-    if p.name.startswith("step_") and p.parent.name == "checkpoints":
+    if checkpoint_step(p) is not None and p.parent.name == "checkpoints":
         if not (p / MARKER).exists():
             raise ConfigError(f"serve: checkpoint {str(path)!r} is incomplete (no {MARKER} marker): "
                               "it is still being written or its save failed")
@@ -128,7 +138,7 @@ class CheckpointFollower:
         """Swap to the newest checkpoint if it is newer than the served one; return it if swapped."""
         newest = latest_checkpoint(self.target.run_dir)
         current = self.target.checkpoint
-        if newest is None or (current is not None and newest.name <= current.name):
+        if newest is None or (current is not None and checkpoint_step(newest) <= (checkpoint_step(current) or -1)):
             return None
         try:
             version = checkpoint_version(newest)

@@ -244,14 +244,19 @@ async def test_follower_ignores_incomplete_and_older_checkpoints(tmp_path, tiny_
     assert await f.poll_once() is None
     (run / "checkpoints" / "step_000005").mkdir(parents=True)  # being written: no marker
     assert await f.poll_once() is None
-    for step, version in ((2, 2), (5, 5)):
-        d = run / "checkpoints" / f"step_{step:06d}"
+    for name, version in (("step_000002", 2), ("step_000005", 5), ("step_000009.tmp", 9), ("step_000009.old", 8)):
+        d = run / "checkpoints" / name
         d.mkdir(parents=True, exist_ok=True)
         (d / "trainer_state.json").write_text(f'{{"version": {version}}}')
         (d / "COMPLETE").write_text("ok\n")
-    assert (await f.poll_once()).name == "step_000005"
+    assert (await f.poll_once()).name == "step_000005"  # .tmp / .old carry a marker mid-save: skipped
     assert await f.poll_once() is None  # nothing newer
-    assert seen == [("step_000005", 5)]
+    d = run / "checkpoints" / "step_1000000"  # past the zero padding: compared as numbers
+    d.mkdir()
+    (d / "trainer_state.json").write_text('{"version": 10}')
+    (d / "COMPLETE").write_text("ok\n")
+    assert (await f.poll_once()).name == "step_1000000"
+    assert seen == [("step_000005", 5), ("step_1000000", 10)]
 
 
 # ------------------------------------------------------------------------------------- unit (fake engine)

@@ -181,7 +181,13 @@ class _Handler(BaseHTTPRequestHandler):
         body = None
         try:
             if method == "POST":
-                size = int(self.headers.get("Content-Length") or 0)
+                try:
+                    size = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    size = -1
+                if size < 0:
+                    self.close_connection = True
+                    raise APIError(f"bad Content-Length header {self.headers.get('Content-Length')!r}")
                 if size > MAX_BODY:
                     self.close_connection = True  # the unread body must not be parsed as the next request
                     raise APIError(f"request body of {size} bytes is over the {MAX_BODY}-byte limit", status=413)
@@ -255,7 +261,9 @@ class LocalServer:
         from agentrl.serve_api import OpenAIAPI
 
         try:
-            dtype = getattr(torch, self.dtype)
+            dtype = getattr(torch, self.dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"dtype {self.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
             tokenizer = AutoTokenizer.from_pretrained(str(self.target.model_dir))
             self.engine = LocalEngine.from_pretrained(str(self.target.model_dir), device=self.device, dtype=dtype,
                                                       max_batch_size=self.max_batch_size)

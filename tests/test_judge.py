@@ -245,3 +245,24 @@ def test_judged_episode_ends_as_reward_error_in_the_episode_manager(sglang_serve
     traj = asyncio.run(mgr.run_episode(EpisodeSpec("g", 0, 1, 1)))
     assert traj.outcome == Outcome.REWARD_ERROR and not traj.trainable, traj.outcome_detail
     assert "judge" in traj.outcome_detail and key not in traj.outcome_detail
+
+
+def test_judged_env_in_agentrl_run(tiny_model_dir, tmp_path, key):
+    """`agentrl run` on a judged env (the judge a scripted endpoint saying 7/10): every episode's
+    reward is the judge's 0.7, and the run trains and writes its metrics."""
+    import json
+
+    from test_runner import _cfg
+
+    from agentrl.runner import Runner
+
+    with ScriptedOpenAI([{"content": "Fine.\nSCORE: 7"}]) as srv:
+        judge = {"model": "openai/judge", "api_base": srv.url, "api_key_env": KEY_ENV}
+        cfg = _cfg(tiny_model_dir, tmp_path / "run", 1, [
+            "env.id=judged", f"env.kwargs={json.dumps({'env': 'test/Short-v0', 'judge': judge})}",
+            "eval.num_tasks=0", "train.groups_per_step=2", "logging.tensorboard=false"])
+        summary = asyncio.run(Runner(cfg, progress=False).run())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
+    assert summary["steps"] == 1 and rewards and all(r == pytest.approx(0.7) for r in rewards), rows
+    assert len(srv.requests) >= 16  # every episode of the step was judged

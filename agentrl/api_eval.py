@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentrl.errors import ConfigError, EpisodeError
-from agentrl.llm_api import ApiClient, ChatReply, redact
+from agentrl.llm_api import ApiClient, ChatReply, public_url, redact
 from agentrl.toolcall import get_parser
 from agentrl.trajectory import Outcome
 
@@ -195,6 +195,15 @@ def summarize(episodes: list[ApiEpisode]) -> dict[str, Any]:
     }
 
 
+def _public(obj: Any) -> Any:
+    """``obj`` with every ``api_base`` (a judge's, in env kwargs) stripped of credentials."""
+    if isinstance(obj, dict):
+        return {k: public_url(v) if k == "api_base" and isinstance(v, str) else _public(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_public(v) for v in obj]
+    return obj
+
+
 def output_paths(out: str | Path) -> tuple[Path, Path, Path]:
     """``X.jsonl`` -> (chat rows, ``X.episodes.jsonl``, ``X.summary.json``)."""
     out = Path(out)
@@ -257,7 +266,7 @@ async def run_eval(env_id: str, client: ApiClient, *, n: int = 8, env_kwargs: di
         for fh in files:
             fh.close()
     episodes.sort(key=lambda e: e.index)
-    summary = {"env": env_id, "env_kwargs": env_kwargs, **client.describe(), "seed": seed, "max_turns": max_turns,
+    summary = {"env": env_id, "env_kwargs": _public(env_kwargs), **client.describe(), "seed": seed, "max_turns": max_turns,
                **summarize(episodes), "wall_s": time.perf_counter() - t0,
                "chat_rows": sum(e.outcome == Outcome.OK.value and (min_reward is None or e.reward >= min_reward)
                                 for e in episodes)}

@@ -105,9 +105,10 @@ class ApiClient:
             raise ConfigError(f"model {model!r}: litellm does not know its provider ({redact(str(e)).strip()[:200]})") from None
         if api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
             raise ConfigError(f"api_key_env must name an environment variable, got {api_key_env!r}")
-        for name, value, low in (("timeout_s", timeout_s, 0.0), ("backoff_s", backoff_s, 0.0)):
-            if not isinstance(value, (int, float)) or value < low or (name == "timeout_s" and value == 0):
-                raise ConfigError(f"{name} must be a number > 0, got {value!r}")
+        if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be a number > 0, got {timeout_s!r}")
+        if not isinstance(backoff_s, (int, float)) or not backoff_s >= 0:
+            raise ConfigError(f"backoff_s must be a number >= 0, got {backoff_s!r}")
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if not isinstance(concurrency, int) or concurrency < 1:

@@ -67,6 +67,13 @@ def test_conversation_back_to_the_api_is_openai_shaped():
     assert [a["role"] for a in answers] == ["tool", "user"]
 
 
+def test_summary_env_kwargs_hide_endpoint_credentials():
+    from agentrl.api_eval import _public
+
+    kw = {"env": "noop", "judge": {"model": "openai/j", "api_base": "https://u:secret@h/v1?key=k"}}
+    assert _public(kw) == {"env": "noop", "judge": {"model": "openai/j", "api_base": "https://h/v1"}}
+
+
 def test_output_paths():
     chat, eps, summ = output_paths("/x/base.jsonl")
     assert (str(chat), str(eps), str(summ)) == ("/x/base.jsonl", "/x/base.episodes.jsonl", "/x/base.summary.json")

@@ -20,6 +20,7 @@ from agentrl.engine.base import SamplingParams
 from agentrl.engine.router import Router
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang_server import free_port
+from agentrl.engine.sglang_wire import load_stats, sampling_params, to_generation
 from agentrl.errors import EngineError
 
 STATS_KEYS = {
@@ -90,10 +91,6 @@ def test_dead_port_retries_with_backoff_then_engine_error():
 
 def test_answer_mapping_versions_and_checks():
     """How an SGLang answer becomes a Generation (crafted answers in SGLang 0.5.23's format)."""
-    eng = SGLangEngine(["http://x:1"])
-    eng.set_policy_version(7)
-    b = eng.router.backends[0]
-
     def answer(ids, finish, spans=None):
         meta = {"finish_reason": finish, "output_token_logprobs": [[-0.5, t, None] for t in ids],
                 "weight_version": "3", "prompt_tokens": 2}
@@ -101,22 +98,43 @@ def test_answer_mapping_versions_and_checks():
             meta["weight_versions"] = spans
         return {"output_ids": ids, "meta_info": meta}
 
-    g = eng._to_generation(answer([4, 5, 2], {"type": "stop", "matched": 2},
-                                  [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]), b)
-    assert (g.token_ids, g.finish_reason, g.versions) == ([4, 5, 2], "stop", [3, 4, 4])
-    assert eng._to_generation(answer([4, 5], {"type": "length", "length": 2}), b).versions == [3, 3]
-    unlabelled = eng._to_generation(answer([4], {"type": "abort", "message": "x"}, [{"version": "default"}]), b)
+    def gen(data):
+        return to_generation(data, "http://x:1", 7)
+
+    g = gen(answer([4, 5, 2], {"type": "stop", "matched": 2},
+                   [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]))
+    assert (g.token_ids, g.logprobs, g.finish_reason, g.versions) == ([4, 5, 2], [-0.5] * 3, "stop", [3, 4, 4])
+    assert gen(answer([4, 5], {"type": "length", "length": 2})).versions == [3, 3]
+    unlabelled = gen(answer([4], {"type": "abort", "message": "x"}, [{"version": "default"}]))
     assert unlabelled.versions == [7] and unlabelled.finish_reason == "abort"
     with pytest.raises(EngineError, match="trimmed"):
-        eng._to_generation(answer([4, 5], {"type": "stop", "matched": 2}), b)
+        gen(answer([4, 5], {"type": "stop", "matched": 2}))
     with pytest.raises(EngineError, match="unknown finish_reason"):
-        eng._to_generation(answer([4], {"type": "weird"}), b)
+        gen(answer([4], {"type": "weird"}))
     bad = answer([4, 5], {"type": "length"})
     bad["meta_info"]["output_token_logprobs"][1][1] = 9
     with pytest.raises(EngineError, match="differ"):
-        eng._to_generation(bad, b)
-    with pytest.raises(EngineError, match="without ids"):
-        eng._to_generation({"text": "hi"}, b)
+        gen(bad)
+    with pytest.raises(EngineError, match="x:1 sent an answer without ids"):
+        gen({"text": "hi"})
+
+
+def test_sampling_params_payload():
+    sp = sampling_params(SamplingParams(max_new_tokens=9, top_k=0, stop_token_ids=(2, 5), seed=4), 7)
+    assert sp["max_new_tokens"] == 7 and sp["top_k"] == -1 and sp["stop_token_ids"] == [2, 5]
+    assert sp["sampling_seed"] == 4 and sp["no_stop_trim"] is True and sp["skip_special_tokens"] is False
+    assert "stop_token_ids" not in sampling_params(SamplingParams(), 1)
+
+
+def test_load_stats_sums_servers_and_skips_the_silent():
+    one = {"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1, "num_used_tokens": 100,
+                      "max_total_num_tokens": 1000, "token_usage": 0.1, "cache_hit_rate": 0.5, "gen_throughput": 10.0}]}
+    two = {"loads": [{"num_running_reqs": 3, "num_waiting_reqs": 0, "num_used_tokens": 300,
+                      "max_total_num_tokens": 1000, "token_usage": 0.3, "cache_hit_rate": 0.0, "gen_throughput": 5.0}]}
+    s = load_stats([one, two, EngineError("down")])
+    assert s["engine/healthy_servers"] == 2 and s["engine/running_reqs"] == 5 and s["engine/waiting_reqs"] == 1
+    assert s["engine/kv_usage"] == pytest.approx(0.2) and s["engine/kv_usage_max"] == pytest.approx(0.3)
+    assert s["engine/cache_hit_rate"] == pytest.approx(0.25) and s["engine/gen_throughput"] == 15.0
 
 
 # --- live server ---------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ Prompt ids outside the vocabulary are refused here: SGLang 0.5.23's scheduler di
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -41,22 +40,12 @@ import httpx
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.engine.router import Backend, Router
 from agentrl.engine.sglang_server import SGLangServer
+from agentrl.engine.sglang_wire import ENGINE_COUNTERS, load_stats, model_limits, sampling_params, to_generation
 from agentrl.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _ENGINE_KWARGS = ("max_connections", "request_timeout_s", "retries", "backoff_s", "restart_dead", "max_context")
-
-
-def _model_limits(model_path: str | None) -> tuple[int | None, int | None]:
-    """(max_position_embeddings, vocab_size) from a local HF dir's config.json, else (None, None)."""
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text()) if model_path else {}
-    except (OSError, ValueError):
-        return None, None
-    cfg = cfg.get("text_config", cfg)
-    return cfg.get("max_position_embeddings"), cfg.get("vocab_size")
 
 
 class SGLangEngine(Engine):
@@ -146,7 +135,7 @@ class SGLangEngine(Engine):
     @property
     def max_context(self) -> int | None:
         if self._max_context is None and self._servers:
-            self._max_context, self._vocab = _model_limits(self._servers[0].model_path)
+            self._max_context, self._vocab = model_limits(self._servers[0].model_path)
         return self._max_context
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -203,25 +192,12 @@ class SGLangEngine(Engine):
                 except EngineError as e:
                     b.healthy = False
                     log.warning("%s", e)
-        pos, vocab = _model_limits(path)
+        pos, vocab = model_limits(path)
         if mc is None:
             mc = pos if pos is not None else (info or {}).get("max_req_input_len")
         self._max_context, self._vocab = mc, vocab
 
     # --- generation ---------------------------------------------------------------------------
-    def _sampling(self, p: SamplingParams, prompt_len: int) -> dict[str, Any]:
-        n = p.max_new_tokens
-        if self._max_context is not None:
-            n = min(n, self._max_context - prompt_len)
-        sp: dict[str, Any] = {"max_new_tokens": n, "temperature": p.temperature, "top_p": p.top_p,
-                              "top_k": p.top_k if p.top_k > 0 else -1, "no_stop_trim": True,
-                              "skip_special_tokens": False, "spaces_between_special_tokens": False}
-        if p.stop_token_ids:
-            sp["stop_token_ids"] = [int(t) for t in p.stop_token_ids]
-        if p.seed is not None:
-            sp["sampling_seed"] = int(p.seed)
-        return sp
-
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
                        session: str | None = None) -> Generation:
         await self.start()
@@ -234,10 +210,12 @@ class SGLangEngine(Engine):
         if self._max_context is not None and len(prompt) >= self._max_context:
             raise EngineError(f"prompt of {len(prompt)} tokens leaves no room to generate within "
                               f"max_context={self._max_context}")
-        payload = {"input_ids": prompt, "sampling_params": self._sampling(params, len(prompt)),
-                   "return_logprob": True}
+        n = params.max_new_tokens
+        if self._max_context is not None:
+            n = min(n, self._max_context - len(prompt))
+        payload = {"input_ids": prompt, "sampling_params": sampling_params(params, n), "return_logprob": True}
         data, backend, resent = await self._send_generate(payload, session)
-        gen = self._to_generation(data, backend)
+        gen = to_generation(data, backend.url, self._version)
         gen.info["resent"] = resent
         return gen
 
@@ -297,45 +275,6 @@ class SGLangEngine(Engine):
                                   f"{resp.text[:500]}")
             b.counts["ok"] += 1
             return resp.json(), b, resent
-
-    def _to_generation(self, data: dict, b: Backend) -> Generation:
-        try:
-            meta = data["meta_info"]
-            ids = [int(t) for t in data["output_ids"]]
-            pairs = meta["output_token_logprobs"]
-            logprobs = [float(lp) for lp, _, *_ in pairs]
-            lp_ids = [int(t) for _, t, *_ in pairs]
-            fr = meta.get("finish_reason") or {}
-        except (KeyError, TypeError, ValueError) as e:
-            raise EngineError(f"SGLang server {b.url} sent an answer without ids/logprobs "
-                              f"({type(e).__name__}: {e}): {str(data)[:300]}") from e
-        if lp_ids != ids:
-            raise EngineError(f"SGLang server {b.url}: logprob ids {lp_ids[:8]}... differ from output_ids {ids[:8]}...")
-        reason = _FINISH.get(fr.get("type"))
-        if reason is None:
-            raise EngineError(f"SGLang server {b.url}: unknown finish_reason {fr!r}")
-        matched = fr.get("matched")
-        if reason == "stop" and isinstance(matched, int) and (not ids or ids[-1] != matched):
-            raise EngineError(f"SGLang server {b.url} stopped on id {matched} but trimmed it from output_ids")
-        info = {"server": b.url, "prompt_tokens": meta.get("prompt_tokens"),
-                "cached_tokens": meta.get("cached_tokens"), "latency_s": meta.get("e2e_latency"),
-                "retractions": meta.get("num_retractions", 0)}
-        if reason == "abort":
-            info["abort"] = fr.get("message")
-        return Generation(ids, logprobs, reason, self._versions(meta, len(ids)), info)
-
-    def _versions(self, meta: dict, n: int) -> list[int]:
-        """Per-token policy versions from SGLang's ``weight_versions`` spans."""
-        out = [self._version] * n
-        spans = meta.get("weight_versions") or [{"version": meta.get("weight_version"), "start": 0, "end": n}]
-        for s in spans:
-            try:
-                v = int(s["version"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            for i in range(max(0, int(s.get("start", 0))), min(n, int(s.get("end", n)))):
-                out[i] = v
-        return out
 
     # --- failures -----------------------------------------------------------------------------
     async def _recover(self, b: Backend, epoch: int) -> bool:
@@ -489,41 +428,19 @@ class SGLangEngine(Engine):
         await DiskSync(self).push(state_dict, version)
 
     async def server_stats(self) -> dict[str, float]:
-        """Numbers for metrics, summed over servers unless named otherwise (from SGLang's ``/v1/loads``):
-
-        ``engine/servers``, ``engine/healthy_servers``; ``engine/running_reqs``, ``engine/waiting_reqs``
-        (scheduler queues); ``engine/kv_used_tokens``, ``engine/kv_capacity_tokens``, ``engine/kv_usage``
-        (used / capacity over all servers), ``engine/kv_usage_max`` (fullest server);
-        ``engine/cache_hit_rate`` (mean over servers), ``engine/gen_throughput`` (tokens/s);
-        ``engine/inflight`` (requests this engine awaits), ``engine/resends``, ``engine/restarts``,
-        ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors`` (counters since start)."""
+        """Numbers for metrics: the server side from SGLang's ``/v1/loads`` (keys documented in
+        :func:`agentrl.engine.sglang_wire.load_stats`: KV-cache use, running/waiting requests, cache
+        hit rate, throughput), plus ``engine/servers``, ``engine/inflight`` (requests this engine
+        awaits) and the counters since start ``engine/resends``, ``engine/restarts``,
+        ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors``."""
         await self.start()
         loads = await asyncio.gather(*(self._get_json(b, "/v1/loads", 10.0) for b in self.router.backends),
                                      return_exceptions=True)
-        keys = ("running_reqs", "waiting_reqs", "kv_used_tokens", "kv_capacity_tokens", "gen_throughput")
-        out: dict[str, float] = dict.fromkeys(("engine/" + k for k in keys), 0.0)
-        hit, usage_max, answered = [], 0.0, 0
-        for r in loads:
-            if isinstance(r, BaseException):
-                continue
-            answered += 1
-            for ld in r.get("loads", []):
-                out["engine/running_reqs"] += ld.get("num_running_reqs", 0)
-                out["engine/waiting_reqs"] += ld.get("num_waiting_reqs", 0)
-                out["engine/kv_used_tokens"] += ld.get("num_used_tokens", 0)
-                out["engine/kv_capacity_tokens"] += ld.get("max_total_num_tokens", 0)
-                out["engine/gen_throughput"] += ld.get("gen_throughput", 0.0)
-                usage_max = max(usage_max, float(ld.get("token_usage", 0.0)))
-                hit.append(float(ld.get("cache_hit_rate", 0.0)))
-        cap = out["engine/kv_capacity_tokens"]
-        out["engine/kv_usage"] = out["engine/kv_used_tokens"] / cap if cap else 0.0
-        out["engine/kv_usage_max"] = usage_max
-        out["engine/cache_hit_rate"] = sum(hit) / len(hit) if hit else 0.0
+        out = load_stats(loads)
         out["engine/servers"] = float(len(self.router.backends))
-        out["engine/healthy_servers"] = float(answered)
         out["engine/inflight"] = float(sum(b.inflight for b in self.router.backends))
-        totals = self.router.totals()
         out["engine/resends"] = float(self.resends)
-        for k in ("restarts", "connect_errors", "lost", "http_errors"):
+        totals = self.router.totals()
+        for k in ENGINE_COUNTERS:
             out["engine/" + k] = float(totals[k])
         return out

@@ -76,7 +76,7 @@ def test_inprocess_sync_loads_weights_into_the_local_engine(tiny_model_dir):
             assert stats.bytes == sum(t.numel() * t.element_size() for t in new.values())
             gen = await eng.generate(PROMPT, SamplingParams(max_new_tokens=MAX_NEW, temperature=0))
             assert gen.versions == [3] * len(gen.token_ids)
-            check_against_hf(tiny_model_dir, new, gen)
+            check_against_hf(tiny_model_dir, new, gen, TOL["local"], old=load_weights(tiny_model_dir))
         finally:
             await eng.close()
 
@@ -84,33 +84,58 @@ def test_inprocess_sync_loads_weights_into_the_local_engine(tiny_model_dir):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
-    """The model's weights plus noise large enough to change greedy outputs."""
+def load_weights(model_dir) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
+    """The model's weights plus noise large enough to change greedy outputs."""
     g = torch.Generator().manual_seed(seed)
-    sd = load_file(str(model_dir / "model.safetensors"))
+    sd = load_weights(model_dir)
     return {k: v + 0.08 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in sd.items()}
 
 
-def check_against_hf(model_dir, state_dict, gen, tol: float = 2e-3) -> float:
-    """The engine's greedy tokens must be the argmax of an HF forward pass of ``state_dict`` and its
-    logprobs that model's (temperature-1) logprobs. Returns the max logprob difference."""
+#: |logprob(engine) - logprob(HF fp32)| allowed: the local engine runs fp32 (summation order only);
+#: SGLang serves an fp32 checkpoint in fp16 (see tests/test_engine_conformance.py for the budget)
+TOL = {"local": 1e-3, "sglang": 5e-2}
+
+
+def check_against_hf(model_dir, state_dict, gen, tol: float, old: dict | None = None) -> float:
+    """The engine's greedy tokens must be the argmax of an HF fp32 forward pass of ``state_dict``
+    (up to near-ties within ``tol``: the comparison ends at the first such tie) and its logprobs
+    that model's (temperature-1) logprobs. With ``old`` weights, also checks that they are told
+    apart: the old model's logprobs of the same tokens are > 10x ``tol`` away. Returns the max
+    difference to the new weights."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    assert not unexpected, unexpected
-    model.eval()
-    ids = torch.tensor([PROMPT + gen.token_ids])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    def logprobs(sd):
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        _, unexpected = model.load_state_dict(sd, strict=False)
+        assert not unexpected, unexpected
+        model.eval()
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([PROMPT + gen.token_ids])).logits[0].float(), -1)
+        return lp[len(PROMPT) - 1:len(PROMPT) - 1 + len(gen.token_ids)]
+
+    steps = logprobs(state_dict)
     n = len(gen.token_ids)
-    steps = logp[len(PROMPT) - 1:len(PROMPT) - 1 + n]
-    assert steps.argmax(-1).tolist() == gen.token_ids
-    ref = steps.gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
-    diff = (ref - torch.tensor(gen.logprobs)).abs().max().item()
-    assert diff < tol, f"logprobs differ from HF by {diff}"
+    for i, tok in enumerate(gen.token_ids):
+        best = int(steps[i].argmax())
+        if best != tok:  # only a near-tie may differ, and the sequences part there
+            assert steps[i, best] - steps[i, tok] <= tol, f"step {i}: engine took {tok}, HF argmax {best}"
+            n = i + 1
+            break
+    idx = torch.tensor(gen.token_ids[:n])[:, None]
+    ref = steps[:n].gather(1, idx)[:, 0]
+    diff = (ref - torch.tensor(gen.logprobs[:n])).abs().max().item()
+    print(f"max |logprob - HF(new weights)| over {n} tokens: {diff:.2e}")
+    assert diff <= tol, f"logprobs differ from HF of the new weights by {diff}"
+    if old is not None:
+        d_old = (logprobs(old)[:n].gather(1, idx)[:, 0] - torch.tensor(gen.logprobs[:n])).abs().max().item()
+        print(f"max |logprob - HF(old weights)|: {d_old:.2e}")
+        assert d_old > 10 * tol, "the perturbation is too small to tell old and new weights apart"
     return diff
 
 
@@ -153,7 +178,7 @@ def run_push(server, model_dir, make_sync, version: int, seed: int) -> tuple:
     assert raw["meta_info"]["weight_version"] == str(version)
     assert gen.versions == [version] * len(gen.token_ids)
     assert stats.version == version and stats.bytes > 0 and stats.seconds > 0
-    diff = check_against_hf(model_dir, new, gen)
+    diff = check_against_hf(model_dir, new, gen, TOL["sglang"], old=load_weights(model_dir))
     return stats, before, gen, diff
 
 
@@ -215,4 +240,4 @@ def test_distributed_sync_pushes_twice_over_one_group(weight_server, sglang_mode
     s1, s2, new, gen = asyncio.run(main())
     assert "connect_s" in s1.phases and "connect_s" not in s2.phases
     assert gen.versions == [9] * len(gen.token_ids)
-    check_against_hf(sglang_model_dir, new, gen)
+    check_against_hf(sglang_model_dir, new, gen, TOL["sglang"], old=perturbed(sglang_model_dir, 4))

@@ -33,6 +33,8 @@ import abc
 import asyncio
 import base64
 import io
+import itertools
+import os
 import pickle
 import shutil
 import time
@@ -41,6 +43,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agentrl.errors import EngineError
+
+_GROUP_IDS = itertools.count()
 
 #: files of a model directory that are weights (never copied next to the new weights)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
@@ -310,14 +314,16 @@ class DistributedSync(_ServerSync):
 
     def __init__(self, engine: Any, backend: str = "nccl", *, master_address: str = "127.0.0.1",
                  master_port: int | None = None, bucket_bytes: int = 512 << 20, tp_size: int = 1,
-                 group_name: str = "agentrl_weights", device: str | None = None, timeout_s: float = 300.0) -> None:
+                 group_name: str | None = None, device: str | None = None, timeout_s: float = 300.0) -> None:
         super().__init__(engine)
         if backend not in ("nccl", "gloo"):
             raise EngineError(f"DistributedSync backend must be 'nccl' or 'gloo', got {backend!r}")
         if bucket_bytes < 1 or tp_size < 1:
             raise EngineError(f"DistributedSync: bucket_bytes ({bucket_bytes}) and tp_size ({tp_size}) must be >= 1")
         self.backend, self.master_address, self.master_port = backend, master_address, master_port
-        self.bucket_bytes, self.tp_size, self.group_name = bucket_bytes, tp_size, group_name
+        # a fresh name per sync: torch keeps a destroyed group's name registered in this process
+        self.bucket_bytes, self.tp_size = bucket_bytes, tp_size
+        self.group_name = group_name or f"agentrl_weights_{os.getpid()}_{next(_GROUP_IDS)}"
         self.device = device or ("cuda" if backend == "nccl" else "cpu")
         self.timeout_s = timeout_s
         self.group = None

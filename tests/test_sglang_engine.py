@@ -137,6 +137,29 @@ def test_load_stats_sums_servers_and_skips_the_silent():
     assert s["engine/cache_hit_rate"] == pytest.approx(0.25) and s["engine/gen_throughput"] == 15.0
 
 
+def test_failed_restart_fails_fast(tmp_path):
+    """A supervised server that cannot restart (its python exits at once: a real process, no SGLang
+    needed) is restarted once by the failing request, which then ends in EngineError; it is not
+    restarted again for every retry."""
+    from agentrl.engine.sglang_server import SGLangServer
+
+    server = SGLangServer(tmp_path, python="/bin/false", startup_timeout_s=30, log_path=tmp_path / "log")
+    eng = SGLangEngine(servers=[server], retries=3, backoff_s=0.01)
+    eng.HEALTH_INTERVAL_S = 3600.0  # keep the health checks out of this test
+
+    async def go():
+        try:
+            with pytest.raises(EngineError, match="unreachable after 4 tries"):
+                await eng.generate([1, 2], SamplingParams(max_new_tokens=2))
+        finally:
+            await eng.close()
+
+    run(go(), 120)
+    b = eng.router.backends[0]
+    assert b.counts["restarts"] == 1 and server.restarts == 1 and b.failed_restart and not b.healthy
+    assert b.counts["connect_errors"] == 4 and eng.resends == 0
+
+
 # --- live server ---------------------------------------------------------------------------------
 @pytest.fixture()
 def attached(sglang_server):

@@ -39,6 +39,8 @@ class Backend:
     #: restarted without the current weights (no weights_path): keeps its own version label until
     #: the next weight load reaches it
     serves_stale: bool = False
+    #: its last restart failed (only health checks try again)
+    failed_restart: bool = False
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

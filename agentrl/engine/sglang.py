@@ -273,21 +273,28 @@ class SGLangEngine(Engine):
                 b.counts["http_errors"] += 1
                 raise EngineError(f"SGLang server {b.url} answered /generate with HTTP {resp.status_code}: "
                                   f"{resp.text[:500]}")
+            try:
+                data = resp.json()
+            except ValueError as e:
+                b.counts["http_errors"] += 1
+                raise EngineError(f"SGLang server {b.url} answered /generate with non-JSON: {resp.text[:300]}") from e
             b.counts["ok"] += 1
-            return resp.json(), b, resent
+            return data, b, resent
 
     # --- failures -----------------------------------------------------------------------------
-    async def _recover(self, b: Backend, epoch: int) -> bool:
+    async def _recover(self, b: Backend, epoch: int, *, again: bool = False) -> bool:
         """After a failure seen at ``epoch``: restart ``b`` if it is supervised and dead. Returns
-        whether ``b`` should be tried again (False: route around it)."""
+        whether ``b`` should be tried again (False: route around it). A server whose last restart
+        failed is restarted again only by the health checks (``again``): requests fail fast."""
         async with b.lock:
             if b.epoch != epoch:  # another request already recovered it
                 return b.healthy
             server = self._servers.get(b.index)
             if server is not None and self.restart_dead:
                 if server.alive() and await self._probe(b):
+                    b.healthy = True
                     return True
-                if b.counts["restarts"] >= self.MAX_RESTARTS:
+                if b.counts["restarts"] >= self.MAX_RESTARTS or (b.failed_restart and not again):
                     b.healthy = False
                     return False
                 await self._restart(b, server)
@@ -313,8 +320,9 @@ class SGLangEngine(Engine):
                 log.warning("restarted SGLang server %s serves version %s, not %s (no weights_path)",
                             b.url, served, self._version)
             await self._push_version(b, served)
-            b.healthy = True
+            b.healthy, b.failed_restart = True, False
         except Exception as e:  # the server stays down; its requests fail with EngineError
+            b.failed_restart = True
             log.error("restarting SGLang server %s failed: %s", b.url, e)
         finally:
             b.epoch += 1
@@ -333,14 +341,14 @@ class SGLangEngine(Engine):
             await asyncio.sleep(self.HEALTH_INTERVAL_S)
             for b in self.router.backends:
                 server = self._servers.get(b.index)
-                if server is not None:
-                    if self.restart_dead and not server.alive() and not b.lock.locked() \
-                            and b.counts["restarts"] < self.MAX_RESTARTS:
-                        t = asyncio.create_task(self._recover(b, b.epoch))
-                        self._tasks.add(t)
-                        t.add_done_callback(self._tasks.discard)
-                elif not b.lock.locked():
+                if b.lock.locked():
+                    continue
+                if server is None:
                     b.healthy = await self._probe(b)
+                elif self.restart_dead and not server.alive() and b.counts["restarts"] < self.MAX_RESTARTS:
+                    t = asyncio.create_task(self._recover(b, b.epoch, again=True))
+                    self._tasks.add(t)
+                    t.add_done_callback(self._tasks.discard)
 
     # --- admin --------------------------------------------------------------------------------
     async def _post(self, b: Backend, path: str, payload: dict, timeout_s: float | None) -> dict:

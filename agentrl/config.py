@@ -29,8 +29,20 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    kind: Literal["local"] = doc("local", "Rollout engine: 'local' (in-process HF transformers).")
+    kind: Literal["local", "sglang"] = doc(
+        "local", "Rollout engine: 'local' (in-process HF transformers) or 'sglang' (SGLang servers over HTTP).")
     max_batch_size: int = doc(128, "Most sequences decoded together by the local engine.", min=1)
+    urls: list = doc([], "kind=sglang: attach to these running SGLang servers (http://host:port); empty launches num_servers.")
+    num_servers: int = doc(1, "kind=sglang without urls: SGLang servers to launch on model.path (stopped at the end).", min=1)
+    max_total_tokens: int = doc(32768, "kind=sglang, launched servers: KV-cache tokens per server (--max-total-tokens).", min=64)
+    weight_sync: Literal["auto", "inprocess", "disk", "tensor", "distributed"] = doc(
+        "auto", "How new weights reach the engine: inprocess (local engine), disk (safetensors + "
+        "/update_weights_from_disk), tensor (/update_weights_from_tensor, colocated), distributed "
+        "(/update_weights_from_distributed over a process group); auto = inprocess for local, disk for "
+        "sglang on CPU, distributed for sglang on GPUs.")
+    sync_backend: Literal["nccl", "gloo"] = doc(
+        "nccl", "weight_sync=distributed: process-group backend (nccl on GPUs; gloo also works on CPU).")
+    weights_dir: str | None = doc(None, "weight_sync=disk: where weight dirs are written (null: output_dir/weights).")
 
 
 @dataclass

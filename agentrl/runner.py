@@ -49,6 +49,7 @@ class Runner:
 
             raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
                               f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
+        self.sync_kind = check_engine_config(cfg)
         self.preset = ALGOS[cfg.algo.name]
         self.cfg, self.progress = resolve_trainer(cfg, self.preset), progress
         self.run_dir = Path(cfg.output_dir)
@@ -83,10 +84,14 @@ class Runner:
         extra = self.trainer.load(resume) if resume else {}
         self.step = int(extra.get("step", 0))
         self.data_position = int(extra.get("data_position", 0))
-        self.engine = LocalEngine.from_pretrained(str(self.model_path), device=cfg.model.device,
-                                                  dtype=getattr(torch, cfg.model.dtype),
-                                                  max_batch_size=cfg.engine.max_batch_size,
-                                                  max_context=cfg.rollout.max_context)
+        if cfg.engine.kind == "sglang":
+            self.engine = _sglang_engine(cfg, self.model_path)
+        else:
+            self.engine = LocalEngine.from_pretrained(str(self.model_path), device=cfg.model.device,
+                                                      dtype=getattr(torch, cfg.model.dtype),
+                                                      max_batch_size=cfg.engine.max_batch_size,
+                                                      max_context=cfg.rollout.max_context)
+        self.weight_sync = _weight_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
         self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
                                           wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
                                           append=resume is not None)
@@ -98,9 +103,10 @@ class Runner:
 
     # -- loop ----------------------------------------------------------------------------------
     async def _sync_weights(self) -> float:
+        """Gather the trainer's weights and push them through the configured WeightSync; seconds."""
         t0 = time.perf_counter()
         state = await asyncio.to_thread(self.trainer.full_state_dict)
-        await self.engine.update_weights(state, self.trainer.version)
+        self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
 
     async def evaluate(self) -> dict[str, float]:
@@ -138,9 +144,15 @@ class Runner:
     async def run(self) -> dict[str, Any]:
         self._setup()
         cfg = self.cfg
-        await self.engine.start()
-        if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version
-            await self._sync_weights()
+        try:
+            await self.engine.start()
+            if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version
+                await self._sync_weights()
+        except BaseException:  # launched servers must not outlive a failed start
+            await self.weight_sync.close()
+            await self.engine.close()
+            self.trainer.close()
+            raise
         queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step)
         queue.version = self.trainer.version
         manager = EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
@@ -165,6 +177,7 @@ class Runner:
                 row: dict[str, Any] = {"rollout": rollout_stats(groups), "train": tm, "credit": sstats,
                                        "staleness": queue.metrics(), "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
+                                       "weight_push_s": self.last_sync.seconds,
                                        "elapsed_s": time.perf_counter() - t_start}}
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
                     row["eval"] = await self.evaluate()
@@ -183,6 +196,7 @@ class Runner:
             await queue.close()
             display.close()
             self.sinks.close()
+            await self.weight_sync.close()
             await self.engine.close()
             self.trainer.close()  # releases the process group it created
         return self._finish(final, time.perf_counter() - t_start, manager.metrics)
@@ -215,6 +229,46 @@ class Runner:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         plot_curves(self.history, self.run_dir / "curves.png", title=f"{self.cfg.env.id} / {self.cfg.algo.name}")
         return summary
+
+
+def check_engine_config(cfg: RunConfig) -> str:
+    """Cross-field checks of ``cfg.engine``; returns the resolved weight-sync kind. ConfigError names
+    the bad value."""
+    from agentrl.engine.weight_sync import resolve_sync_kind
+    from agentrl.errors import ConfigError
+
+    e = cfg.engine
+    if e.kind != "sglang" and e.urls:
+        raise ConfigError(f"engine.urls: {e.urls!r} needs engine.kind=sglang (got {e.kind!r})")
+    for u in e.urls:
+        if not isinstance(u, str) or not u.startswith(("http://", "https://")):
+            raise ConfigError(f"engine.urls: {u!r} is not an http(s)://host:port URL")
+    device = "cpu" if cfg.model.device == "cpu" else "gpu"
+    kind = resolve_sync_kind(e.weight_sync, e.kind, device)
+    if kind == "distributed" and e.sync_backend == "nccl" and device == "cpu":
+        raise ConfigError("engine.sync_backend: 'nccl' needs GPUs (model.device='cpu'); use gloo or weight_sync=disk")
+    return kind
+
+
+def _sglang_engine(cfg: RunConfig, model_path: Path):
+    from agentrl.engine.sglang import SGLangEngine
+
+    if cfg.engine.urls:
+        return SGLangEngine(urls=cfg.engine.urls, max_context=cfg.rollout.max_context)
+    device = "cpu" if cfg.model.device == "cpu" else "cuda"
+    return SGLangEngine.launch(str(model_path), num_servers=cfg.engine.num_servers, device=device,
+                               max_total_tokens=cfg.engine.max_total_tokens, max_context=cfg.rollout.max_context)
+
+
+def _weight_sync(cfg: RunConfig, kind: str, engine, model_path: Path, run_dir: Path):
+    from agentrl.engine.weight_sync import make_weight_sync
+
+    kwargs: dict[str, Any] = {}
+    if kind == "disk":
+        kwargs = {"dir": cfg.engine.weights_dir or run_dir / "weights", "model_path": model_path}
+    elif kind == "distributed":
+        kwargs = {"backend": cfg.engine.sync_backend}
+    return make_weight_sync(kind, engine, **kwargs)
 
 
 def _replace(obj, **kw):

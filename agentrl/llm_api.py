@@ -47,6 +47,12 @@ def secret_values() -> list[str]:
     return sorted(vals, key=len, reverse=True)
 
 
+def without_secrets(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``env`` (default: this process's environment) without secret-looking variables:
+    for child processes that need no API key (SGLang servers)."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if not _SECRET_NAME.search(k)}
+
+
 def redact(text: str) -> str:
     """``text`` with every secret-looking environment value replaced by ``[redacted]``."""
     for v in secret_values():

@@ -19,12 +19,16 @@ def test_bad_model_path_names_it(tmp_path):
         SGLangServer(tmp_path / "nope")
 
 
-def test_kill_and_restart_a_live_server(sglang_model_dir):
+def test_kill_and_restart_a_live_server(sglang_model_dir, monkeypatch):
     from conftest import start_sglang_or_skip
 
+    canary = "sk-canary-" + "7" * 24
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
     server = start_sglang_or_skip(sglang_model_dir)
     try:
         assert server.healthy()
+        environ = open(f"/proc/{server.proc.pid}/environ", "rb").read()
+        assert b"PYTHONUNBUFFERED" in environ and canary.encode() not in environ  # no API key reaches SGLang
         server.kill()
         assert not server.alive() and not server.healthy(timeout_s=1)
         server.restart()

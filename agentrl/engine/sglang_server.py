@@ -119,7 +119,10 @@ class SGLangServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== agentrl: starting {' '.join(self.command())}\n".encode())
             log.flush()
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            from agentrl.llm_api import without_secrets
+
+            # SGLang needs no API key: none reaches it, its log or its children
+            env = {**without_secrets(), "PYTHONUNBUFFERED": "1"}
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         if wait:

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.weight_sync import (DiskSync, DistributedSync, InProcessSync, TensorSync, _buckets,
-                                        resolve_sync_kind, serialize_named_tensors)
+from agentrl.engine.weight_dist import DistributedSync
+from agentrl.engine.weight_sync import (DiskSync, InProcessSync, TensorSync, _buckets, resolve_sync_kind,
+                                        serialize_named_tensors)
 from agentrl.errors import ConfigError, EngineError
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12, 64]

@@ -16,7 +16,7 @@ its implementations, chosen by ``engine.weight_sync`` (:func:`make_weight_sync`)
   process tree's authkey, which the server does not share, and the ``file_system`` strategy was
   measured to leave every pushed tensor behind in /dev/shm (the server never drops its last
   reference) plus a ``torch_shm_manager`` daemon.
-- :class:`DistributedSync` -- ``/init_weights_update_group`` once (trainer = rank 0 of a separate
+- :class:`agentrl.engine.weight_dist.DistributedSync` -- ``/init_weights_update_group`` once (trainer = rank 0 of a separate
   process group, servers ranks 1..), then per push buckets of flattened tensors, each announced by
   ``/update_weights_from_distributed`` (``load_format="flattened_bucket"``) and sent with a
   broadcast. NCCL on GPUs; the gloo backend also works on CPU (SGLang's request has ``backend``).
@@ -33,8 +33,6 @@ import abc
 import asyncio
 import base64
 import io
-import itertools
-import os
 import pickle
 import shutil
 import time
@@ -43,8 +41,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agentrl.errors import EngineError
-
-_GROUP_IDS = itertools.count()
 
 #: files of a model directory that are weights (never copied next to the new weights)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
@@ -304,113 +300,6 @@ class TensorSync(_ServerSync):
         await self._session(calls)
 
 
-class DistributedSync(_ServerSync):
-    """``/init_weights_update_group`` once, then per push ``bucket_bytes`` buckets, each announced by
-    ``/update_weights_from_distributed`` (flattened bucket) and sent by a broadcast from rank 0.
-    ``backend="nccl"`` needs GPUs (tensors go to ``device``, default ``cuda``); ``"gloo"`` also runs
-    on CPU. ``tp_size``: ranks per server (rank_offset of server i is 1 + i * tp_size)."""
-
-    name = "distributed"
-
-    def __init__(self, engine: Any, backend: str = "nccl", *, master_address: str = "127.0.0.1",
-                 master_port: int | None = None, bucket_bytes: int = 512 << 20, tp_size: int = 1,
-                 group_name: str | None = None, device: str | None = None, timeout_s: float = 300.0) -> None:
-        super().__init__(engine)
-        if backend not in ("nccl", "gloo"):
-            raise EngineError(f"DistributedSync backend must be 'nccl' or 'gloo', got {backend!r}")
-        if bucket_bytes < 1 or tp_size < 1:
-            raise EngineError(f"DistributedSync: bucket_bytes ({bucket_bytes}) and tp_size ({tp_size}) must be >= 1")
-        self.backend, self.master_address, self.master_port = backend, master_address, master_port
-        # a fresh name per sync: torch keeps a destroyed group's name registered in this process
-        self.bucket_bytes, self.tp_size = bucket_bytes, tp_size
-        self.group_name = group_name or f"agentrl_weights_{os.getpid()}_{next(_GROUP_IDS)}"
-        self.device = device or ("cuda" if backend == "nccl" else "cpu")
-        self.timeout_s = timeout_s
-        self.group = None
-        self._broken: str | None = None
-
-    async def _connect(self) -> None:
-        import httpx
-
-        from agentrl.engine.sglang_server import free_port
-        from agentrl.engine.weight_group import WeightGroup
-
-        urls = list(self.engine.urls)
-        port = self.master_port or free_port(self.master_address)
-        group = WeightGroup(master_address=self.master_address, master_port=port,
-                            world_size=1 + len(urls) * self.tp_size, group_name=self.group_name,
-                            backend=self.backend, timeout_s=self.timeout_s)
-
-        async def join(i: int, url: str, client: httpx.AsyncClient) -> None:
-            payload = {"master_address": self.master_address, "master_port": port, "rank_offset": 1 + i * self.tp_size,
-                       "world_size": group.world_size, "group_name": self.group_name, "backend": self.backend}
-            await _check(await client.post(url + "/init_weights_update_group", json=payload), url,
-                         "/init_weights_update_group")
-
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            local = asyncio.create_task(asyncio.to_thread(group.connect))
-            remote = asyncio.gather(*(join(i, u, client) for i, u in enumerate(urls)))
-            results = await asyncio.gather(local, remote, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            group.destroy()
-            raise EngineError(f"DistributedSync: forming the weight group failed: {'; '.join(map(str, errors))}")
-        self.group = group
-
-    async def _load(self, named: list, version: int, phases: dict[str, float]) -> None:
-        import torch
-
-        if self._broken:
-            raise EngineError(f"DistributedSync is unusable after an earlier failure: {self._broken}")
-        if self.group is None:
-            t0 = time.perf_counter()
-            await self._connect()
-            phases["connect_s"] = time.perf_counter() - t0
-        buckets = _buckets(named, self.bucket_bytes)
-
-        async def calls() -> None:
-            for i, bucket in enumerate(buckets):
-                last = i == len(buckets) - 1
-                flat = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in bucket]).to(self.device)
-                meta = {"names": [n for n, _ in bucket],
-                        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                        "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name,
-                        "load_format": "flattened_bucket", "flush_cache": last,
-                        "weight_version": str(version) if last else None}
-                send = asyncio.create_task(asyncio.to_thread(self.group.broadcast, flat))
-                announce = asyncio.create_task(self.engine.post_all("/update_weights_from_distributed", meta))
-                done, _ = await asyncio.wait({send, announce}, return_when=asyncio.FIRST_EXCEPTION)
-                if announce in done and announce.exception() is not None and not send.done():
-                    # the servers refused: the broadcast thread waits for receivers that never come
-                    # (until the group timeout), and the group can no longer be trusted
-                    self._broken = str(announce.exception())
-                    raise EngineError(f"DistributedSync: servers refused bucket {i}: {self._broken}")
-                await asyncio.gather(send, announce)
-
-        await self._session(calls)
-
-    async def close(self) -> None:
-        if self.group is not None:
-            try:
-                await self.engine.post_all("/destroy_weights_update_group", {"group_name": self.group_name},
-                                           timeout_s=30.0)
-            except EngineError:
-                pass
-            self.group.destroy()
-            self.group = None
-
-
-async def _check(resp: Any, url: str, path: str) -> dict:
-    try:
-        body = resp.json()
-    except ValueError:
-        body = {"message": resp.text}
-    if resp.status_code != 200 or (isinstance(body, dict) and body.get("success") is False):
-        msg = body.get("message") if isinstance(body, dict) else body
-        raise EngineError(f"SGLang server {url}: POST {path} -> HTTP {resp.status_code}: {str(msg)[:500]}")
-    return body
-
-
 #: engine.weight_sync values -> (which engine kinds they fit)
 SYNC_KINDS = {"inprocess": ("local",), "disk": ("sglang",), "tensor": ("sglang",), "distributed": ("sglang",)}
 
@@ -434,6 +323,8 @@ def resolve_sync_kind(weight_sync: str, engine_kind: str, device: str = "cpu") -
 
 def make_weight_sync(kind: str, engine: Any, **kwargs: Any) -> WeightSync:
     """The sync named ``kind`` (resolved, not ``auto``) for ``engine``; ``kwargs`` go to its class."""
+    from agentrl.engine.weight_dist import DistributedSync
+
     classes = {"inprocess": InProcessSync, "disk": DiskSync, "tensor": TensorSync, "distributed": DistributedSync}
     if kind not in classes:
         raise EngineError(f"unknown weight sync {kind!r}; known: {sorted(classes)}")

@@ -62,6 +62,15 @@ def test_bad_inputs_are_named():
         asyncio.run(InProcessSync(object()).push({}, 1))
     with pytest.raises(EngineError, match="backend must be 'nccl' or 'gloo', got 'mpi'"):
         DistributedSync(object(), backend="mpi")
+    with pytest.raises(EngineError, match="version must be an int >= 0, got -1"):
+        asyncio.run(TensorSync(object()).push({"w": torch.zeros(2)}, -1))
+
+
+def test_disk_sync_needs_a_model_dir_with_config(tmp_path):
+    # refused before generation is paused or anything is written (the engine is never touched)
+    with pytest.raises(EngineError, match=f"model_path {tmp_path} has no config.json"):
+        asyncio.run(DiskSync(object(), tmp_path / "w", model_path=tmp_path).push({"w": torch.zeros(2)}, 1))
+    assert not any((tmp_path / "w").iterdir())
 
 
 def test_inprocess_sync_loads_weights_into_the_local_engine(tiny_model_dir):

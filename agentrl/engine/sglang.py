@@ -26,6 +26,10 @@ Failures: a request never delivered (connection refused) is retried ``retries`` 
 exponential backoff. A request delivered and then lost (the connection died: the server crashed) is
 re-sent exactly once, after the server is restarted (supervised) or to another healthy server
 (attached); a second loss, a non-200 answer or a timeout raise EngineError naming the server.
+Health checks every ``HEALTH_INTERVAL_S`` restart a supervised server that died while idle (and
+retry a failed restart; requests do not wait on one) and bring an attached server back when its
+``/health`` answers. A restarted server reloads ``weights_path`` (:meth:`note_weights`) when set,
+else it serves its original weights and keeps that version label, so stamps stay honest.
 Prompt ids outside the vocabulary are refused here: SGLang 0.5.23's scheduler dies on them.
 """
 from __future__ import annotations

@@ -1,0 +1,25 @@
+"""Ray orchestration (``distributed: ray``): the run's engines, rollout workers and FSDP trainer
+ranks as Ray actors on placement groups, on a local Ray instance or a cluster (``RAY_ADDRESS``).
+
+Modules: ``config`` (RayConfig, the ``ray:`` config section), ``cluster`` (connecting to Ray,
+the colocated/split layout, placement groups), ``ray_actors`` (EngineActor, RolloutWorker,
+TrainerRank: thin shells around LocalEngine, EpisodeManager and Trainer), ``adapters`` (driver
+faces with the in-process interfaces: RayEngine, RayEpisodes, RayTrainer) and ``backend``
+(RayBackend: builds and tears down all of it). Ray is an optional dependency (``pip install
+agentrl[ray]``); importing this package does not import it.
+"""
+from agentrl.distributed.config import RayConfig
+
+_LAZY = {"RayBackend": "backend", "RayCluster": "cluster", "RayEngine": "adapters", "RayEpisodes": "adapters",
+         "RayTrainer": "adapters", "plan": "cluster"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"agentrl.distributed.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'agentrl.distributed' has no attribute {name!r}")
+
+
+__all__ = ["RayBackend", "RayCluster", "RayConfig", "RayEngine", "RayEpisodes", "RayTrainer", "plan"]

@@ -1,0 +1,183 @@
+"""Driver-side faces of the Ray actors: the same interfaces the in-process run loop already uses.
+
+Owns ``RayEngine`` (an ``Engine`` over engine actors: sticky routing per session, one object-store
+copy of new weights for all engines, Ray failures mapped to EngineError), ``RayTrainer`` (the
+Trainer's methods fanned out to every rank with the same arguments, rank 0's answer returned,
+failing fast when one rank fails) and ``RayEpisodes`` (an EpisodeManager face: ``run_episode`` /
+``collect`` / ``metrics`` / ``cancel``, episodes of one group sent to one rollout worker; a dead
+worker ends its episodes as ``engine_error`` trajectories, never an exception to the batch).
+
+Does not create actors or placement groups (``backend``), or run episodes / training itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any, Iterable, Mapping, Sequence
+
+from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.errors import EngineError
+from agentrl.metrics import RolloutMetrics
+from agentrl.trajectory import Outcome, Trajectory
+
+
+def _pick(key: str | None, n: int, counter: list[int]) -> int:
+    if key is not None:
+        return zlib.crc32(key.encode()) % n  # stable across processes, unlike hash()
+    counter[0] += 1
+    return counter[0] % n
+
+
+class RayEngine(Engine):
+    """An Engine whose generations run in ``EngineActor`` actors (usable in the driver and inside
+    rollout workers: actor handles travel)."""
+
+    def __init__(self, actors: list, *, max_context: int | None = None) -> None:
+        if not actors:
+            raise ValueError("RayEngine needs at least one engine actor")
+        self.actors = list(actors)
+        self._max_context = max_context
+        self._version = 0
+        self._rr = [0]
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        return self._version
+
+    @property
+    def max_context(self) -> int | None:
+        return self._max_context
+
+    async def _call(self, i: int, method: str, *args: Any, **kw: Any) -> Any:
+        import ray
+
+        try:
+            return await getattr(self.actors[i], method).remote(*args, **kw)
+        except EngineError:
+            raise  # raised by the engine inside the actor (Ray re-raises it as its own class)
+        except ray.exceptions.RayError as e:
+            raise EngineError(f"engine actor {i}: {type(e).__name__}: {str(e)[:500]}") from e
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       session: str | None = None) -> Generation:
+        i = _pick(session, len(self.actors), self._rr)
+        return await self._call(i, "generate", list(prompt_ids), params, session)
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        import ray
+
+        ref = ray.put(dict(state_dict))  # one copy in the object store, read by every engine
+        await asyncio.gather(*(self._call(i, "update_weights", ref, version) for i in range(len(self.actors))))
+        self._version = version
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._call(i, "start") for i in range(len(self.actors))))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self._call(i, "close") for i in range(len(self.actors))), return_exceptions=True)
+
+
+class RayTrainer:
+    """The Trainer interface the run loop uses, over ``TrainerRank`` actors of one group."""
+
+    def __init__(self, ranks: list, timeout_s: float | None = None) -> None:
+        self.ranks = list(ranks)
+        self.world = len(ranks)
+        self.version = 0
+        self.timeout_s = timeout_s
+        self._closed = False
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every rank; the first failure raises at once (the other ranks may be
+        stuck in a collective that will never complete)."""
+        import ray
+
+        refs = [getattr(r, method).remote(*args) for r in self.ranks]
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
+            if not done:
+                raise TimeoutError(f"trainer ranks: {method} did not finish in {self.timeout_s}s")
+            ray.get(done[0])  # raises the rank's error
+        return ray.get(refs)
+
+    def train_step(self, samples: list) -> dict[str, float]:
+        import ray
+
+        metrics, self.version = self._all("train_step", ray.put(samples))[0]
+        return metrics
+
+    def values(self, samples: list) -> list[list[float]]:
+        import ray
+
+        return self._all("values", ray.put(samples))[0]
+
+    def logprobs(self, samples: list) -> list[list[float]]:
+        import ray
+
+        return self._all("logprobs", ray.put(samples))[0]
+
+    def full_state_dict(self) -> dict:
+        """Rank 0's gathered weights (every rank takes part in the gather)."""
+        return self._all("full_state_dict")[0]
+
+    def save(self, path, *, extra: dict | None = None) -> None:
+        self._all("save", str(path), extra)
+
+    def load(self, path) -> dict:
+        extra, self.version = self._all("load", str(path))[0]
+        return extra
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        try:
+            ray.get([r.close.remote() for r in self.ranks], timeout=60)
+        except Exception:
+            pass  # a dead or stuck rank: the backend kills the actors next
+
+
+class RayEpisodes:
+    """An EpisodeManager face over ``RolloutWorker`` actors; metrics are kept here, in the driver."""
+
+    def __init__(self, workers: list, env_id: str = "") -> None:
+        if not workers:
+            raise ValueError("RayEpisodes needs at least one rollout worker")
+        self.workers = list(workers)
+        self.env_id = env_id
+        self.metrics = RolloutMetrics()
+        self._refs: set = set()
+
+    async def run_episode(self, spec) -> Trajectory:
+        """Run ``spec`` on the worker of its group; never raises except the caller's cancellation."""
+        import ray
+
+        i = zlib.crc32(spec.group_id.encode()) % len(self.workers)
+        ref = self.workers[i].run_episode.remote(spec)
+        self._refs.add(ref)
+        try:
+            traj = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # ends the episode in the worker too
+            raise
+        except Exception as e:  # the worker died or could not deserialize: infra, not model, failure
+            traj = Trajectory(episode_id=f"{spec.group_id}-{spec.sample_index}", group_id=spec.group_id,
+                              env_id=self.env_id, prompt_len=0, sample_index=spec.sample_index)
+            traj.outcome, traj.reward = Outcome.ENGINE_ERROR, 0.0
+            traj.outcome_detail = f"rollout worker {i}: {type(e).__name__}: {str(e)[:500]}"
+        finally:
+            self._refs.discard(ref)
+        self.metrics.add(traj)
+        return traj
+
+    async def collect(self, specs: Iterable) -> list[Trajectory]:
+        return list(await asyncio.gather(*(self.run_episode(s) for s in specs)))
+
+    def cancel(self) -> None:
+        import ray
+
+        for ref in list(self._refs):
+            ray.cancel(ref)

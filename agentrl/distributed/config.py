@@ -1,0 +1,35 @@
+"""The ``ray:`` section of the run config: where Ray runs and how actors are laid out on it.
+
+Owns the RayConfig dataclass (every field documented with ``doc()``) and its cross-field check.
+Does not start Ray or create actors (``agentrl.distributed.cluster`` / ``backend`` do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentrl.errors import ConfigError
+from agentrl.fields import doc
+
+
+@dataclass
+class RayConfig:
+    address: str | None = doc(
+        None, "Ray cluster to join ('auto' or ray://host:port); null: $RAY_ADDRESS if set, else start a local instance.")
+    num_cpus: int | None = doc(None, "A locally started instance: logical CPUs it offers (null: all cores).", min=1)
+    placement: Literal["colocate", "split"] = doc(
+        "colocate", "colocate: trainer rank i, engine i and its rollout workers share bundle i of one placement "
+        "group; split: trainer ranks and the rollout side (engines + workers) get separate placement groups.")
+    trainer_ranks: int = doc(1, "FSDP trainer ranks (Ray actors forming one torch.distributed group).", min=1)
+    num_engines: int = doc(1, "Rollout engine actors (each holds a LocalEngine); requests of one episode stick to one.", min=1)
+    workers_per_engine: int = doc(1, "Rollout-worker actors (each runs an EpisodeManager) per engine.", min=1)
+    trainer_cpus: float = doc(0.5, "Logical CPUs each trainer rank asks for.", min=0.01)
+    engine_cpus: float = doc(0.5, "Logical CPUs each engine actor asks for.", min=0.01)
+    worker_cpus: float = doc(0.25, "Logical CPUs each rollout-worker actor asks for.", min=0.01)
+    trainer_gpus: float = doc(0.0, "GPUs each trainer rank asks for (fractions share a GPU when colocated).", min=0.0)
+    engine_gpus: float = doc(0.0, "GPUs each engine actor asks for.", min=0.0)
+    startup_timeout_s: float = doc(300.0, "Deadline for the placement groups to be placed and the actors to be built.", min=1.0)
+
+    def check(self) -> None:
+        if self.address is not None and not self.address.strip():
+            raise ConfigError(f"ray.address: {self.address!r} is empty; use null for a local instance")

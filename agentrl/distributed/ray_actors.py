@@ -1,0 +1,129 @@
+"""The Ray actors of ``distributed: ray``: thin shells around the classes the in-process mode uses.
+
+Owns three plain classes that ``agentrl.distributed.backend`` turns into actors with
+``ray.remote(...)``: ``EngineActor`` (one ``LocalEngine``), ``RolloutWorker`` (one
+``EpisodeManager`` whose engine is a ``RayEngine`` over engine-actor handles) and ``TrainerRank``
+(one ``Trainer`` in a torch.distributed group formed from the actors' env:// variables).
+Nothing here imports Ray, so the classes stay testable as plain objects.
+
+Does not: schedule or place actors, fan calls out to ranks (``adapters``), or implement any of
+the engine/episode/trainer logic: every method forwards to the wrapped object.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any, Mapping, Sequence
+
+from agentrl.engine.base import Generation, SamplingParams
+
+
+class EngineActor:
+    """An async actor holding a LocalEngine: concurrent ``generate`` calls from rollout workers
+    meet on the actor's event loop and are batched by the engine as in-process calls are."""
+
+    def __init__(self, model_path: str, *, device: str, dtype: str, max_batch_size: int, max_context: int) -> None:
+        import torch
+
+        from agentrl.engine.local import LocalEngine
+
+        self.engine = LocalEngine.from_pretrained(model_path, device=device, dtype=getattr(torch, dtype),
+                                                  max_batch_size=max_batch_size, max_context=max_context)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session: str | None = None) -> Generation:
+        return await self.engine.generate(prompt_ids, params, session=session)
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
+        await self.engine.update_weights(state_dict, version)
+        return self.engine.policy_version
+
+    async def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class RolloutWorker:
+    """An async actor running episodes with its own EpisodeManager (env, tokenizer, turn loop) and
+    a RayEngine over the engine actors it was given."""
+
+    def __init__(self, engines: list, model_path: str, rollout_cfg, env_spec, env_kwargs: dict,
+                 max_context: int) -> None:
+        from transformers import AutoTokenizer
+
+        from agentrl import registry
+        from agentrl.distributed.adapters import RayEngine
+        from agentrl.episode import EpisodeManager
+
+        if env_spec.source == "register":  # registered by the driver's code, not by a package
+            registry.register(env_spec.id, env_spec.entry_point, max_turns=env_spec.max_turns, override=True,
+                              **env_spec.kwargs)
+        env_id = env_spec.id
+        registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
+        self.manager = EpisodeManager(RayEngine(engines, max_context=max_context),
+                                      lambda: registry.make(env_id, **env_kwargs),
+                                      AutoTokenizer.from_pretrained(model_path), rollout_cfg, env_id=env_id)
+
+    async def run_episode(self, spec):
+        return await self.manager.run_episode(spec)
+
+    async def run_episodes(self, specs: list) -> list:
+        return list(await asyncio.gather(*(self.manager.run_episode(s) for s in specs)))
+
+    async def ping(self) -> bool:
+        return True
+
+
+class TrainerRank:
+    """One FSDP rank: ``address()`` on rank 0 names the rendezvous, then ``setup`` on every rank
+    (concurrently: it blocks until all have joined) builds the Trainer in that group."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self.trainer = None
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, model_path: str, cfg, critic: bool, master_addr: str, master_port: int) -> int:
+        # LOCAL_RANK 0: Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        from agentrl.trainer import Trainer
+
+        self.trainer = Trainer(model_path, cfg, critic=critic)
+        return self.trainer.world
+
+    def train_step(self, samples: list) -> tuple[dict, int]:
+        metrics = self.trainer.train_step(samples)
+        return metrics, self.trainer.version
+
+    def values(self, samples: list) -> list:
+        return self.trainer.values(samples)
+
+    def logprobs(self, samples: list) -> list:
+        return self.trainer.logprobs(samples)
+
+    def full_state_dict(self) -> dict:
+        return self.trainer.full_state_dict()
+
+    def save(self, path: str, extra: dict | None) -> None:
+        self.trainer.save(path, extra=extra)
+
+    def load(self, path: str) -> tuple[dict, int]:
+        extra = self.trainer.load(path)
+        return extra, self.trainer.version
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()

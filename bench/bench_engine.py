@@ -14,6 +14,16 @@ reported speedup is the median of the per-pair ratios (GUIDE section 4).
 
     python bench/bench_engine.py            # default, ~3-5 min on 2 cores
     python bench/bench_engine.py --quick    # smoke run, ~20 s
+
+``--engine sglang``: the same request set (same prompts, same requested lengths, same model) on
+SGLangEngine, driving a real SGLang server launched on the model (CPU flags from the launcher,
+``--max-running-requests`` = --batch-size, ``--dtype`` = --sglang-dtype, ``--sleep-on-idle``), interleaved with the
+LocalEngine (max_batch_size = --batch-size) and compared by the median of pair ratios. SGLang always
+stops on the model's eos id, so a request may end a little early (p ~ 1/vocab per token on this
+random model): tokens/s counts the tokens actually generated and the early stops are reported.
+Informative only (issue 5): SGLang is not built for CPUs.
+
+    python bench/bench_engine.py --engine sglang [--quick]
 """
 from __future__ import annotations
 
@@ -44,21 +54,28 @@ def workload(args) -> list[tuple[list[int], int]]:
     return reqs
 
 
-def run_engine(engine, reqs) -> dict:
+async def generate_all(engine, reqs, exact: bool = True) -> dict:
+    """Submit every request at once; wall time until the last one is back."""
     from agentrl.engine.base import SamplingParams
 
-    async def go():
-        return await asyncio.gather(
-            *(engine.generate(p, SamplingParams(max_new_tokens=n, temperature=1.0)) for p, n in reqs)
-        )
-
-    steps0 = engine.stats["steps"]
+    stats = getattr(engine, "stats", {})
+    steps0 = stats.get("steps")
     t = time.perf_counter()
-    outs = asyncio.run(go())
+    outs = await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_new_tokens=n, temperature=1.0)) for p, n in reqs)
+    )
     wall = time.perf_counter() - t
     got = sum(len(o.token_ids) for o in outs)
-    assert got == sum(n for _, n in reqs), "engine stopped early: the workload would differ"
-    return {"wall_s": wall, "tokens": got, "steps": engine.stats["steps"] - steps0}
+    if exact:
+        assert got == sum(n for _, n in reqs), "engine stopped early: the workload would differ"
+    res = {"wall_s": wall, "tokens": got, "early_stops": sum(len(o.token_ids) < n for o, (_, n) in zip(outs, reqs))}
+    if steps0 is not None:
+        res["steps"] = stats["steps"] - steps0
+    return res
+
+
+def run_engine(engine, reqs) -> dict:
+    return asyncio.run(generate_all(engine, reqs))
 
 
 def run_static(model, reqs, batch_size: int, pad_id: int) -> dict:
@@ -87,41 +104,11 @@ def run_static(model, reqs, batch_size: int, pad_id: int) -> dict:
     return {"wall_s": time.perf_counter() - t, "tokens": useful, "computed_tokens": computed}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--prompt-min", type=int, default=16)
-    ap.add_argument("--prompt-max", type=int, default=128)
-    ap.add_argument("--mean-new", type=float, default=96)
-    ap.add_argument("--cv", type=float, default=1.0)
-    ap.add_argument("--max-new", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--intermediate", type=int, default=1024)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="small smoke run (~20 s)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "engine.json"))
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.requests, args.batch_size, args.mean_new, args.max_new, args.repeats = 24, 8, 32, 128, 2
-        args.hidden, args.layers, args.intermediate = 128, 2, 512
-
-    from transformers import AutoModelForCausalLM
-
+def bench_static(args, model, reqs) -> dict:
+    """P4: LocalEngine vs HF generate static batching, interleaved."""
     from agentrl.engine.local import LocalEngine
-    from agentrl.tiny_model import build_model
 
-    torch.manual_seed(args.seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_model(Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                           intermediate_size=args.intermediate, max_position_embeddings=1024)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     pad_id = model.config.pad_token_id
-    reqs = workload(args)
-    lens = [n for _, n in reqs]
     # eos_token_ids=(): never stop early, so both systems produce exactly the requested tokens.
     engine = LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=())
     warm = reqs[: args.batch_size // 2]
@@ -144,16 +131,6 @@ def main(argv=None) -> dict:
     med = lambda key: statistics.median(p[key]["tok_s"] for p in pairs)  # noqa: E731
     result = {
         "benchmark": "P4 local engine vs HF generate static batching",
-        "command": " ".join(["python bench/bench_engine.py", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
-        "workload": {
-            "requests": args.requests, "batch_size": args.batch_size, "prompt_len": [args.prompt_min, args.prompt_max],
-            "new_tokens": {"mean": statistics.mean(lens), "cv": statistics.pstdev(lens) / statistics.mean(lens),
-                           "max": max(lens), "total": sum(lens)},
-            "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads,
-                      "intermediate": args.intermediate},
-            "seed": args.seed,
-        },
         "engine_tok_s_median": med("engine"),
         "static_tok_s_median": med("static"),
         "static_useful_fraction": pairs[0]["static"]["tokens"] / pairs[0]["static"]["computed_tokens"],
@@ -166,7 +143,118 @@ def main(argv=None) -> dict:
     print(f"{'HF generate (static)':<28}{result['static_tok_s_median']:>16.1f}")
     print(f"speedup (median of {len(pairs)} pair ratios): {result['speedup_median_of_pair_ratios']:.2f}x;"
           f" static batching computes {1 / result['static_useful_fraction']:.2f}x the useful tokens")
-    out = Path(args.out)
+    return result
+
+
+def bench_sglang(args, path: Path, model, reqs) -> dict:
+    """SGLangEngine (a real server on ``path``) vs LocalEngine on the same requests, interleaved."""
+    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.sglang import SGLangEngine
+
+    t = time.perf_counter()
+    # --sleep-on-idle: an idle SGLang scheduler otherwise busy-polls one core, which would slow the
+    # LocalEngine's turns (measured: an idle server at ~100% of a core on this 2-core machine).
+    sglang = SGLangEngine.launch(path, max_running_requests=args.batch_size,
+                                 extra_args=["--dtype", args.sglang_dtype, "--sleep-on-idle"])
+    print(f"SGLang server ready in {time.perf_counter() - t:.1f} s ({sglang.urls[0]}, dtype {args.sglang_dtype})",
+          flush=True)
+    local = LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=())
+    engines = {"sglang": sglang, "local": local}
+
+    async def go() -> list[dict]:
+        try:
+            warm = [(p, 4) for p, _ in reqs[: args.batch_size // 2]]
+            for eng in engines.values():
+                await generate_all(eng, warm, exact=False)
+            pairs = []
+            for rep in range(args.repeats):
+                res = {}
+                for name in (("sglang", "local") if rep % 2 == 0 else ("local", "sglang")):
+                    res[name] = await generate_all(engines[name], reqs, exact=name == "local")
+                    res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
+                res["ratio"] = res["sglang"]["tok_s"] / res["local"]["tok_s"]
+                pairs.append(res)
+                print(f"rep {rep}: sglang {res['sglang']['tok_s']:8.1f} tok/s  local {res['local']['tok_s']:8.1f} tok/s"
+                      f"  ratio {res['ratio']:.2f}  (sglang early stops: {res['sglang']['early_stops']})", flush=True)
+            return pairs
+        finally:
+            for eng in engines.values():
+                await eng.close()
+
+    pairs = asyncio.run(go())
+    med = lambda key: statistics.median(p[key]["tok_s"] for p in pairs)  # noqa: E731
+    result = {
+        "benchmark": "SGLangEngine vs LocalEngine on one workload (informative, issue 5)",
+        "sglang_dtype": args.sglang_dtype,
+        "sglang_tok_s_median": med("sglang"),
+        "local_tok_s_median": med("local"),
+        "sglang_over_local_median_of_pair_ratios": statistics.median(p["ratio"] for p in pairs),
+        "pairs": pairs,
+    }
+    print()
+    print(f"{'system':<32}{'tok/s (median)':>16}")
+    print(f"{'SGLangEngine (' + args.sglang_dtype + ')':<32}{result['sglang_tok_s_median']:>16.1f}")
+    print(f"{'LocalEngine (float32)':<32}{result['local_tok_s_median']:>16.1f}")
+    print(f"SGLang / local (median of {len(pairs)} pair ratios): {result['sglang_over_local_median_of_pair_ratios']:.2f}x")
+    return result
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=("local", "sglang"), default="local",
+                    help="local: LocalEngine vs HF static batching (P4); sglang: SGLangEngine vs LocalEngine")
+    ap.add_argument("--sglang-dtype", default="float32",
+                    help="SGLang --dtype (float32 = the local engine's precision; SGLang's own default, auto, "
+                         "serves this float32 checkpoint in float16)")
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--prompt-min", type=int, default=16)
+    ap.add_argument("--prompt-max", type=int, default=128)
+    ap.add_argument("--mean-new", type=float, default=96)
+    ap.add_argument("--cv", type=float, default=1.0)
+    ap.add_argument("--max-new", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=1024)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="small smoke run (~20 s; with sglang plus its start)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/engine.json, engine-sglang.json)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.batch_size, args.mean_new, args.max_new, args.repeats = 24, 8, 32, 128, 2
+        args.hidden, args.layers, args.intermediate = 128, 2, 512
+    name = "engine.json" if args.engine == "local" else "engine-sglang.json"
+    out = Path(args.out or Path(__file__).parent / "results" / name)
+
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.tiny_model import build_model
+
+    torch.manual_seed(args.seed)
+    reqs = workload(args)
+    lens = [n for _, n in reqs]
+    with tempfile.TemporaryDirectory() as tmp:  # kept while an SGLang server may read it
+        path = build_model(Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                           intermediate_size=args.intermediate, max_position_embeddings=1024)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        if args.engine == "local":
+            result = bench_static(args, model, reqs)
+        else:
+            result = bench_sglang(args, path, model, reqs)
+    result.update({
+        "command": " ".join(["python bench/bench_engine.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
+        "workload": {
+            "requests": args.requests, "batch_size": args.batch_size, "prompt_len": [args.prompt_min, args.prompt_max],
+            "new_tokens": {"mean": statistics.mean(lens), "cv": statistics.pstdev(lens) / statistics.mean(lens),
+                           "max": max(lens), "total": sum(lens)},
+            "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads,
+                      "intermediate": args.intermediate},
+            "seed": args.seed,
+        },
+    })
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

@@ -33,8 +33,10 @@ import abc
 import asyncio
 import base64
 import io
+import os
 import pickle
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,7 +165,7 @@ class _ServerSync(WeightSync):
 
 
 class DiskSync(_ServerSync):
-    """Safetensors in a fresh directory under ``dir`` (default: a temp dir this sync owns), loaded by
+    """Safetensors in a fresh directory under ``dir`` (default: a temp dir per engine), loaded by
     every server with ``/update_weights_from_disk``. ``model_path``: the HF dir whose config and
     tokenizer files are copied beside the weights (default: the first server's ``model_path``).
     ``keep``: how many newest weight dirs to keep (the newest is what a restarted server reloads)."""
@@ -176,10 +178,9 @@ class DiskSync(_ServerSync):
         if keep < 1:
             raise EngineError(f"DiskSync keep must be >= 1, got {keep}")
         self._own_dir = dir is None
-        if dir is None:
-            import tempfile
-
-            dir = tempfile.mkdtemp(prefix="agentrl-weights-")
+        if dir is None:  # one dir per engine: a DiskSync made per push (Engine.update_weights) still
+            # replaces the previous version's files instead of piling them up
+            dir = Path(tempfile.gettempdir()) / f"agentrl-weights-{os.getpid()}-{id(engine):x}"
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model_path = Path(model_path) if model_path is not None else None

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from leak_probe import fds as _fds, new_fds, rss_mb as _rss_mb  # noqa: E402
 from test_sandbox_hostile import host_snapshot  # noqa: E402  (the hostile suite's host-state probe)
 
 from agentrl.config import RolloutConfig  # noqa: E402
@@ -44,7 +45,7 @@ from agentrl.engine.fake import FakeEngine  # noqa: E402
 from agentrl.episode import EpisodeManager, EpisodeSpec  # noqa: E402
 from agentrl.rollout import tune_gc  # noqa: E402
 
-CODE_TIMEOUT_S = 2.0
+CODE_TIMEOUT_S = 5.0  # CodeExecEnv's default; the hostile suite gives memory/disk cases 10 s
 
 # kind -> (weight, [(tool, code), ...] run one per turn before the final answer, needs, allowed statuses)
 # ``needs``: a containment fact of the backend (``facts`` below) without which the kind is not run.
@@ -59,15 +60,13 @@ KINDS: dict[str, tuple[int, list[tuple[str, str]], str | None, set[str]]] = {
     "malformed": (4, [("raw", '<tool_call>\n{"name": "python", "arguments": {"code": \n</tool_call>')], None,
                   {"model_error"}),
     "too_long": (2, [("long", "")], None, set()),
-    "fork_bomb": (3, [("python", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")],
+    "fork_bomb": (2, [("python", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")],
                   "pids", {"timeout"}),
     "bash_fork_bomb": (2, [("bash", ":(){ :|:& };:")], "pids", {"ok", "exit_nonzero", "timeout"}),
-    "busy_loop": (3, [("python", "while True: pass")], None, {"timeout"}),
-    "sleep": (2, [("python", "import time\ntime.sleep(1000)")], None, {"timeout"}),
+    "busy_loop": (2, [("python", "while True: pass")], None, {"timeout"}),
+    "sleep": (1, [("python", "import time\ntime.sleep(1000)")], None, {"timeout"}),
     "memory_bomb": (3, [("python", "x = bytearray(10 * 1024**3)")], None, {"oom"}),
-    # with a 2 s deadline a loaded machine may not reach the ceiling in time: timeout is allowed
-    "memory_gradual": (2, [("python", "a = []\nwhile True: a.append(bytearray(50 * 2**20))")], None,
-                       {"oom", "timeout"}),
+    "memory_gradual": (2, [("python", "a = []\nwhile True: a.append(bytearray(50 * 2**20))")], None, {"oom"}),
     "huge_output": (3, [("python", "import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)")],
                     None, {"output_limit"}),
     "kill_all": (3, [("bash", "kill -9 -1; echo survived")], "kill_all", {"ok", "killed", "exit_nonzero"}),
@@ -144,23 +143,6 @@ class Policy:
         return script[min(turn, len(script) - 1)]
 
 
-def _fds() -> dict[str, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return out
-
-
-def _rss_mb(field: str = "VmRSS") -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _slope(points: list[tuple[int, float]]) -> float:
     """Least-squares slope of (episodes, MB) in MB per 1k episodes."""
     if len(points) < 2:
@@ -213,6 +195,7 @@ async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sampl
     outcomes: Counter = Counter()
     by_kind: dict[str, Counter] = defaultdict(Counter)
     unexpected: list[dict] = []
+    infra: list[dict] = []  # episodes that did not end trainable, with why (the first 50)
     samples: list[dict] = []
     done = 0
     t0 = time.perf_counter()
@@ -225,6 +208,8 @@ async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sampl
         for s in statuses:
             by_kind[kind][s] += 1
         allowed = KINDS[kind][3] | ({"ok", "exit_nonzero"} if len(KINDS[kind][1]) > 1 else set())
+        if not traj.trainable and len(infra) < 50:
+            infra.append({"kind": kind, "outcome": traj.outcome.value, "detail": traj.outcome_detail[:500]})
         if traj.outcome.value not in ("ok", "truncated_length") or any(s not in allowed for s in statuses):
             if len(unexpected) < 20:
                 unexpected.append({"kind": kind, "outcome": traj.outcome.value, "statuses": statuses,
@@ -238,7 +223,7 @@ async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sampl
                 on_sample(s)
     wall = time.perf_counter() - t0
     return {"episodes": done, "wall_s": wall, "episodes_per_s": done / wall, "outcomes": dict(outcomes),
-            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())}, "unexpected": unexpected,
+            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())}, "unexpected": unexpected, "infra": infra,
             "unexpected_count": sum(v.get("unexpected", 0) for v in by_kind.values()), "samples": samples}
 
 
@@ -270,9 +255,7 @@ def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: in
     gc.collect()
     leaks = _leaks(snap_before, backend)
     fds_after = _fds()
-    # the local backend's uid-block lock is held until this process exits, by design (jail.claim_uid_block)
-    new_fds = {fd: target for fd, target in fds_after.items()
-               if fds_before.get(fd) != target and "agentrl-uids-" not in target}
+    leaked_fds = new_fds(fds_before, fds_after)  # the local backend's uid-block lock is kept by design
     pts = [(s["episodes"], s["rss_mb"]) for s in report["samples"]]
     half = [p for p in pts if p[0] > episodes / 2] or pts
     report.update({
@@ -280,7 +263,7 @@ def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: in
         "leaked_containers": len(leaks["diff"].get("containers", {}).get("after", [])),
         "leaked_processes": len(set(leaks["diff"].get("sandbox_uid_procs", {}).get("after", []))
                                 | set(leaks["diff"].get("our_children", {}).get("after", []))),
-        "leaked_fds": new_fds, "fds_before": len(fds_before), "fds_after": len(fds_after),
+        "leaked_fds": leaked_fds, "fds_before": len(fds_before), "fds_after": len(fds_after),
         "rss_first_mb": pts[0][1] if pts else None, "rss_last_mb": pts[-1][1] if pts else None,
         "rss_peak_mb": round(_rss_mb("VmHWM"), 1), "rss_slope_mb_per_1k_second_half": round(_slope(half), 3),
     })
@@ -300,6 +283,8 @@ def _print(r: dict) -> None:
     if r["kinds_left_out"]:
         print("left out (not contained by this backend here):", ", ".join(r["kinds_left_out"]))
     print(f"unexpected episodes: {r['unexpected_count']}", *(f"\n  {u}" for u in r["unexpected"][:5]))
+    for u in r["infra"][:5]:
+        print("  not trainable:", u)
     print(f"leaks: containers={r['leaked_containers']} processes={r['leaked_processes']} "
           f"fds={len(r['leaked_fds'])} (fds {r['fds_before']} -> {r['fds_after']}) other={r['leaks']}")
     print(f"RSS: first {r['rss_first_mb']} MB, last {r['rss_last_mb']} MB, peak {r['rss_peak_mb']} MB, "

@@ -1,0 +1,78 @@
+"""Probes of what a process holds, for the leak checks of the fault tests and the soak: open file
+descriptors (``/proc/self/fd``), live child processes, processes of a process group, RSS, and our
+labelled docker containers. Read-only; kills nothing. (Sandbox-level host state: the hostile
+suite's ``test_sandbox_hostile.host_snapshot``.)"""
+from __future__ import annotations
+
+import os
+
+#: fds a process keeps by design until it exits: the local sandbox's uid-block lock (jail.claim_uid_block)
+PERSISTENT_FDS = ("agentrl-uids-",)
+
+
+def fds() -> dict[str, str]:
+    """{fd: what it points to} of this process."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def new_fds(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
+    """fds open in ``after`` that were not in ``before`` (persistent-by-design ones left out)."""
+    return {fd: t for fd, t in after.items()
+            if before.get(fd) != t and not any(p in t for p in PERSISTENT_FDS)}
+
+
+def _status(pid: str) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+
+
+def children(pid: int | None = None) -> set[int]:
+    """Live (not zombie) processes whose parent is ``pid`` (default: this process)."""
+    pid = os.getpid() if pid is None else pid
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            st = _status(name)
+        except OSError:
+            continue
+        if int(st["PPid"]) == pid and st["State"].strip()[:1] not in "ZX":
+            out.add(int(name))
+    return out
+
+
+def in_group(pgid: int) -> set[int]:
+    """Live processes of process group ``pgid``."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(name)) == pgid and _status(name)["State"].strip()[:1] not in "ZX":
+                out.add(int(name))
+        except (OSError, KeyError):
+            continue
+    return out
+
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory (``VmHWM``: its peak) in MB."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def our_containers() -> list[str]:
+    """Ids of the docker sandbox containers this process owns (by the sandbox's owner label)."""
+    from agentrl.sandbox.docker_daemon import list_containers, owner_id
+
+    me = owner_id()
+    return sorted(c["id"] for c in list_containers() if c.get("owner") == me)

@@ -1,0 +1,42 @@
+"""The soak (bench/bench_soak.py) shortened to 300 episodes per backend, with its leak checks as
+assertions: every episode ends trainable (hostile code is the program's failure, shown to the
+model, never an infrastructure failure), every program kind gets a status it may have, and
+afterwards no container, process, sandbox work dir or mount, or file descriptor of ours is left,
+and RSS does not climb. The full 10k-episode count is the bench script's.
+
+The docker case skips, with the reason, where no daemon or sandbox image answers.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import bench_soak  # noqa: E402
+
+from agentrl.sandbox import docker_unavailable_reason  # noqa: E402
+
+N = 300
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_soak_leaves_nothing_behind(backend):
+    if backend == "docker":
+        reason = docker_unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"docker backend unavailable: {reason}")
+    r = bench_soak.soak(backend, N, concurrency=16, sample_every=25)
+    assert not r.get("skipped"), r.get("skipped")
+    bench_soak._print(r)
+    assert r["episodes"] == N
+    assert set(r["outcomes"]) <= {"ok", "truncated_length"}, r["outcomes"]  # no infra failure, no deadline
+    ran = set(r["by_kind"])
+    assert ran == set(bench_soak.KINDS) - set(r["kinds_left_out"]), f"kinds that never ran: {ran}"
+    assert r["unexpected_count"] == 0, r["unexpected"]
+    assert r["leaks"]["diff"] == {}, r["leaks"]  # containers, sandbox-uid processes, our children, dirs, mounts
+    assert r["leaked_containers"] == 0 and r["leaked_processes"] == 0
+    assert r["leaked_fds"] == {}, r["leaked_fds"]
+    rss = [s["rss_mb"] for s in r["samples"]]
+    # bounded memory: the second half of the run stays within 64 MB of where the first sample was
+    assert max(rss[len(rss) // 2:]) - rss[0] < 64, rss

@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl.engine.weight_dist import DistributedSync  # noqa: E402
-from agentrl.engine.weight_sync import DiskSync, InProcessSync, TensorSync  # noqa: E402
+from agentrl.engine.weight_dist import DistributedSync
+from agentrl.engine.weight_sync import DiskSync, InProcessSync, TensorSync
 
 SGLANG_PATHS = ("disk", "tensor", "distributed")
 

@@ -4,14 +4,13 @@ run; engine config errors are checked without a server."""
 import json
 
 import pytest
+import test_runner  # registers test/Short-v0 (its ShortEnv)
 from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.runner import check_engine_config
-
-import test_runner  # noqa: F401  (registers test/Short-v0)
 
 SHORT = ["rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=4",
          "train.groups_per_step=2", "train.max_staleness=1", "eval.num_tasks=4", "eval.every=0", "eval.env_kwargs={}",

@@ -16,8 +16,14 @@ import torch
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.weight_dist import DistributedSync
-from agentrl.engine.weight_sync import (DiskSync, InProcessSync, TensorSync, _buckets, resolve_sync_kind,
-                                        serialize_named_tensors)
+from agentrl.engine.weight_sync import (
+    DiskSync,
+    InProcessSync,
+    TensorSync,
+    _buckets,
+    resolve_sync_kind,
+    serialize_named_tensors,
+)
 from agentrl.errors import ConfigError, EngineError
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12, 64]
@@ -200,7 +206,7 @@ def test_disk_sync_serves_the_new_weights(weight_server, sglang_model_dir, tmp_p
         made["sync"] = DiskSync(eng, tmp_path / "weights", keep=1)
         return made["sync"]
 
-    stats, before, gen, diff = run_push(weight_server, sglang_model_dir, make, version=5, seed=1)
+    stats, *_ = run_push(weight_server, sglang_model_dir, make, version=5, seed=1)
     assert stats.path == "disk" and "write_s" in stats.phases
     # written atomically, the old dirs cleaned, config/tokenizer copied beside the weights
     dirs = sorted(p.name for p in (tmp_path / "weights").iterdir())
@@ -211,7 +217,7 @@ def test_disk_sync_serves_the_new_weights(weight_server, sglang_model_dir, tmp_p
 @pytest.mark.sglang
 def test_tensor_sync_serves_the_new_weights(weight_server, sglang_model_dir):
     # a small bucket budget forces several /update_weights_from_tensor calls per push
-    stats, before, gen, diff = run_push(weight_server, sglang_model_dir, lambda e: TensorSync(e, bucket_bytes=1 << 20),
+    stats, *_ = run_push(weight_server, sglang_model_dir, lambda e: TensorSync(e, bucket_bytes=1 << 20),
                                         version=6, seed=2)
     assert stats.path == "tensor"
 
@@ -225,7 +231,7 @@ def test_distributed_sync_over_gloo_serves_the_new_weights(weight_server, sglang
         syncs.append(DistributedSync(eng, backend="gloo", bucket_bytes=1 << 20, timeout_s=120))
         return syncs[-1]
 
-    stats, before, gen, diff = run_push(weight_server, sglang_model_dir, make, version=7, seed=3)
+    stats, *_ = run_push(weight_server, sglang_model_dir, make, version=7, seed=3)
     assert stats.path == "distributed" and "connect_s" in stats.phases
 
 

@@ -42,7 +42,11 @@ class WeightGroup:
         self.pg: Any = None
 
     def connect(self) -> None:
-        from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, rendezvous
+        from torch.distributed.distributed_c10d import (
+            PrefixStore,
+            _new_process_group_helper,
+            rendezvous,
+        )
 
         try:
             store, _, _ = next(rendezvous(f"tcp://{self.master_address}:{self.master_port}", 0, self.world_size,

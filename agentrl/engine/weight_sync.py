@@ -38,9 +38,10 @@ import pickle
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from agentrl.errors import EngineError
 
@@ -258,7 +259,7 @@ def serialize_named_tensors(named: list[tuple[str, Any]]) -> str:
     if any(t.is_cuda for _, t in named):
         from multiprocessing.reduction import ForkingPickler
 
-        import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
+        import torch.multiprocessing  # registers torch's reductions with ForkingPickler
 
         buf = io.BytesIO()
         ForkingPickler(buf).dump([(n, t.contiguous()) for n, t in named])

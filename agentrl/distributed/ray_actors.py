@@ -4,7 +4,8 @@ Owns three plain classes that ``agentrl.distributed.backend`` turns into actors 
 ``ray.remote(...)``: ``EngineActor`` (one ``LocalEngine``), ``RolloutWorker`` (one
 ``EpisodeManager`` whose engine is a ``RayEngine`` over engine-actor handles) and ``TrainerRank``
 (one ``Trainer`` in a torch.distributed group formed from the actors' env:// variables).
-Nothing here imports Ray, so the classes stay testable as plain objects.
+Ray is imported only inside methods that need it (``placement``, ``address``), so the classes
+stay plain objects.
 
 Does not: schedule or place actors, fan calls out to ranks (``adapters``), or implement any of
 the engine/episode/trainer logic: every method forwards to the wrapped object.
@@ -19,7 +20,17 @@ from typing import Any, Mapping, Sequence
 from agentrl.engine.base import Generation, SamplingParams
 
 
-class EngineActor:
+class _Placed:
+    def placement(self) -> dict:
+        """Where Ray put this actor: placement group id, bundle-scoped resources, pid (diagnostics)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"placement_group": ctx.get_placement_group_id(), "resources": ctx.get_assigned_resources(),
+                "pid": os.getpid(), "node": ctx.get_node_id()}
+
+
+class EngineActor(_Placed):
     """An async actor holding a LocalEngine: concurrent ``generate`` calls from rollout workers
     meet on the actor's event loop and are batched by the engine as in-process calls are."""
 
@@ -48,7 +59,7 @@ class EngineActor:
         await self.engine.close()
 
 
-class RolloutWorker:
+class RolloutWorker(_Placed):
     """An async actor running episodes with its own EpisodeManager (env, tokenizer, turn loop) and
     a RayEngine over the engine actors it was given."""
 
@@ -79,7 +90,7 @@ class RolloutWorker:
         return True
 
 
-class TrainerRank:
+class TrainerRank(_Placed):
     """One FSDP rank: ``address()`` on rank 0 names the rendezvous, then ``setup`` on every rank
     (concurrently: it blocks until all have joined) builds the Trainer in that group."""
 

@@ -1,0 +1,169 @@
+"""distributed: ray vs in-process: Ray startup and the overhead of each training-step phase.
+
+Starts a local Ray instance (``--num-cpus``) and a RayBackend (1 trainer rank, 1 engine actor,
+1 rollout worker, colocated) on the built-in tiny model shape, and the same three components in
+this process (Trainer, LocalEngine, EpisodeManager). Then, ``--repeats`` times, interleaved (the
+order flips every round), each side runs one step's phases on the same work:
+
+- rollout: ``--prompts`` x ``--group`` single-turn episodes (same specs, seeds and env);
+- train: one ``train_step`` on the same TrainSamples (built from the in-process rollout);
+- sync: ``full_state_dict`` + the engine's ``update_weights`` with the new version.
+
+Both trainers see identical data, so their parameters must stay equal: the max difference is
+printed as a check. Reported: Ray startup phases (ray.init, placement, actor construction),
+median seconds per phase per side, the median of per-round ratios ray/in-process, and the median
+added milliseconds. Prints a table; writes --out (JSON).
+
+    python bench/bench_ray.py                 # ~3 min on 2 busy cores
+    python bench/bench_ray.py --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import agentrl  # noqa: E402
+from agentrl.envs.base import AgentEnv, join_messages, new_stats  # noqa: E402
+
+PHASES = ("rollout", "train", "sync", "step")
+
+
+class CountEnv(AgentEnv):
+    """One turn; reward = 1 - chars/40 (shorter tokens score higher)."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        msgs = [{"role": "user", "content": f"Say a number ({self.np_random.integers(100)})."}]
+        return join_messages(msgs), {"messages": msgs, "tools": [], "task": {"id": seed}}
+
+    def step(self, action):
+        return "", 1.0 - min(len(action), 40) / 40, True, False, {"messages": [], "tool_stats": new_stats()}
+
+
+agentrl.register("bench/RayCount-v0", entry_point=CountEnv, override=True)
+
+
+def samples_from(trajs):
+    from agentrl.trainer import TrainSample
+
+    by_group: dict[str, list] = {}
+    for t in trajs:
+        by_group.setdefault(t.group_id, []).append(t)
+    out = []
+    for group in by_group.values():
+        mean = sum(t.reward for t in group) / len(group)
+        for t in group:
+            out.append(TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
+                                   advantages=[(t.reward - mean) * m for m in t.loss_mask]))
+    return out
+
+
+async def step(side: dict, specs, samples_in, version: int) -> tuple[dict[str, float], list]:
+    t0 = time.perf_counter()
+    trajs = await side["episodes"].collect(specs)
+    t1 = time.perf_counter()
+    samples = samples_in if samples_in is not None else samples_from(trajs)
+    await asyncio.to_thread(side["trainer"].train_step, samples)
+    t2 = time.perf_counter()
+    sd = await asyncio.to_thread(side["trainer"].full_state_dict)
+    await side["engine"].update_weights(sd, version)
+    t3 = time.perf_counter()
+    return {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2, "step": t3 - t0}, samples
+
+
+async def main_async(args) -> dict:
+    import torch
+
+    from agentrl.config import load_config
+    from agentrl.distributed import RayBackend, RayConfig
+    from agentrl.distributed.cluster import RayCluster
+    from agentrl.engine.local import LocalEngine
+    from agentrl.episode import EpisodeManager, make_specs
+    from agentrl.tiny_model import build_model
+    from agentrl.trainer import Trainer
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)  # the actors get OMP_NUM_THREADS=1 from their fractional CPUs
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    model = str(build_model(tmp / "model"))
+    cfg = load_config([], ["env.id=bench/RayCount-v0", "env.kwargs={}", "rollout.max_new_tokens=16",
+                           "rollout.max_turns=1", "rollout.score_truncated=true", "trainer.lr=1e-3",
+                           "trainer.loss_agg=token-mean"])
+    rc = RayConfig(num_cpus=args.num_cpus)
+    cluster = RayCluster(rc)
+    cluster.connect()
+    backend = RayBackend.start(cfg, model, rc=rc)
+    startup = {"ray_init_s": cluster.connect_s, **{k: v for k, v in backend.timings.items() if k != "connect_s"}}
+    local_engine = LocalEngine.from_pretrained(model, max_context=cfg.rollout.max_context,
+                                               max_batch_size=cfg.engine.max_batch_size)
+    from agentrl.registry import make
+
+    local = {"engine": local_engine, "trainer": Trainer(model, cfg.trainer),
+             "episodes": EpisodeManager(local_engine, lambda: make("bench/RayCount-v0"),
+                                        AutoTokenizer.from_pretrained(model), cfg.rollout, env_id="bench/RayCount-v0")}
+    ray_side = {"engine": backend.engine, "trainer": backend.trainer, "episodes": backend.episodes}
+    times: dict[str, dict[str, list[float]]] = {s: {p: [] for p in PHASES} for s in ("inprocess", "ray")}
+    try:
+        await local_engine.start()
+        await backend.engine.start()
+        for r in range(args.repeats + 1):  # round 0 warms both sides up and is not counted
+            specs = make_specs(args.prompts, args.group, seed=r)
+            order = ["inprocess", "ray"] if r % 2 == 0 else ["ray", "inprocess"]
+            samples = None
+            for side in order:  # the second side trains on the first side's samples: same data
+                sides = {"inprocess": local, "ray": ray_side}
+                t, samples = await step(sides[side], specs, samples, r + 1)
+                if r:
+                    for p in PHASES:
+                        times[side][p].append(t[p])
+        p_local = await asyncio.to_thread(local["trainer"].full_state_dict)
+        p_ray = await asyncio.to_thread(backend.trainer.full_state_dict)
+        diff = max((p_local[k] - p_ray[k]).abs().max().item() for k in p_local)
+    finally:
+        await local_engine.close()
+        local["trainer"].close()
+        await backend.engine.close()
+        backend.close()
+        cluster.close()
+    rows = {}
+    for p in PHASES:
+        a, b = times["inprocess"][p], times["ray"][p]
+        rows[p] = {"inprocess_s": statistics.median(a), "ray_s": statistics.median(b),
+                   "ratio": statistics.median(y / x for x, y in zip(a, b)),
+                   "added_ms": 1000 * statistics.median(y - x for x, y in zip(a, b))}
+    return {"startup": startup, "phases": rows, "param_max_diff": diff, "repeats": args.repeats,
+            "episodes_per_step": args.prompts * args.group, "machine": platform.platform(),
+            "cpus": args.num_cpus}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ray.json"))
+    args = ap.parse_args()
+    res = asyncio.run(main_async(args))
+    print("\nRay startup (local instance): " + ", ".join(f"{k}={v:.1f}" for k, v in res["startup"].items()))
+    print(f"\n{'phase':<8} {'in-process s':>13} {'ray s':>9} {'ray/inproc':>11} {'added ms':>9}")
+    for p, r in res["phases"].items():
+        print(f"{p:<8} {r['inprocess_s']:>13.3f} {r['ray_s']:>9.3f} {r['ratio']:>11.2f} {r['added_ms']:>9.1f}")
+    print(f"\n{res['episodes_per_step']} episodes/step, {res['repeats']} interleaved rounds; "
+          f"max |param(in-process) - param(ray)| = {res['param_max_diff']:.3g}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,7 @@ import yaml
 
 from agentrl.errors import ConfigError
 from agentrl.fields import doc
+from agentrl.monitors import MonitorConfig
 from agentrl.trainer.config import TrainerConfig
 
 
@@ -101,6 +102,8 @@ class EvalConfig:
 class LoggingConfig:
     tensorboard: bool = doc(True, "Write TensorBoard event files under output_dir/tensorboard.")
     wandb_project: str | None = doc(None, "Log to this Weights & Biases project (needs `pip install wandb`).")
+    trajectories_per_step: int = doc(32, "Trajectories saved per training step to output_dir/trajectories/ with "
+                                         "their per-token advantages (for `agentrl report`); -1 all, 0 none.", min=-1)
 
 
 @dataclass
@@ -115,6 +118,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 # ------------------------------------------------------------------------------------------

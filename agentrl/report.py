@@ -171,7 +171,10 @@ def trajectory_html(t: Trajectory, tokenizer=None) -> str:
 
 def render(run: RunData, monitor: MonitorConfig | None = None) -> str:
     rows = _derived(run.metrics)
-    alerts: list[Alert] = check_all(rows, monitor or MonitorConfig())
+    if monitor is None:  # the run's own thresholds when its config has them
+        known = set(MonitorConfig.__dataclass_fields__)
+        monitor = MonitorConfig(**{k: v for k, v in (run.config.get("monitor") or {}).items() if k in known})
+    alerts: list[Alert] = check_all(rows, monitor)
     tok = _tokenizer(run) if run.trajectories else None
     title = f"agentrl run report: {run.run_dir.name}"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig, save_config, to_dict
-from agentrl.credit_assign import ALGOS, build_samples, episode_return, resolve_trainer
+from agentrl.credit_assign import ALGOS, build_samples, episode_return, resolve_trainer, trainable
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.metrics import RolloutMetrics
+from agentrl.monitors import MONITORS, Alert, new_alerts
+from agentrl.run_log import TrajectoryLog, rollout_extra
 from agentrl.staleness import StalenessQueue
 from agentrl.trajectory import Trajectory
 
@@ -50,12 +52,19 @@ class Runner:
             raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
                               f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
         self.sync_kind = check_engine_config(cfg)
+        bad = [k for k in cfg.monitor.pause_on if k not in MONITORS]
+        if bad:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"monitor.pause_on: {bad} not among {list(MONITORS)}")
         self.preset = ALGOS[cfg.algo.name]
         self.cfg, self.progress = resolve_trainer(cfg, self.preset), progress
         self.run_dir = Path(cfg.output_dir)
         self.step = 0
         self.data_position = 0  # next prompt index of the training stream
         self.history: list[dict[str, Any]] = []
+        self.paused: Alert | None = None  # the monitor alert that paused the run
+        self.trajectory_log = TrajectoryLog(self.run_dir, cfg.logging.trajectories_per_step)
 
     # -- setup ---------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -98,8 +107,10 @@ class Runner:
         self.warnings = warnings + ([f"resumed from {resume} at step {self.step}"] if resume else [])
 
     def _latest_checkpoint(self) -> Path | None:
-        ckpts = sorted((self.run_dir / "checkpoints").glob("step_*/COMPLETE"))
-        return ckpts[-1].parent if ckpts else None
+        # only step_NNNNNN: a save in progress briefly has step_N.tmp/COMPLETE or step_N.old/COMPLETE
+        ckpts = [p.parent for p in (self.run_dir / "checkpoints").glob("step_*/COMPLETE")
+                 if p.parent.name[5:].isdigit()]
+        return max(ckpts, key=lambda p: int(p.name[5:])) if ckpts else None
 
     # -- loop ----------------------------------------------------------------------------------
     async def _sync_weights(self) -> float:
@@ -174,7 +185,9 @@ class Runner:
                 sync_s = await self._sync_weights()
                 await queue.set_version(self.trainer.version)
                 self.step += 1
-                row: dict[str, Any] = {"rollout": rollout_stats(groups), "train": tm, "credit": sstats,
+                self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
+                row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
+                                       "train": tm, "credit": sstats,
                                        "staleness": queue.metrics(), "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
                                        "weight_push_s": self.last_sync.seconds,
@@ -184,11 +197,15 @@ class Runner:
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                     self._checkpoint()
                 self._log(row, display)
+                if self._monitor(display):
+                    self._checkpoint()
+                    break
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
-            final = await self.evaluate()
+            final = await self.evaluate() if self.paused is None else {}
             self._log({"eval": final, "time": {"elapsed_s": time.perf_counter() - t_start}}, display)
-            self._checkpoint(final=True)
+            if self.paused is None:
+                self._checkpoint(final=True)
         finally:
             if producer is not None and not producer.done():
                 producer.cancel()
@@ -210,6 +227,20 @@ class Runner:
         self.sinks.write(self.step, flat)
         display.update(self.step, flat)
 
+    def _monitor(self, display: "_Display") -> bool:
+        """Run the reward-hacking monitors on the newest row; True when an alert pauses the run."""
+        alerts = new_alerts(self.history, self.cfg.monitor)
+        if alerts:
+            with open(self.run_dir / "alerts.jsonl", "a") as f:
+                for a in alerts:
+                    f.write(json.dumps({"step": a.step, "kind": a.kind, "message": a.message}) + "\n")
+                    display.note(f"[yellow]monitor[/] step {a.step} {a.kind}: {a.message}")
+        pausing: list[Alert] = [a for a in alerts if a.kind in self.cfg.monitor.pause_on]
+        if pausing:
+            self.paused = pausing[0]
+            display.note(f"[red]paused[/] by monitor.pause_on ({pausing[0].kind}); continue with --resume")
+        return bool(pausing)
+
     def _checkpoint(self, final: bool = False) -> Path:
         path = self.run_dir / "checkpoints" / (f"step_{self.step:06d}")
         self.trainer.save(path, extra={"step": self.step, "data_position": self.data_position,
@@ -226,6 +257,8 @@ class Runner:
             "eval_tool_use_rate_end": final.get("tool_use_rate"),
             "rollout": rollout_metrics.summary(), "model": str(self.model_path),
         }
+        if self.paused is not None:
+            summary["paused"] = {"step": self.paused.step, "kind": self.paused.kind, "message": self.paused.message}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         plot_curves(self.history, self.run_dir / "curves.png", title=f"{self.cfg.env.id} / {self.cfg.algo.name}")
         return summary
@@ -308,6 +341,10 @@ class _Display:
             if key in flat and isinstance(flat[key], (int, float)):
                 parts.append(f"{label}={flat[key]:.3f}")
         self.bar.update(self.task, completed=step, status=" ".join(parts))
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.bar.console.print(message)
 
     def close(self) -> None:
         if self.enabled:

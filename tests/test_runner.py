@@ -86,3 +86,46 @@ def test_null_trainer_fields_are_resolved_per_run():
     assert user.lr == DEFAULT_LR and user.loss_agg == "seq-mean-token-sum-norm" and user.loss_norm_len == 300
     kept = resolve_trainer(load_config([], ["trainer.lr=3e-5", "trainer.loss_agg=token-mean"]), ALGOS["grpo"]).trainer
     assert kept.lr == 3e-5 and kept.loss_agg == "token-mean"
+
+
+def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_model_dir, tmp_path):
+    from agentrl.report import load_run, render
+    from agentrl.trajectory import read_jsonl
+
+    out = tmp_path / "run"
+    asyncio.run(Runner(_cfg(tiny_model_dir, out, 2, ["eval.num_tasks=0", "logging.trajectories_per_step=5"]),
+                       progress=False).run())
+    saved = list(read_jsonl(out / "trajectories" / "step_000002.jsonl"))
+    assert len(saved) == 5
+    for t in saved:
+        adv = t.info["advantages"]
+        assert len(adv) == len(t.token_ids) and all(a == 0 for a, m in zip(adv, t.loss_mask) if not m)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "rollout/reward_mean" in r]
+    assert len(rows) == 2 and all(r["rollout/tokens_per_episode"] > 0 and "rollout/distinct_frac" in r for r in rows)
+    assert sum(r.get("rollout/outcome/ok", 0) for r in rows) + sum(r.get("rollout/outcome/truncated_length", 0)
+                                                                   for r in rows) == 2 * 4 * 8
+    page = render(load_run(out))
+    assert page.count('class="traj"') == 10 and "advantage" in page and "⟨" not in page  # token text decoded
+
+
+def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_path, monkeypatch):
+    import agentrl.runner as runner_mod
+    from agentrl.monitors import Alert
+
+    # fake monitor (the checks themselves are tested in test_monitors.py): fires at step 2
+    monkeypatch.setattr(runner_mod, "new_alerts", lambda history, cfg: (
+        [Alert(2, "kl_spike", "planted")] if history[-1]["step"] == 2 else []))
+    out = tmp_path / "run"
+    summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 5, ["eval.num_tasks=0", "monitor.pause_on=[kl_spike]"]),
+                                 progress=False).run())
+    assert summary["steps"] == 2 and summary["paused"]["kind"] == "kl_spike"
+    assert (out / "checkpoints" / "step_000002" / "COMPLETE").exists()
+    assert json.loads((out / "alerts.jsonl").read_text())["message"] == "planted"
+
+
+def test_unknown_pause_on_kind_is_a_config_error(tiny_model_dir, tmp_path):
+    from agentrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="kl_spik"):
+        Runner(_cfg(tiny_model_dir, tmp_path / "r", 1, ["monitor.pause_on=[kl_spik]"]), progress=False)

@@ -196,3 +196,62 @@ class TestOnLocalRay:
             RayBackend.start(load_config([], RUN_ARGS), tiny_model_dir, rc=rc)
         assert not ray_session.util.placement_group_table() or all(
             g["state"] == "REMOVED" for g in ray_session.util.placement_group_table().values())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir, tmp_path, monkeypatch):
+    """A Ray head started apart (as on a cluster); RAY_ADDRESS points the unchanged config at it.
+    The env class of this test module reaches the workers by value (no shared import path)."""
+    import os
+    import shutil
+    import signal
+    import sys
+
+    ray = _ray_or_skip()
+    from agentrl.distributed import RayBackend
+    from agentrl.episode import make_specs
+    from agentrl.trainer.dist import free_port
+
+    cli = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
+    before = _ray_pids()
+    port = free_port()
+    log = open(tmp_path / "head.log", "w")
+    head = subprocess.Popen([cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                             "--disable-usage-stats", "--block"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        monkeypatch.chdir(tmp_path)  # the workers cannot import this test's module from the cwd either
+        backend = None
+        deadline = time.monotonic() + 120
+        while backend is None:
+            try:
+                backend = RayBackend.start(load_config([], RUN_ARGS), tiny_model_dir, rc=RayConfig())
+            except ConnectionError:
+                if head.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"ray head did not come up: {(tmp_path / 'head.log').read_text()[-3000:]}")
+                time.sleep(2)
+        try:
+            assert backend.cluster.address == f"127.0.0.1:{port}" and backend.cluster.owns_connection
+            assert ray.get_runtime_context().gcs_address.endswith(f":{port}")
+
+            async def go():
+                await backend.engine.start()
+                return await backend.episodes.collect(make_specs(2, 2))
+
+            trajs = asyncio.run(go())
+            assert len(trajs) == 4 and all(t.trainable for t in trajs), [t.outcome_detail for t in trajs]
+        finally:
+            backend.close()
+        assert not ray.is_initialized()  # the driver left ...
+        assert head.poll() is None  # ... and the cluster is still up
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # the head we started, and its raylet/gcs children
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        log.close()
+    _assert_no_leak(before, timeout_s=60)

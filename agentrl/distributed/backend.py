@@ -11,6 +11,7 @@ in-process ones) or the behaviour of any actor.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,23 @@ from agentrl.distributed.adapters import RayEngine, RayEpisodes, RayTrainer
 from agentrl.distributed.cluster import RayCluster, Slot, plan
 from agentrl.distributed.config import RayConfig
 from agentrl.errors import ConfigError
+
+
+def ship_by_value(entry_point: Any) -> bool:
+    """Make an env class/factory defined in a script or test module travel to the actors by value
+    (that module is not importable on the workers, least of all on other nodes). Code from
+    installed packages keeps travelling by reference. True if registered by value."""
+    import ray
+
+    mod = sys.modules.get(getattr(entry_point, "__module__", None) or "")
+    path = getattr(mod, "__file__", None) or ""
+    if mod is None or mod.__name__ == "__main__" or not path:
+        return False  # __main__ already travels by value
+    if any(part in ("site-packages", "dist-packages") for part in Path(path).parts) or \
+            mod.__name__.split(".")[0] == "agentrl":
+        return False
+    ray.cloudpickle.register_pickle_by_value(mod)
+    return True
 
 
 def check(cfg, rc: RayConfig) -> None:
@@ -87,6 +105,8 @@ class RayBackend:
                    for s in layout.engines]
         wpe = self.rc.workers_per_engine
         env_spec = spec(cfg.env.id)
+        if env_spec.source == "register" and callable(env_spec.entry_point):
+            ship_by_value(env_spec.entry_point)
         workers = [self._spawn(RolloutWorker, s, [engines[k // wpe]], model_path, cfg.rollout, env_spec,
                                dict(cfg.env.kwargs), cfg.rollout.max_context)
                    for k, s in enumerate(layout.workers)]

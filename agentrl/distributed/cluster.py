@@ -9,7 +9,6 @@ Does not create actors (``agentrl.distributed.backend`` does) or know what runs 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,18 +64,6 @@ def plan(rc: RayConfig) -> Layout:
     return out
 
 
-def _driver_path() -> str:
-    """The driver's import path minus the interpreter's own dirs: a locally started instance's
-    workers then import what the driver can (envs registered from a script's or test's module)."""
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    keep = []
-    for p in sys.path:
-        rp = os.path.realpath(p or os.getcwd())
-        if os.path.isdir(rp) and not any(rp == x or rp.startswith(x + os.sep) for x in prefixes) and rp not in keep:
-            keep.append(rp)
-    return os.pathsep.join(keep)
-
-
 class RayCluster:
     """A connection to Ray plus the placement groups this run created. ``close()`` removes them
     and shuts down the Ray connection if ``connect()`` made it."""
@@ -95,11 +82,9 @@ class RayCluster:
         t0 = time.perf_counter()
         if not ray.is_initialized():
             if self.address:
-                ray.init(address=self.address, log_to_driver=True)
+                ray.init(address=self.address)
             else:
-                extra = _driver_path()
-                env = {"PYTHONPATH": os.pathsep.join(x for x in (extra, os.environ.get("PYTHONPATH", "")) if x)}
-                ray.init(num_cpus=self.rc.num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
+                ray.init(num_cpus=self.rc.num_cpus, include_dashboard=False)
             self.owns_connection = True
         self.connect_s = time.perf_counter() - t0
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,6 +143,17 @@ class TestOnLocalRay:
             assert all(t.num_sampled > 0 and set(t.versions[t.prompt_len:]) == {0} for t in first)
             assert all(set(t.versions[t.prompt_len:]) == {7} for t in second)  # the pushed version served
             assert backend.episodes.metrics.episodes == 16
+
+            # A dead worker or engine ends its episodes as typed infra failures; the batch completes.
+            ray.kill(backend.episodes.workers[0])
+            third = asyncio.run(backend.episodes.collect(make_specs(4, 2, seed=2)))
+            lost = [t for t in third if not t.trainable]
+            assert lost and all(t.outcome == "engine_error" and "rollout worker 0" in t.outcome_detail for t in lost)
+            assert len(third) == 8 and len(lost) < 8  # groups routed to worker 1 still ran
+            ray.kill(backend.engine.actors[0])
+            fourth = asyncio.run(backend.episodes.collect(make_specs(4, 2, seed=3)))
+            assert len(fourth) == 8 and all(t.outcome == "engine_error" for t in fourth), [t.outcome for t in fourth]
+            assert any("engine actor 0" in t.outcome_detail for t in fourth)
         finally:
             backend.close()
         assert ray.util.placement_group_table()[pg_hex]["state"] == "REMOVED"
@@ -254,4 +266,7 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
         log.close()
+        current = Path("/tmp/ray/ray_current_cluster")  # `ray start` recorded our head there
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
     _assert_no_leak(before, timeout_s=60)

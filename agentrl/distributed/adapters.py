@@ -12,7 +12,7 @@ Does not create actors or placement groups (``backend``), or run episodes / trai
 from __future__ import annotations
 
 import asyncio
-import zlib
+import hashlib
 from typing import Any, Iterable, Mapping, Sequence
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
@@ -21,9 +21,15 @@ from agentrl.metrics import RolloutMetrics
 from agentrl.trajectory import Outcome, Trajectory
 
 
+def _shard(key: str, n: int) -> int:
+    """Stable across processes (unlike hash()) and well mixed (crc32's low bits are not: ids that
+    differ in one digit all landed on one worker)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") % n
+
+
 def _pick(key: str | None, n: int, counter: list[int]) -> int:
     if key is not None:
-        return zlib.crc32(key.encode()) % n  # stable across processes, unlike hash()
+        return _shard(key, n)
     counter[0] += 1
     return counter[0] % n
 
@@ -155,7 +161,7 @@ class RayEpisodes:
         """Run ``spec`` on the worker of its group; never raises except the caller's cancellation."""
         import ray
 
-        i = zlib.crc32(spec.group_id.encode()) % len(self.workers)
+        i = _shard(spec.group_id, len(self.workers))
         ref = self.workers[i].run_episode.remote(spec)
         self._refs.add(ref)
         try:

@@ -84,7 +84,8 @@ class RayCluster:
             if self.address:
                 ray.init(address=self.address)
             else:
-                ray.init(num_cpus=self.rc.num_cpus, include_dashboard=False)
+                # "local": a new instance even where a `ray start` cluster is recorded in /tmp/ray
+                ray.init(address="local", num_cpus=self.rc.num_cpus, include_dashboard=False)
             self.owns_connection = True
         self.connect_s = time.perf_counter() - t0
 

@@ -15,9 +15,10 @@ Tolerances on |logprob(engine) - logprob(HF fp32)|: LocalEngine runs the same fp
 a batched K/V cache, so only summation order differs (1e-3 is ~100x what is observed). SGLang loads
 an fp32 checkpoint in fp16 (``--dtype auto`` downcasts float32 to float16: SGLang's
 ``model_config._get_and_verify_dtype``); fp16 keeps 11 significant bits (relative error 4.9e-4) and
-these logits reach ~20, so a single logit can be off by ~1e-2; 5e-2 allows that with margin and is
-still ~20x below the error of reading the wrong position or the wrong weights (checked below: the
-perturbed weights move logprobs by > 10x the tolerance). Every test prints the max difference.
+these logits reach ~20, so a single logit can be off by ~1e-2, and a temperature below 1 divides
+that error up (observed: up to 2.4e-2 at T=0.7); 1e-1 leaves room for that and is still ~40x below
+the error of reading the wrong position or the wrong weights (checked below: the perturbed weights
+move logprobs by > 10x the tolerance). Every test prints the max difference.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ pytestmark = pytest.mark.timeout(600)
 
 EOS = 2  # <|im_end|>: the tokenizer's eos and end-of-turn id
 MARK = 7  # a second id the conformance weights make likely (an explicit stop id)
-TOL = {"local": 1e-3, "sglang": 5e-2}  # see the module docstring
+VOCAB = 2052  # the tiny model's vocabulary (checked in conf_dir)
+TOL = {"local": 1e-3, "sglang": 1e-1}  # see the module docstring
 ENGINES = ["local", pytest.param("sglang", marks=pytest.mark.sglang)]
 
 
@@ -70,6 +72,7 @@ def conf_dir(sglang_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("conformance-model")
     shutil.copytree(sglang_model_dir, out, dirs_exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(str(sglang_model_dir), dtype=torch.float32)
+    assert model.config.vocab_size == VOCAB
     conformance_weights(model)
     model.save_pretrained(str(out))
     return out
@@ -167,7 +170,7 @@ def check_shape(engine, gen, params: SamplingParams) -> None:
     n = len(gen.token_ids)
     assert 1 <= n <= params.max_new_tokens
     assert len(gen.logprobs) == n and len(gen.versions) == n
-    assert all(isinstance(t, int) and 0 <= t < 2052 for t in gen.token_ids)
+    assert all(isinstance(t, int) and 0 <= t < VOCAB for t in gen.token_ids)
     assert not stops & set(gen.token_ids[:-1]), f"a stop id inside the output: {gen.token_ids}"
     if gen.finish_reason == "stop":
         assert gen.token_ids[-1] in stops
@@ -342,10 +345,12 @@ async def test_outputs_follow_a_weight_update(engine, hf):
 # --- seeds ---------------------------------------------------------------------------------------
 async def test_seeded_sampling_is_reproducible(engine):
     if engine.kind == "sglang":
-        info = httpx.get(f"{engine.urls[0]}/server_info", timeout=30).json()
-        if not info.get("enable_deterministic_inference"):
+        r = httpx.get(f"{engine.urls[0]}/server_info", timeout=30)
+        assert r.status_code == 200, r.text[:300]
+        if not r.json().get("enable_deterministic_inference"):
             pytest.skip("SGLang honours sampling_seed only with --enable-deterministic-inference "
-                        "(sampling_batch_info.py); this server runs without it")
+                        "(sampling_batch_info.py), which refuses torch_native, the CPU attention backend "
+                        "(arg_groups/overrides.py); this server runs without it")
     ps = prompts(8, seed=7)
     seeded = [SamplingParams(max_new_tokens=32, temperature=1.0, seed=1000 + i) for i in range(len(ps))]
     a = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(ps, seeded)))

@@ -15,8 +15,8 @@ Tolerances on |logprob(engine) - logprob(HF fp32)|: LocalEngine runs the same fp
 a batched K/V cache, so only summation order differs (1e-3 is ~100x what is observed). SGLang loads
 an fp32 checkpoint in fp16 (``--dtype auto`` downcasts float32 to float16: SGLang's
 ``model_config._get_and_verify_dtype``); fp16 keeps 11 significant bits (relative error 4.9e-4) and
-these logits reach ~20, so a single logit can be off by ~1e-2, and a temperature below 1 divides
-that error up (observed: up to 2.4e-2 at T=0.7); 1e-1 leaves room for that and is still ~40x below
+these logits reach ~20, so a single logit can be off by ~1e-2, and temperature T scales that
+error by 1/T (observed: up to 2.4e-2 at T=0.7); 1e-1 leaves room for that and is still ~40x below
 the error of reading the wrong position or the wrong weights (checked below: the perturbed weights
 move logprobs by > 10x the tolerance). Every test prints the max difference.
 """

@@ -200,6 +200,15 @@ class TestOnLocalRay:
         with Trainer(model_dir, config(), critic=True) as u:
             assert u.load(tmp_path / "ck") == {"written_by": 2} and u.version == STEPS
 
+    def test_a_failing_actor_fails_the_start_and_nothing_is_left(self, ray_session, tmp_path):
+        from agentrl.distributed import RayBackend
+
+        ray = ray_session
+        with pytest.raises(Exception, match="no-such-model"):
+            RayBackend.start(load_config([], RUN_ARGS), tmp_path / "no-such-model", rc=RayConfig(trainer_ranks=2))
+        assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+        assert ray.available_resources().get("CPU") == 2.0  # every actor's CPUs came back
+
     def test_an_impossible_layout_is_a_clear_error(self, ray_session, tiny_model_dir):
         from agentrl.distributed import RayBackend
 

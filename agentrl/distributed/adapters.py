@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
@@ -83,6 +84,22 @@ class RayEngine(Engine):
         await asyncio.gather(*(self._call(i, "close") for i in range(len(self.actors))), return_exceptions=True)
 
 
+def get_all(refs: list, timeout_s: float | None, what: str) -> list[Any]:
+    """``ray.get(refs)``, but the first failure raises at once: the other calls may be stuck in a
+    collective (or a rendezvous) that the failed one will never join."""
+    import ray
+
+    pending = list(refs)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not done:
+            raise TimeoutError(f"{what}: not finished in {timeout_s}s")
+        ray.get(done[0])  # raises that call's error
+    return ray.get(refs)
+
+
 class RayTrainer:
     """The Trainer interface the run loop uses, over ``TrainerRank`` actors of one group."""
 
@@ -94,18 +111,7 @@ class RayTrainer:
         self._closed = False
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method`` on every rank; the first failure raises at once (the other ranks may be
-        stuck in a collective that will never complete)."""
-        import ray
-
-        refs = [getattr(r, method).remote(*args) for r in self.ranks]
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
-            if not done:
-                raise TimeoutError(f"trainer ranks: {method} did not finish in {self.timeout_s}s")
-            ray.get(done[0])  # raises the rank's error
-        return ray.get(refs)
+        return get_all([getattr(r, method).remote(*args) for r in self.ranks], self.timeout_s, f"trainer ranks: {method}")
 
     def train_step(self, samples: list) -> dict[str, float]:
         import ray

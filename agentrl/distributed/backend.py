@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.distributed.adapters import RayEngine, RayEpisodes, RayTrainer
+from agentrl.distributed.adapters import RayEngine, RayEpisodes, RayTrainer, get_all
 from agentrl.distributed.cluster import RayCluster, Slot, plan
 from agentrl.distributed.config import RayConfig
 from agentrl.errors import ConfigError
@@ -110,7 +110,7 @@ class RayBackend:
         workers = [self._spawn(RolloutWorker, s, [engines[k // wpe]], model_path, cfg.rollout, env_spec,
                                dict(cfg.env.kwargs), cfg.rollout.max_context)
                    for k, s in enumerate(layout.workers)]
-        ray.get(setups + [w.ping.remote() for w in workers], timeout=deadline)
+        get_all(setups + [w.ping.remote() for w in workers], deadline, "starting trainer ranks and rollout workers")
         t3 = time.perf_counter()
 
         self.trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)

@@ -6,6 +6,11 @@ the engine actors, rollout workers and trainer ranks there (trainer ranks rendez
 and ``close()``, which stops every actor, removes the placement groups and disconnects - also
 after a failed start. ``check(cfg)`` rejects what the Ray mode does not run.
 
+Where things run: envs and their sandboxes live in the rollout workers (one EpisodeManager each),
+model weights in the engine actors and trainer ranks; the driver keeps the run loop, the queue,
+evaluation episodes (against the engine actors) and the logs. On a multi-node cluster, the run's
+output_dir must be on a filesystem every node sees (trainer ranks write the checkpoints).
+
 Does not own the training loop (``agentrl.runner`` drives these objects exactly as it drives the
 in-process ones) or the behaviour of any actor.
 """

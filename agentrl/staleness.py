@@ -47,6 +47,7 @@ class StalenessQueue:
         self.version = 0
         self.admitted = 0
         self.dropped_groups = 0
+        self.untrained_groups = 0  # handed out in a batch with nothing trainable: no train step follows
         self.histogram: Counter = Counter()  # staleness (version at training - oldest token version) -> samples
         self._ready: list[_Entry] = []
         self._cond = asyncio.Condition()
@@ -55,8 +56,10 @@ class StalenessQueue:
     # -- producer side -------------------------------------------------------------------------
     def can_admit(self) -> bool:
         # a dropped group will never be trained: its slot goes back to the producer (else a drop
-        # would leave the trainer waiting for a batch that admission control never lets start)
-        return self.admitted - self.dropped_groups < (self.version + self.k + 1) * self.B
+        # would leave the trainer waiting for a batch that admission control never lets start).
+        # Likewise a batch in which every episode failed: the trainer takes no step, so the
+        # version does not move, and without its slots back admission would stop for good.
+        return self.admitted - self.dropped_groups - self.untrained_groups < (self.version + self.k + 1) * self.B
 
     async def admit(self) -> int:
         """Wait until one more group may start; returns its admission index."""
@@ -95,6 +98,9 @@ class StalenessQueue:
                 self._ready = kept
                 if len(self._ready) >= self.B:
                     batch, self._ready = self._ready[: self.B], self._ready[self.B :]
+                    if not any(t.trainable and t.num_sampled > 0 for e in batch for t in e.group):
+                        self.untrained_groups += self.B  # as credit_assign.trainable: no sample, no step
+                        self._cond.notify_all()
                     for e in batch:
                         for t in e.group:
                             v = oldest_version(t)
@@ -123,6 +129,7 @@ class StalenessQueue:
             "staleness_max": max(self.histogram, default=0),
             "staleness_hist": {str(k): v for k, v in sorted(self.histogram.items())},
             "dropped_groups": self.dropped_groups,
+            "untrained_groups": self.untrained_groups,
             "buffered_groups": len(self._ready),
             "admitted_groups": self.admitted,
         }

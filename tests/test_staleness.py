@@ -93,3 +93,30 @@ def test_bad_arguments():
         StalenessQueue(-1, 2)
     with pytest.raises(ValueError, match="groups_per_batch"):
         StalenessQueue(0, 0)
+
+
+def test_batch_with_nothing_trainable_gives_its_slots_back():
+    """Every episode of a batch failed (e.g. the engine crashed): the trainer takes no step and the
+    version stays, so the queue must re-open admission itself or a synchronous run waits forever."""
+    from agentrl.trajectory import Outcome
+
+    def failed():
+        t = _traj([0, 0])
+        t.outcome = Outcome.ENGINE_ERROR
+        return t
+
+    async def main():
+        q = StalenessQueue(0, 2)
+        for _ in range(2):
+            await q.put(await q.admit(), [failed()])
+        assert not q.can_admit()
+        await q.get_batch()
+        assert q.can_admit() and q.untrained_groups == 2
+        for _ in range(2):  # a batch with one trainable episode is trained: no slots back
+            await q.put(await q.admit(), [failed(), _traj([0, 0])])
+        await q.get_batch()
+        assert not q.can_admit() and q.untrained_groups == 2
+        await q.set_version(1)
+        assert q.can_admit()
+
+    asyncio.run(main())

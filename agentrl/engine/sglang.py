@@ -289,7 +289,17 @@ class SGLangEngine(Engine):
     async def _recover(self, b: Backend, epoch: int, *, again: bool = False) -> bool:
         """After a failure seen at ``epoch``: restart ``b`` if it is supervised and dead. Returns
         whether ``b`` should be tried again (False: route around it). A server whose last restart
-        failed is restarted again only by the health checks (``again``): requests fail fast."""
+        failed is restarted again only by the health checks (``again``): requests fail fast.
+
+        The recovery is the engine's own task: the request that found the server dead may be
+        cancelled mid-restart (its episode's turn deadline), and ``b.lock`` must stay held until the
+        restart ends, or a weight push would reach the half-restarted server and fail the run."""
+        task = asyncio.ensure_future(self._recover_locked(b, epoch, again))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _recover_locked(self, b: Backend, epoch: int, again: bool) -> bool:
         async with b.lock:
             if b.epoch != epoch:  # another request already recovered it
                 return b.healthy

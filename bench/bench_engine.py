@@ -17,7 +17,7 @@ reported speedup is the median of the per-pair ratios (GUIDE section 4).
 
 ``--engine sglang``: the same request set (same prompts, same requested lengths, same model) on
 SGLangEngine, driving a real SGLang server launched on the model (CPU flags from the launcher,
-``--max-running-requests`` = --batch-size, ``--dtype`` = --sglang-dtype, ``--sleep-on-idle``), interleaved with the
+``--max-running-requests`` = --batch-size, ``--dtype`` = --sglang-dtype), interleaved with the
 LocalEngine (max_batch_size = --batch-size) and compared by the median of pair ratios. SGLang always
 stops on the model's eos id, so a request may end a little early (p ~ 1/vocab per token on this
 random model): tokens/s counts the tokens actually generated and the early stops are reported.
@@ -152,10 +152,8 @@ def bench_sglang(args, path: Path, model, reqs) -> dict:
     from agentrl.engine.sglang import SGLangEngine
 
     t = time.perf_counter()
-    # --sleep-on-idle: an idle SGLang scheduler otherwise busy-polls one core, which would slow the
-    # LocalEngine's turns (measured: an idle server at ~100% of a core on this 2-core machine).
-    sglang = SGLangEngine.launch(path, max_running_requests=args.batch_size,
-                                 extra_args=["--dtype", args.sglang_dtype, "--sleep-on-idle"])
+    # the launcher's CPU flags include --sleep-on-idle (an idle scheduler would busy-poll a core)
+    sglang = SGLangEngine.launch(path, max_running_requests=args.batch_size, dtype=args.sglang_dtype)
     print(f"SGLang server ready in {time.perf_counter() - t:.1f} s ({sglang.urls[0]}, dtype {args.sglang_dtype})",
           flush=True)
     local = LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=())

@@ -31,9 +31,11 @@ from agentrl.errors import EngineError
 SGLANG_VERSION = "0.5.23"
 
 #: Flags that make SGLang run on a CPU (GUIDE §3): the transformers model implementation (the
-#: default one imports vllm), torch-native attention and sampling, no CUDA graphs.
+#: default one imports vllm), torch-native attention and sampling, no CUDA graphs, and
+#: ``--sleep-on-idle`` (an idle scheduler otherwise spins a whole core, measured, slowing everything
+#: else on a small machine; it wakes at once on a request).
 CPU_FLAGS = ("--device", "cpu", "--model-impl", "transformers", "--attention-backend", "torch_native",
-             "--disable-cuda-graph", "--sampling-backend", "pytorch")
+             "--disable-cuda-graph", "--sampling-backend", "pytorch", "--sleep-on-idle")
 
 
 def sglang_python() -> str | None:
@@ -72,13 +74,16 @@ class SGLangServer:
     """One supervised SGLang server process.
 
     ``device="cpu"`` adds :data:`CPU_FLAGS`; ``max_total_tokens`` bounds the KV cache (without it
-    SGLang reserves most of the machine's memory on CPU). ``extra_args`` are appended verbatim.
+    SGLang reserves most of the machine's memory on CPU). ``dtype`` is SGLang's ``--dtype``; the
+    default (None) is ``float32`` on CPU, where SGLang's own default would serve an fp32 checkpoint in
+    fp16 (behaviour logprobs then differ from an fp32 trainer's by ~2e-2 instead of ~1e-5), and
+    SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim.
     Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
 
     def __init__(self, model_path: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  device: str = "cpu", max_total_tokens: int = 32768, max_running_requests: int = 64,
-                 extra_args: Sequence[str] = (), python: str | None = None, log_path: str | Path | None = None,
+                 dtype: str | None = None, extra_args: Sequence[str] = (), python: str | None = None, log_path: str | Path | None = None,
                  startup_timeout_s: float = 240.0) -> None:
         if not Path(model_path).is_dir():
             raise EngineError(f"SGLang model path {model_path} is not a directory")
@@ -86,6 +91,7 @@ class SGLangServer:
         self.host, self.port = host, port or free_port(host)
         self.device = device
         self.max_total_tokens, self.max_running_requests = max_total_tokens, max_running_requests
+        self.dtype = dtype or ("float32" if device == "cpu" else "auto")
         self.extra_args = list(extra_args)
         self.python = python or sglang_python()
         self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"agentrl-sglang-{self.port}.log"
@@ -103,7 +109,7 @@ class SGLangServer:
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
                "--host", self.host, "--port", str(self.port),
                "--max-total-tokens", str(self.max_total_tokens),
-               "--max-running-requests", str(self.max_running_requests)]
+               "--max-running-requests", str(self.max_running_requests), "--dtype", self.dtype]
         if self.device == "cpu":
             cmd += CPU_FLAGS
         return cmd + self.extra_args

@@ -393,13 +393,19 @@ class SGLangEngine(Engine):
             raise EngineError(f"SGLang server {b.url}: GET {path} failed: {type(e).__name__}: {e}") from e
 
     async def post_all(self, path: str, payload: dict, *, timeout_s: float | None = None) -> list[dict]:
-        """POST ``payload`` to ``path`` on every server (waiting out restarts in progress); the
-        answers in server order. Raises EngineError naming each server that failed and why."""
+        """POST ``payload`` to ``path`` on every server (waiting out restarts in progress; a server
+        found dead is recovered as for ``/generate`` and asked once more); the answers in server
+        order. Raises EngineError naming each server that failed and why."""
         await self.start()
 
         async def one(b: Backend) -> dict:
             async with b.lock:
-                pass
+                epoch = b.epoch
+            try:
+                return await self._post(b, path, payload, timeout_s)
+            except EngineError as e:  # the server died since its last request: recover, then once more
+                if not isinstance(e.__cause__, httpx.TransportError) or not await self._recover(b, epoch):
+                    raise
             return await self._post(b, path, payload, timeout_s)
 
         results = await asyncio.gather(*(one(b) for b in self.router.backends), return_exceptions=True)

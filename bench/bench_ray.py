@@ -16,6 +16,7 @@ added milliseconds. Prints a table; writes --out (JSON).
 
     python bench/bench_ray.py                 # ~3 min on 2 busy cores
     python bench/bench_ray.py --repeats 3
+    python bench/bench_ray.py --run-steps 6   # plus whole `agentrl run`s, local vs ray (needs the runner hook)
 """
 from __future__ import annotations
 
@@ -145,6 +146,33 @@ async def main_async(args) -> dict:
             "cpus": args.num_cpus}
 
 
+def runner_compare(args) -> dict:
+    """``agentrl run`` (Runner) with distributed local vs ray on the same config: wall time and the
+    median of the per-step ``time/step_s`` (steps 2.. : step 1 includes warm-up)."""
+    from agentrl.config import load_config
+    from agentrl.runner import Runner
+    from agentrl.tiny_model import build_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ray-run-"))
+    model = str(build_model(tmp / "model"))
+    out: dict = {}
+    for mode in ("local", "ray"):
+        cfg = load_config([], [
+            f"output_dir={tmp / mode}", f"model.path={model}", "env.id=bench/RayCount-v0", "env.kwargs={}",
+            "rollout.max_new_tokens=16", "rollout.max_turns=1", "rollout.score_truncated=true",
+            "rollout.group_size=8", "train.groups_per_step=4", f"train.steps={args.run_steps}",
+            "train.max_staleness=0", "eval.num_tasks=0", "trainer.lr=1e-3", "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false", f"distributed={mode}", f"ray.num_cpus={args.num_cpus}"])
+        t0 = time.perf_counter()
+        asyncio.run(Runner(cfg, progress=False).run())
+        wall = time.perf_counter() - t0
+        rows = [json.loads(x) for x in (tmp / mode / "metrics.jsonl").read_text().splitlines()]
+        step_s = [r["time/step_s"] for r in rows if "time/step_s" in r][1:]
+        out[mode] = {"wall_s": wall, "step_s_median": statistics.median(step_s), "steps": args.run_steps}
+    out["step_ratio"] = out["ray"]["step_s_median"] / out["local"]["step_s_median"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -152,14 +180,23 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ray.json"))
+    ap.add_argument("--run-steps", type=int, default=0,
+                    help="also time `agentrl run` local vs ray for this many steps (0: skip)")
     args = ap.parse_args()
     res = asyncio.run(main_async(args))
+    if args.run_steps:
+        res["runner"] = runner_compare(args)
     print("\nRay startup (local instance): " + ", ".join(f"{k}={v:.1f}" for k, v in res["startup"].items()))
     print(f"\n{'phase':<8} {'in-process s':>13} {'ray s':>9} {'ray/inproc':>11} {'added ms':>9}")
     for p, r in res["phases"].items():
         print(f"{p:<8} {r['inprocess_s']:>13.3f} {r['ray_s']:>9.3f} {r['ratio']:>11.2f} {r['added_ms']:>9.1f}")
     print(f"\n{res['episodes_per_step']} episodes/step, {res['repeats']} interleaved rounds; "
           f"max |param(in-process) - param(ray)| = {res['param_max_diff']:.3g}")
+    if "runner" in res:
+        r = res["runner"]
+        print(f"agentrl run, {args.run_steps} steps: local {r['local']['wall_s']:.1f}s wall "
+              f"({r['local']['step_s_median']:.3f}s/step), ray {r['ray']['wall_s']:.1f}s wall "
+              f"({r['ray']['step_s_median']:.3f}s/step): step ratio ray/local {r['step_ratio']:.2f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"wrote {args.out}")

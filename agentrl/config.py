@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from agentrl.distributed.config import RayConfig
 from agentrl.errors import ConfigError
 from agentrl.fields import doc
 from agentrl.monitors import MonitorConfig
@@ -119,6 +120,10 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    distributed: Literal["local", "ray"] = doc(
+        "local", "Orchestration: 'local' runs engine, episodes and trainer in this process; 'ray' runs them as "
+        "Ray actors on placement groups (see ray.*; pip install 'agentrl[ray]').")
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Owns the in-process training loop: building the pieces from the config (model, L
 Trainer, env factory, EpisodeManager, StalenessQueue, sinks), the producer that admits and runs
 groups of episodes, the trainer loop (batch -> samples -> train_step -> weight sync -> version),
 held-out evaluation, checkpoints with the data position (for ``--resume``), the live progress
-display, the final summary table and the curve PNG. Does not implement any of those pieces.
+display, the final summary table and the curve PNG. With ``distributed: ray`` the same loop drives Ray-backed
+trainer/engine/episode objects (agentrl.distributed.RayBackend) instead. Does not implement any
+of those pieces.
 """
 from __future__ import annotations
 
@@ -52,6 +54,11 @@ class Runner:
             raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
                               f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
         self.sync_kind = check_engine_config(cfg)
+        self.backend = None  # distributed=ray: the RayBackend whose actors serve trainer/engine/episodes
+        if cfg.distributed == "ray":
+            from agentrl.distributed.backend import check
+
+            check(cfg, cfg.ray)
         bad = [k for k in cfg.monitor.pause_on if k not in MONITORS]
         if bad:
             from agentrl.errors import ConfigError
@@ -89,11 +96,19 @@ class Runner:
 
         self.make_eval_env = lambda: make(cfg.env.id, **eval_kwargs)
         resume = self._latest_checkpoint() if cfg.train.resume else None
-        self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
+        if cfg.distributed == "ray":  # the same interfaces, served by Ray actors
+            from agentrl.distributed import RayBackend
+
+            self.backend = RayBackend.start(cfg, self.model_path, critic=self.preset.critic)
+            self.trainer = self.backend.trainer
+        else:
+            self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
         extra = self.trainer.load(resume) if resume else {}
         self.step = int(extra.get("step", 0))
         self.data_position = int(extra.get("data_position", 0))
-        if cfg.engine.kind == "sglang":
+        if self.backend is not None:
+            self.engine = self.backend.engine
+        elif cfg.engine.kind == "sglang":
             self.engine = _sglang_engine(cfg, self.model_path)
         else:
             self.engine = LocalEngine.from_pretrained(str(self.model_path), device=cfg.model.device,
@@ -153,7 +168,12 @@ class Runner:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def run(self) -> dict[str, Any]:
-        self._setup()
+        try:
+            self._setup()
+        except BaseException:
+            if self.backend is not None:  # Ray actors must not outlive a failed setup
+                self.backend.close()
+            raise
         cfg = self.cfg
         try:
             await self.engine.start()
@@ -163,10 +183,13 @@ class Runner:
             await self.weight_sync.close()
             await self.engine.close()
             self.trainer.close()
+            if self.backend is not None:
+                self.backend.close()
             raise
         queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step)
         queue.version = self.trainer.version
-        manager = EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
+        manager = self.backend.episodes if self.backend is not None else \
+            EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
         display = _Display(self.progress, cfg.train.steps, start=self.step)
         t_start = time.perf_counter()
         producer = None
@@ -216,6 +239,8 @@ class Runner:
             await self.weight_sync.close()
             await self.engine.close()
             self.trainer.close()  # releases the process group it created
+            if self.backend is not None:
+                self.backend.close()  # kills the actors, removes the placement groups, leaves Ray
         return self._finish(final, time.perf_counter() - t_start, manager.metrics)
 
     # -- outputs -------------------------------------------------------------------------------

@@ -279,3 +279,36 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
         if current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
     _assert_no_leak(before, timeout_s=60)
+
+
+def _run_cfg(model_dir, out, mode: str, steps: int = 3):
+    return load_config([], [
+        f"output_dir={out}", f"model.path={model_dir}", *RUN_ARGS, "train.groups_per_step=2", f"train.steps={steps}",
+        "train.max_staleness=0", "train.checkpoint_every=2", "eval.num_tasks=4", "eval.every=0", "eval.env_kwargs={}",
+        "trainer.lr=2e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false", f"distributed={mode}",
+        "ray.num_cpus=2", "ray.placement=split", "ray.workers_per_engine=2"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_agentrl_run_with_distributed_ray_completes_and_cleans_up(tiny_model_dir, tmp_path):
+    """A shortened `agentrl run` (as in tests/test_runner.py) with distributed: ray: trains, syncs
+    weights into the engine actors, checkpoints, evaluates, and leaves no Ray process behind."""
+    ray = _ray_or_skip()
+    from agentrl.runner import Runner
+
+    before = _ray_pids()
+    out = tmp_path / "ray"
+    t0 = time.perf_counter()
+    summary = asyncio.run(Runner(_run_cfg(tiny_model_dir, out, "ray"), progress=False).run())
+    print(f"\nagentrl run, distributed=ray, 3 steps: {time.perf_counter() - t0:.1f}s wall")
+    assert not ray.is_initialized()
+    _assert_no_leak(before)
+    assert summary["steps"] == 3 and summary["eval_solve_rate_end"] is not None
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/reward_mean" in r]
+    assert len(steps) == 3 and all(r["rollout/infra_failures"] == 0 for r in steps)
+    assert [r["train/version"] for r in steps] == [1.0, 2.0, 3.0]
+    assert (out / "checkpoints" / "step_000002" / "COMPLETE").exists()
+    assert "distributed: ray" in (out / "config.yaml").read_text()
+    assert summary["rollout"]["episodes"] >= 3 * 2 * 4  # counted in the driver from the workers' results

@@ -224,10 +224,15 @@ async def test_explicit_stop_ids(engine):
 @pytest.mark.parametrize("max_new", [1, 3, 17])
 async def test_max_new_tokens(engine, max_new):
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0)
-    gens = await generate_all(engine, prompts(8, seed=3), params)
-    for gen in gens:
-        check_shape(engine, gen, params)
-    assert any(len(g.token_ids) == max_new for g in gens)
+    # the conformance weights make eos likely (and SGLang always stops on it), so a round of 8 may
+    # end every request early; sample more rounds until one request runs into the limit
+    for seed in range(3, 13):
+        gens = await generate_all(engine, prompts(8, seed=seed), params)
+        for gen in gens:
+            check_shape(engine, gen, params)
+        if any(len(g.token_ids) == max_new for g in gens):
+            break
+    assert any(len(g.token_ids) == max_new for g in gens), "no request reached max_new_tokens in 80"
 
 
 # --- logprobs and greedy ------------------------------------------------------------------------

@@ -109,6 +109,10 @@ def test_docker_containers_killed_during_run(tmp_path):
     print(f"{len(kills)} containers killed")
     assert kills, "no container was ever seen: did the model call the tool?"
     assert_failures_excluded_and_counted(out, summary, steps, G * groups, "sandbox_error")
+    # killed/closed containers are removed by the daemon asynchronously (auto-remove): allow it 30 s
+    deadline = time.monotonic() + 30
+    while leak_probe.our_containers() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert leak_probe.our_containers() == []
     _assert_no_new_children_or_fds(kids0, fds0)
 

@@ -253,15 +253,15 @@ def test_server_stats_keys(attached):
 @pytest.mark.sglang
 def test_pause_resume_with_requests_in_flight(attached):
     eng = attached
-    p = SamplingParams(max_new_tokens=64)
+    n = 256  # long enough to be still running when pause() lands, even on an idle machine
+    p = SamplingParams(max_new_tokens=n)
 
     async def go():
         try:
             await eng.start()
             before = [asyncio.create_task(eng.generate([5, 6, 7, i], p)) for i in range(6)]
             while eng.router.backends[0].inflight < 6:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)
+                await asyncio.sleep(0.01)
             await eng.pause()
             running = [not t.done() for t in before]
             during = asyncio.create_task(eng.generate([8, 9], SamplingParams(max_new_tokens=4)))
@@ -282,7 +282,8 @@ def test_pause_resume_with_requests_in_flight(attached):
     assert not paused_done  # a request made while paused waits for resume
     assert any(running), "every request finished before pause(): nothing was paused"
     for g, was_running in zip(gens[:-1], running):
-        assert len(g.token_ids) == 64 and g.finish_reason == "length"  # nothing lost
+        # nothing lost: each ran to its limit (or to an eos, which SGLang always stops on)
+        assert (len(g.token_ids) == n and g.finish_reason == "length") or g.finish_reason == "stop"
         assert set(g.versions) <= {0, 1} and g.versions == sorted(g.versions)
         if was_running:  # it continued after resume, under the new version
             assert g.versions[-1] == 1

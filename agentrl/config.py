@@ -70,6 +70,11 @@ class RolloutConfig:
     episode_timeout_s: float = doc(3600.0, "Deadline for a whole episode (outcome 'deadline').", min=0.001)
     max_concurrency: int = doc(256, "Episodes in flight at once.", min=1)
     seed: int = doc(0, "Seeds task selection and per-episode sampling.")
+    partial_rollouts: bool = doc(
+        True, "Weight updates interrupt in-flight generations, swap weights and let them resume (a turn may "
+        "hold tokens of two versions; the staleness bound uses the oldest). false: an update first drains "
+        "(new generations wait, running ones finish) so every turn comes from one version, at the cost of "
+        "waiting for the longest turn in flight.")
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """What a training run keeps about its rollouts beyond scalar metrics.
 
 Owns: the per-step rollout statistics the report and the monitors read (tokens per episode, share
-of distinct completions within groups, outcome counts) and saving the trained trajectories of each
-step, token-exact and with the per-token advantages they were trained with
+of distinct completions within groups, outcome counts, turns that span policy versions) and saving
+the trained trajectories of each step, token-exact and with the per-token advantages they were trained with
 (``info["advantages"]``), to ``RUN/trajectories/step_NNNNNN.jsonl`` (temp file + rename: a reader never
 sees half a file). Does not compute advantages (``agentrl.credit_assign``) or render anything
 (``agentrl.report``).
@@ -18,7 +18,9 @@ from agentrl.trajectory import Trajectory, write_jsonl
 
 def rollout_extra(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
     """``tokens_per_episode`` (sampled tokens), ``distinct_frac`` (distinct sampled-token sequences /
-    samples, averaged over groups of 2+), and ``outcome/<name>`` counts."""
+    samples, averaged over groups of 2+), ``outcome/<name>`` counts, and ``mixed_version_turns``
+    (fraction of assistant turns with sampled tokens whose tokens carry more than one policy version:
+    partial rollouts; always 0 with ``rollout.partial_rollouts=false``)."""
     trajs = [t for g in groups for t in g]
     out: dict[str, float] = {}
     if trajs:
@@ -32,6 +34,23 @@ def rollout_extra(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
         out["distinct_frac"] = sum(fracs) / len(fracs)
     for name, n in Counter(str(getattr(t.outcome, "value", t.outcome)) for t in trajs).items():
         out[f"outcome/{name}"] = float(n)
+    turns = [versions for t in trajs for versions in turn_versions(t)]
+    if turns:
+        out["mixed_version_turns"] = sum(len(v) > 1 for v in turns) / len(turns)
+    return out
+
+
+def turn_versions(traj: Trajectory) -> list[set[int]]:
+    """The set of policy versions that sampled each assistant turn of ``traj`` (turns without sampled
+    tokens are left out). A set of two or more: a weight update landed mid-turn (a partial rollout)."""
+    n = min(len(traj.versions), len(traj.loss_mask))
+    out = []
+    for turn in traj.turns:
+        # a metric never fails a step: tokens a malformed record points past are not counted
+        span = range(max(turn.start, 0), min(turn.start + turn.n_sampled, n))
+        versions = {traj.versions[i] for i in span if traj.loss_mask[i]}
+        if versions:
+            out.append(versions)
     return out
 
 

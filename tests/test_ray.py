@@ -60,8 +60,8 @@ def test_plan_split_separates_trainer_and_rollout_with_gpus():
 def test_ray_mode_rejects_what_it_cannot_run():
     from agentrl.distributed.backend import check
 
-    with pytest.raises(ConfigError, match="engine.kind: 'sglang'"):
-        check(load_config([], ["engine.kind=sglang"]), RayConfig())
+    with pytest.raises(ConfigError, match="engine.num_servers: 2"):  # engine.kind=sglang: tests/test_ray_sglang.py
+        check(load_config([], ["engine.kind=sglang", "engine.num_servers=2"]), RayConfig())
     with pytest.raises(ConfigError, match="ray.address"):
         check(load_config([], []), RayConfig(address=" "))
 

@@ -3,9 +3,11 @@ ranks as Ray actors on placement groups, on a local Ray instance or a cluster (`
 
 Modules: ``config`` (RayConfig, the ``ray:`` config section), ``cluster`` (connecting to Ray,
 the colocated/split layout, placement groups), ``ray_actors`` (EngineActor, RolloutWorker,
-TrainerRank: thin shells around LocalEngine, EpisodeManager and Trainer), ``adapters`` (driver
-faces with the in-process interfaces: RayEngine, RayEpisodes, RayTrainer) and ``backend``
-(RayBackend: builds and tears down all of it). Ray is an optional dependency (``pip install
+TrainerRank: thin shells around LocalEngine, EpisodeManager and Trainer), ``sglang_engines``
+(SGLangEngineActor: one SGLang server per engine actor; ActorServer, SGLangClient: the driver's
+and the workers' HTTP view of those servers), ``reaper`` (a watchdog that kills an actor's server
+when the actor dies), ``adapters`` (driver faces with the in-process interfaces: RayEngine,
+RayEpisodes, RayTrainer) and ``backend`` (RayBackend: builds and tears down all of it). Ray is an optional dependency (``pip install
 agentrl[ray]``); importing this package does not import it.
 """
 from agentrl.distributed.config import RayConfig

@@ -8,8 +8,17 @@ after a failed start. ``check(cfg)`` rejects what the Ray mode does not run.
 
 Where things run: envs and their sandboxes live in the rollout workers (one EpisodeManager each),
 model weights in the engine actors and trainer ranks; the driver keeps the run loop, the queue,
-evaluation episodes (against the engine actors) and the logs. On a multi-node cluster, the run's
+evaluation episodes (against the engines) and the logs. On a multi-node cluster, the run's
 output_dir must be on a filesystem every node sees (trainer ranks write the checkpoints).
+
+Engines: ``engine.kind=local`` - EngineActors hold LocalEngines, reached through ``RayEngine``
+(one actor call per turn). ``engine.kind=sglang`` - each SGLangEngineActor launches one SGLang
+server on its slot; the driver's ``engine`` is an SGLangEngine supervising those servers through
+their actors, and rollout workers send ``/generate`` straight to their server over HTTP
+(``agentrl.distributed.sglang_engines``); with ``engine.urls`` no engine actors are made and all
+of them attach to those servers. Weight pushes run in the driver (trainer rank 0's gathered
+weights -> driver -> WeightSync): with the disk path every server must be able to read
+``engine.weights_dir`` (default output_dir/weights), i.e. a shared filesystem on a cluster.
 
 Does not own the training loop (``agentrl.runner`` drives these objects exactly as it drives the
 in-process ones) or the behaviour of any actor.
@@ -18,6 +27,8 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,21 +57,23 @@ def ship_by_value(entry_point: Any) -> bool:
 
 def check(cfg, rc: RayConfig) -> None:
     """ConfigError (naming the value) for settings the Ray mode cannot run."""
-    if cfg.engine.kind != "local":
-        raise ConfigError(f"engine.kind: {cfg.engine.kind!r} is not supported with distributed=ray yet; "
-                          "use engine.kind=local (engine actors hold LocalEngines)")
+    if cfg.engine.kind == "sglang" and cfg.engine.num_servers != 1:
+        raise ConfigError(f"engine.num_servers: {cfg.engine.num_servers} with distributed=ray; each of the "
+                          "ray.num_engines engine actors launches one SGLang server: set ray.num_engines instead")
     rc.check()
 
 
 class RayBackend:
-    """See the module docstring. Attributes after ``start``: ``engine`` (RayEngine), ``episodes``
+    """See the module docstring. Attributes after ``start``: ``engine`` (RayEngine, or SGLangEngine
+    for engine.kind=sglang), ``engine_actors`` (the SGLangEngineActors), ``episodes``
     (RayEpisodes for the training env), ``trainer`` (RayTrainer), ``timings`` (seconds per phase)."""
 
     def __init__(self, rc: RayConfig) -> None:
         self.rc = rc
         self.cluster = RayCluster(rc)
         self.actors: list[Any] = []
-        self.engine: RayEngine | None = None
+        self.engine_actors: list[Any] = []  # SGLangEngineActors (stopped before the kill)
+        self.engine: Any = None  # RayEngine (engine.kind=local) or SGLangEngine
         self.episodes: RayEpisodes | None = None
         self.trainer: RayTrainer | None = None
         self.timings: dict[str, float] = {}
@@ -78,24 +91,61 @@ class RayBackend:
             raise
         return self
 
-    def _spawn(self, cls: type, slot: Slot, *args: Any, **kw: Any):
+    def _spawn(self, cls: type, slot: Slot, *args: Any, _opts: dict | None = None, **kw: Any):
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=slot.cpus, num_gpus=slot.gpus,
+        actor = ray.remote(cls).options(num_cpus=slot.cpus, num_gpus=slot.gpus, **(_opts or {}),
                                         scheduling_strategy=self.cluster.strategy(slot)).remote(*args, **kw)
         self.actors.append(actor)
         return actor
 
+    def _local_engines(self, cfg, model_path: str, slots: list[Slot]) -> tuple[list, list]:
+        """EngineActors (LocalEngine); the driver's RayEngine over all, worker k's over engine k // wpe."""
+        from agentrl.distributed.ray_actors import EngineActor
+
+        mc = cfg.rollout.max_context
+        engines = [self._spawn(EngineActor, s, model_path, device=cfg.model.device, dtype=cfg.model.dtype,
+                               max_batch_size=cfg.engine.max_batch_size, max_context=mc) for s in slots]
+        self.engine = RayEngine(engines, max_context=mc)
+        return [partial(RayEngine, [e], max_context=mc) for e in engines], []
+
+    def _sglang_engines(self, cfg, model_path: str, slots: list[Slot]) -> tuple[list, list]:
+        """SGLangEngineActors, one server each (or none: ``engine.urls`` names external servers); the
+        driver's SGLangEngine supervises them through ActorServer handles, worker k's SGLangClient
+        talks to server k // wpe (to every external server). Returns the worker engine factories
+        and the refs that finish when the servers are ready."""
+        from agentrl.distributed.sglang_engines import ActorServer, SGLangClient, SGLangEngineActor
+        from agentrl.engine.sglang import SGLangEngine
+
+        mc = cfg.rollout.max_context
+        if cfg.engine.urls:
+            self.engine = SGLangEngine(urls=list(cfg.engine.urls), max_context=mc)
+            return [partial(SGLangClient, list(cfg.engine.urls), max_context=mc)], []
+        host = self.rc.server_host or (None if self.cluster.address else "127.0.0.1")
+        device = "cpu" if cfg.model.device == "cpu" else "cuda"
+        # threaded: alive()/info() answer while a restart() is under way
+        engines = [self._spawn(SGLangEngineActor, s, model_path, host=host, device=device,
+                               max_total_tokens=cfg.engine.max_total_tokens,
+                               startup_timeout_s=self.rc.startup_timeout_s, _opts={"max_concurrency": 4})
+                   for s in slots]
+        self.engine_actors = engines
+        infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
+        self.engine = SGLangEngine(servers=[ActorServer(e, i, model_path, self.rc.startup_timeout_s)
+                                            for e, i in zip(engines, infos)], max_context=mc)
+        return ([partial(SGLangClient, [i["url"]], max_context=mc, retries=6) for i in infos],
+                [e.ready.remote() for e in engines])
+
     def _start(self, cfg, model_path: str, critic: bool) -> None:
         import ray
 
-        from agentrl.distributed.ray_actors import EngineActor, RolloutWorker, TrainerRank
+        from agentrl.distributed.ray_actors import RolloutWorker, TrainerRank
         from agentrl.registry import spec
 
         t0 = time.perf_counter()
         self.cluster.connect()
         t1 = time.perf_counter()
-        layout = plan(self.rc)
+        external = cfg.engine.kind == "sglang" and bool(cfg.engine.urls)  # no engine actors to place
+        layout = plan(replace(self.rc, engine_cpus=0.0, engine_gpus=0.0) if external else self.rc)
         self.cluster.place(layout)
         t2 = time.perf_counter()
         deadline = self.rc.startup_timeout_s
@@ -105,31 +155,37 @@ class RayBackend:
         addr, port = ray.get(ranks[0].address.remote(), timeout=deadline)
         setups = [r.setup.remote(model_path, cfg.trainer, critic, addr, port) for r in ranks]
 
-        engines = [self._spawn(EngineActor, s, model_path, device=cfg.model.device, dtype=cfg.model.dtype,
-                               max_batch_size=cfg.engine.max_batch_size, max_context=cfg.rollout.max_context)
-                   for s in layout.engines]
+        build = self._sglang_engines if cfg.engine.kind == "sglang" else self._local_engines
+        engine_of, ready = build(cfg, model_path, [] if external else layout.engines)
         wpe = self.rc.workers_per_engine
         env_spec = spec(cfg.env.id)
         if env_spec.source == "register" and callable(env_spec.entry_point):
             ship_by_value(env_spec.entry_point)
-        workers = [self._spawn(RolloutWorker, s, [engines[k // wpe]], model_path, cfg.rollout, env_spec,
-                               dict(cfg.env.kwargs), cfg.rollout.max_context)
-                   for k, s in enumerate(layout.workers)]
-        get_all(setups + [w.ping.remote() for w in workers], deadline, "starting trainer ranks and rollout workers")
+        workers = [self._spawn(RolloutWorker, s, engine_of[(k // wpe) % len(engine_of)], model_path, cfg.rollout,
+                               env_spec, dict(cfg.env.kwargs)) for k, s in enumerate(layout.workers)]
+        get_all(setups + ready + [w.ping.remote() for w in workers], deadline,
+                "starting trainer ranks, engines and rollout workers")
         t3 = time.perf_counter()
 
         self.trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
-        self.engine = RayEngine(engines, max_context=cfg.rollout.max_context)
         self.episodes = RayEpisodes(workers, env_id=cfg.env.id)
         self.timings = {"connect_s": t1 - t0, "place_s": t2 - t1, "actors_s": t3 - t2, "total_s": t3 - t0}
 
     def close(self) -> None:
-        """Stop the trainer ranks' groups, kill every actor, remove the placement groups, and
-        disconnect from (or shut down) Ray if ``start`` connected. Safe to call twice."""
+        """Stop the trainer ranks' groups and the SGLang servers, kill every actor, remove the
+        placement groups, and disconnect from (or shut down) Ray if ``start`` connected. Safe to
+        call twice. (A server whose actor is killed before it could stop it is reaped by the
+        actor's watchdog.)"""
         import ray
 
         if self.trainer is not None:
             self.trainer.close()
+        if ray.is_initialized() and self.engine_actors:
+            try:
+                ray.get([a.stop.remote() for a in self.engine_actors], timeout=60)
+            except Exception:
+                pass  # dead or stuck: ray.kill below, and the watchdogs reap their servers
+        self.engine_actors = []
         if ray.is_initialized():
             for a in self.actors:
                 try:

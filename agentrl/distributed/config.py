@@ -21,15 +21,21 @@ class RayConfig:
         "colocate", "colocate: trainer rank i, engine i and its rollout workers share bundle i of one placement "
         "group; split: trainer ranks and the rollout side (engines + workers) get separate placement groups.")
     trainer_ranks: int = doc(1, "FSDP trainer ranks (Ray actors forming one torch.distributed group).", min=1)
-    num_engines: int = doc(1, "Rollout engine actors (each holds a LocalEngine); requests of one episode stick to one.", min=1)
+    num_engines: int = doc(1, "Rollout engine actors (each holds a LocalEngine, or launches one SGLang server when "
+                              "engine.kind=sglang); requests of one episode stick to one.", min=1)
     workers_per_engine: int = doc(1, "Rollout-worker actors (each runs an EpisodeManager) per engine.", min=1)
     trainer_cpus: float = doc(0.5, "Logical CPUs each trainer rank asks for.", min=0.01)
     engine_cpus: float = doc(0.5, "Logical CPUs each engine actor asks for.", min=0.01)
     worker_cpus: float = doc(0.25, "Logical CPUs each rollout-worker actor asks for.", min=0.01)
     trainer_gpus: float = doc(0.0, "GPUs each trainer rank asks for (fractions share a GPU when colocated).", min=0.0)
     engine_gpus: float = doc(0.0, "GPUs each engine actor asks for.", min=0.0)
+    server_host: str | None = doc(
+        None, "engine.kind=sglang: the address engine actors' SGLang servers listen on; null: 127.0.0.1 on a local "
+        "Ray instance, the node's IP when joining a cluster (the driver and workers must reach it).")
     startup_timeout_s: float = doc(300.0, "Deadline for the placement groups to be placed and the actors to be built.", min=1.0)
 
     def check(self) -> None:
         if self.address is not None and not self.address.strip():
             raise ConfigError(f"ray.address: {self.address!r} is empty; use null for a local instance")
+        if self.server_host is not None and not self.server_host.strip():
+            raise ConfigError(f"ray.server_host: {self.server_host!r} is empty; use null for the default")

@@ -2,8 +2,10 @@
 
 Owns three plain classes that ``agentrl.distributed.backend`` turns into actors with
 ``ray.remote(...)``: ``EngineActor`` (one ``LocalEngine``), ``RolloutWorker`` (one
-``EpisodeManager`` whose engine is a ``RayEngine`` over engine-actor handles) and ``TrainerRank``
-(one ``Trainer`` in a torch.distributed group formed from the actors' env:// variables).
+``EpisodeManager`` whose engine the backend chooses: a ``RayEngine`` over engine-actor handles, or
+an ``SGLangClient`` straight to SGLang servers) and ``TrainerRank`` (one ``Trainer`` in a
+torch.distributed group formed from the actors' env:// variables). The SGLang engine actor lives in
+``agentrl.distributed.sglang_engines``.
 Ray is imported only inside methods that need it (``placement``, ``address``), so the classes
 stay plain objects.
 
@@ -15,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from agentrl.engine.base import Generation, SamplingParams
+from agentrl.engine.base import Engine, Generation, SamplingParams
 
 
 class _Placed:
@@ -55,20 +57,17 @@ class EngineActor(_Placed):
     async def policy_version(self) -> int:
         return self.engine.policy_version
 
-    async def close(self) -> None:
-        await self.engine.close()
-
 
 class RolloutWorker(_Placed):
     """An async actor running episodes with its own EpisodeManager (env, tokenizer, turn loop) and
-    a RayEngine over the engine actors it was given."""
+    the engine ``make_engine()`` builds here (a picklable factory: ``functools.partial(RayEngine,
+    actors)`` or ``functools.partial(SGLangClient, urls)``)."""
 
-    def __init__(self, engines: list, model_path: str, rollout_cfg, env_spec, env_kwargs: dict,
-                 max_context: int) -> None:
+    def __init__(self, make_engine: Callable[[], Engine], model_path: str, rollout_cfg, env_spec,
+                 env_kwargs: dict) -> None:
         from transformers import AutoTokenizer
 
         from agentrl import registry
-        from agentrl.distributed.adapters import RayEngine
         from agentrl.episode import EpisodeManager
 
         if env_spec.source == "register":  # registered by the driver's code, not by a package
@@ -76,8 +75,8 @@ class RolloutWorker(_Placed):
                               **env_spec.kwargs)
         env_id = env_spec.id
         registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
-        self.manager = EpisodeManager(RayEngine(engines, max_context=max_context),
-                                      lambda: registry.make(env_id, **env_kwargs),
+        self.engine = make_engine()
+        self.manager = EpisodeManager(self.engine, lambda: registry.make(env_id, **env_kwargs),
                                       AutoTokenizer.from_pretrained(model_path), rollout_cfg, env_id=env_id)
 
     async def run_episode(self, spec):
@@ -88,6 +87,11 @@ class RolloutWorker(_Placed):
 
     async def ping(self) -> bool:
         return True
+
+    async def engine_counts(self) -> dict[str, dict[str, int]]:
+        """Per server URL, this worker's request counters (SGLang engines; {} for others)."""
+        router = getattr(self.engine, "router", None)
+        return {} if router is None else {b.url: dict(b.counts) for b in router.backends}
 
 
 class TrainerRank(_Placed):
@@ -128,8 +132,8 @@ class TrainerRank(_Placed):
     def full_state_dict(self) -> dict:
         return self.trainer.full_state_dict()
 
-    def save(self, path: str, extra: dict | None) -> None:
-        self.trainer.save(path, extra=extra)
+    def save(self, path: str, extra: dict | None, files: dict | None = None) -> None:
+        self.trainer.save(path, extra=extra, files=files)
 
     def load(self, path: str) -> tuple[dict, int]:
         extra = self.trainer.load(path)

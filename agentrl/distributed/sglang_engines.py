@@ -1,0 +1,158 @@
+"""SGLang servers under Ray: each engine actor owns one server; the driver and the rollout workers
+talk to the servers over HTTP through the same SGLangEngine the in-process mode uses.
+
+Owns three small pieces:
+
+- ``SGLangEngineActor`` (a plain class; ``backend`` makes it a threaded actor): launches one
+  server through the project's launcher (``SGLangServer``: CPU flags, ports, logs live there) on
+  the actor's placement-group slot, reports where it is (``info``), restarts it on request, stops
+  it in ``stop``, and - through a ``Reaper`` watchdog - kills it when the actor dies any other way
+  (``ray.kill``, SIGKILL, a crash), so no server outlives its actor.
+- ``ActorServer``: the driver-side face of one such actor, shaped like ``SGLangServer`` (``url``,
+  ``model_path``, ``alive``, ``restart``, ``log_path``). The driver's engine is
+  ``SGLangEngine(servers=[ActorServer, ...])``: it supervises the actors' servers exactly as it
+  supervises its own (health checks, restart of a dead server - executed by its actor, on the same
+  port - reload of the newest weights, version labels, pause/resume, weight pushes). Routing,
+  retries and recovery stay in ``agentrl.engine.sglang``.
+- ``SGLangClient``: the rollout workers' engine, an ``SGLangEngine`` attached to the server URLs
+  that only generates: it never pushes a ``weight_version`` label (the driver's engine owns those;
+  a worker starting late would otherwise relabel a server with its own stale version). Its tokens
+  are stamped by the servers' ``weight_versions`` spans, as the driver's are.
+
+Does not place actors (``backend``) or move weights (``agentrl.engine.weight_sync``, run by the
+driver on the driver's engine: the disk path needs a weights dir every server can read).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from agentrl.distributed.ray_actors import _Placed
+from agentrl.distributed.reaper import Reaper
+from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.sglang_server import SGLangServer
+
+
+class SGLangEngineActor(_Placed):
+    """One SGLang server owned by this actor. The server starts in ``__init__`` (not waited for:
+    ``ready()`` waits), so the backend learns every URL at once and the servers boot in parallel."""
+
+    def __init__(self, model_path: str, *, host: str | None, device: str, max_total_tokens: int,
+                 startup_timeout_s: float) -> None:
+        if host is None:  # a cluster: listen where the driver and the other nodes can reach it
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        self._lock = threading.Lock()  # restart/stop come on different threads of this actor
+        self.reaper = Reaper()
+        self.server = SGLangServer(model_path, host=host, device=device, max_total_tokens=max_total_tokens,
+                                   startup_timeout_s=startup_timeout_s)
+        self._launch(restart=False)
+
+    def _launch(self, restart: bool) -> None:
+        old = self.server.proc.pid if self.server.proc is not None else None
+        if restart:
+            self.server.restart(wait=False)  # kills the old group first
+        else:
+            self.server.start(wait=False)
+        if old is not None:
+            self.reaper.forget(old)
+        assert self.server.proc is not None
+        self.reaper.watch(self.server.proc.pid)  # its own session: pid == process group id
+
+    def info(self) -> dict[str, Any]:
+        """Where the server is: ``url``, ``pid`` (= its process group), this actor's ``actor_pid``,
+        the watchdog's ``reaper_pid``, the server's ``log_path`` (on this node), ``restarts``."""
+        s = self.server
+        return {"url": s.url, "pid": s.proc.pid if s.proc is not None else None, "actor_pid": os.getpid(),
+                "reaper_pid": self.reaper.pid, "log_path": str(s.log_path), "restarts": s.restarts}
+
+    def ready(self) -> dict[str, Any]:
+        """Block until the server answers ``/health`` (EngineError with its log tail if it cannot)."""
+        self.server.wait_ready()
+        return self.info()
+
+    def alive(self) -> bool:
+        return self.server.alive()
+
+    def restart(self) -> dict[str, Any]:
+        """Kill the server's process group and start it again on the same port; wait until ready."""
+        with self._lock:
+            self._launch(restart=True)
+            self.server.wait_ready()
+            return self.info()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return self.server.log_tail(lines)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL its group) and end the watchdog. Idempotent."""
+        with self._lock:
+            pid = self.server.proc.pid if self.server.proc is not None else None
+            self.server.stop()
+            if pid is not None and self.reaper.proc.poll() is None:
+                self.reaper.forget(pid)
+            self.reaper.close()
+
+
+class ActorServer:
+    """An ``SGLangServer``-shaped handle on an ``SGLangEngineActor`` (for ``SGLangEngine(servers=)``).
+    Blocking calls; the engine runs ``restart`` in a thread."""
+
+    #: seconds an ``alive`` probe waits for a busy actor before assuming it is still alive
+    PROBE_TIMEOUT_S = 30.0
+
+    def __init__(self, actor: Any, info: dict[str, Any], model_path: str, startup_timeout_s: float) -> None:
+        self.actor, self.info = actor, dict(info)
+        self.model_path = str(model_path)
+        self.url: str = info["url"]
+        self.log_path: str = info["log_path"]
+        self.startup_timeout_s = startup_timeout_s
+
+    @property
+    def restarts(self) -> int:
+        return int(self.info.get("restarts", 0))
+
+    def alive(self) -> bool:
+        import ray
+
+        try:
+            return bool(ray.get(self.actor.alive.remote(), timeout=self.PROBE_TIMEOUT_S))
+        except ray.exceptions.GetTimeoutError:
+            return True  # busy (restarting), not known dead: do not pile a restart on it
+        except ray.exceptions.RayError:
+            return False  # the actor is gone, and its server with it
+
+    def restart(self, wait: bool = True) -> None:
+        import ray
+
+        self.info = ray.get(self.actor.restart.remote(), timeout=self.startup_timeout_s + 60)
+        if self.info["url"] != self.url:  # pragma: no cover - the launcher keeps its port
+            raise RuntimeError(f"restarted server moved from {self.url} to {self.info['url']}")
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.actor.stop.remote(), timeout=60)
+        except ray.exceptions.RayError:
+            pass  # a dead actor's watchdog has already reaped the server
+
+    kill = stop
+
+    def log_tail(self, lines: int = 20) -> str:
+        import ray
+
+        try:
+            return ray.get(self.actor.log_tail.remote(lines), timeout=30)
+        except ray.exceptions.RayError as e:
+            return f"(no log: engine actor unreachable: {type(e).__name__})"
+
+
+class SGLangClient(SGLangEngine):
+    """An attached SGLangEngine that generates and never relabels the servers' weight version
+    (see the module docstring); pause, resume and weight pushes belong to the driver's engine."""
+
+    async def _push_version(self, b, version: int | None = None) -> None:
+        return None

@@ -15,7 +15,7 @@ import torch
 
 from agentrl.config import RolloutConfig, load_config
 from agentrl.engine.base import Engine, Generation, SamplingParams
-from agentrl.engine.drain import DrainEngine, weight_update_gate, with_partial_rollouts
+from agentrl.engine.drain import DrainEngine, drained_together, weight_update_gate, with_partial_rollouts
 from agentrl.engine.fake import FakeEngine
 from agentrl.errors import EngineError
 from agentrl.run_log import rollout_extra, turn_versions
@@ -244,6 +244,75 @@ async def test_wrapper_delegates_the_engine_seam_and_extras():
         eng.no_such_attribute
     with pytest.raises(TypeError, match="wraps an Engine, got str"):
         DrainEngine("not an engine")
+
+
+async def test_hold_release_across_tasks():
+    inner = TickingFakeEngine()
+    eng = DrainEngine(inner)
+    with pytest.raises(RuntimeError, match="without a hold"):
+        eng.release()
+    running = asyncio.create_task(eng.generate([1], sp(20)))
+    await until(lambda: inner.running == 1)
+    waited = await asyncio.create_task(eng.hold())  # e.g. one actor call holds ...
+    assert waited > 0 and running.done() and set(running.result().versions) == {0}
+    held = asyncio.create_task(eng.generate([1], sp(2)))
+    await until(lambda: eng.held == 1)
+    await eng.update_weights({}, 2)  # inside a hold: no second drain, no deadlock
+    eng.release()  # ... and another releases
+    assert (await held).versions == [2, 2]
+
+
+class FailingGate:
+    """A gate whose hold fails (e.g. a dead Ray worker)."""
+
+    async def hold(self) -> float:
+        await asyncio.sleep(0.01)
+        raise EngineError("worker 3 is dead")
+
+    def release(self) -> None:
+        raise AssertionError("a gate whose hold failed must not be released")
+
+
+async def test_drained_together_waits_for_every_engine():
+    inners = [TickingFakeEngine(), TickingFakeEngine()]
+    engs = [DrainEngine(i) for i in inners]
+    first = [asyncio.create_task(e.generate([1], sp(n))) for e, n in zip(engs, (10, 60))]
+    await until(lambda: all(i.running == 1 for i in inners))
+
+    async def update() -> None:
+        async with drained_together(engs):
+            assert all(i.running == 0 for i in inners)
+            for e in engs:
+                await e.update_weights({}, 1)
+
+    upd = asyncio.create_task(update())
+    await until(lambda: first[0].done())
+    late = asyncio.create_task(engs[0].generate([1], sp(3)))  # engine 0 is idle but held for engine 1
+    await until(lambda: engs[0].held == 1)
+    assert not upd.done()
+    await upd
+    assert all(set(g.versions) == {0} for g in await asyncio.gather(*first))
+    assert (await late).versions == [1, 1, 1]
+    # one failing hold: the others are released and the error propagates
+    body_ran = False
+    with pytest.raises(EngineError, match="worker 3 is dead"):
+        async with drained_together([engs[0], FailingGate(), engs[1]]):
+            body_ran = True
+    assert not body_ran
+    assert (await asyncio.wait_for(engs[1].generate([1], sp(2)), 10)).versions == [1, 1]
+    # cancelled while holding: everything reopens
+    running = asyncio.create_task(engs[1].generate([1], sp(2000)))
+    await until(lambda: inners[1].running == 1)
+    upd = asyncio.create_task(update())
+    await asyncio.sleep(0.01)
+    probe = asyncio.create_task(engs[0].generate([1], sp(2)))
+    await until(lambda: engs[0].held == 1)
+    upd.cancel()
+    await asyncio.gather(upd, return_exceptions=True)
+    assert (await asyncio.wait_for(probe, 10)).versions == [1, 1]
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert all(e.held == 0 and e.in_flight == 0 for e in engs)
 
 
 def test_config_field():

@@ -1,7 +1,8 @@
 """Drained weight updates: every turn sampled by one policy version (``rollout.partial_rollouts=false``).
 
 Owns :class:`DrainEngine`, an Engine that wraps any other Engine (local, SGLang, Ray, fake) and gates
-its ``generate``, and :func:`weight_update_gate`, the context the runner holds around a weight push.
+its ``generate``; :func:`weight_update_gate`, the context the runner holds around a weight push; and
+:func:`drained_together`, one drain over several gates (engines in other processes: Ray workers).
 
 Two ways a weight update can meet generations in flight:
 
@@ -29,8 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.errors import EngineError
@@ -122,24 +124,43 @@ class DrainEngine(Engine):
         return getattr(self.inner, name)
 
     # --- the gate -------------------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def drained(self) -> AsyncIterator[None]:
-        """Hold new generations, wait for those in flight, run the body, release the held ones.
-        Cancelling or an error anywhere reopens the gate; the error propagates."""
-        async with self._drain_lock:
+    async def hold(self) -> float:
+        """Close the gate and wait until no generation is in flight; seconds waited. Pair with
+        :meth:`release` (they may be called by different tasks, e.g. two actor calls). Cancelled
+        while waiting: the gate reopens."""
+        await self._drain_lock.acquire()
+        try:
             if self._closed:
                 raise EngineError("the engine is closed: no weight update to drain for")
             self._open.clear()
-            try:
-                t0 = time.perf_counter()
-                await self._idle.wait()
-                waited = time.perf_counter() - t0
-                self.drain_stats["drains"] += 1
-                self.drain_stats["drain_wait_s"] += waited
-                self.drain_stats["last_drain_wait_s"] = waited
-                yield
-            finally:
-                self._open.set()
+            t0 = time.perf_counter()
+            await self._idle.wait()
+        except BaseException:
+            self._open.set()
+            self._drain_lock.release()
+            raise
+        waited = time.perf_counter() - t0
+        self.drain_stats["drains"] += 1
+        self.drain_stats["drain_wait_s"] += waited
+        self.drain_stats["last_drain_wait_s"] = waited
+        return waited
+
+    def release(self) -> None:
+        """Reopen the gate after :meth:`hold`: the held calls run (under the new weights)."""
+        if not self._drain_lock.locked():
+            raise RuntimeError("DrainEngine.release() without a hold()")
+        self._open.set()
+        self._drain_lock.release()
+
+    @contextlib.asynccontextmanager
+    async def drained(self) -> AsyncIterator[float]:
+        """Hold new generations, wait for those in flight, run the body, release the held ones.
+        Yields the seconds waited. Cancelling or an error anywhere reopens the gate; errors propagate."""
+        waited = await self.hold()
+        try:
+            yield waited
+        finally:
+            self.release()
 
 
 def with_partial_rollouts(engine: Engine, partial_rollouts: bool) -> Engine:
@@ -152,3 +173,35 @@ def weight_update_gate(engine: Engine) -> contextlib.AbstractAsyncContextManager
     """What to hold around a weight push: ``engine.drained()`` for a DrainEngine, else nothing
     (the push interrupts generations and they resume: partial rollouts)."""
     return engine.drained() if isinstance(engine, DrainEngine) else contextlib.nullcontext()
+
+
+class Gate(Protocol):
+    """Something that can hold and release generation: a DrainEngine, or a driver-side face of one
+    in another process (e.g. a Ray rollout worker's ``hold``/``release`` actor methods)."""
+
+    def hold(self) -> Any: ...  # awaitable; done when nothing is in flight behind this gate
+
+    def release(self) -> Any: ...  # None or an awaitable
+
+
+@contextlib.asynccontextmanager
+async def drained_together(gates: Sequence[Gate]) -> AsyncIterator[None]:
+    """Hold every gate (concurrently), run the body, release them all: the drain for generations
+    spread over several engines or processes. If a hold fails or the caller is cancelled, the
+    gates already held are released and the error propagates."""
+    holds = [asyncio.ensure_future(g.hold()) for g in gates]
+    try:
+        if holds:
+            await asyncio.gather(*holds)
+        yield
+    finally:
+        for h in holds:
+            h.cancel()  # no-op on finished ones
+        if holds:
+            await asyncio.wait(holds)
+        releases = [g.release() for g, h in zip(gates, holds)
+                    if not h.cancelled() and h.exception() is None]
+        errors = [r for r in await asyncio.gather(*(r for r in releases if inspect.isawaitable(r)),
+                                                  return_exceptions=True) if isinstance(r, BaseException)]
+        if errors:
+            raise EngineError(f"releasing {len(errors)} of {len(gates)} drained engines failed: {errors[0]!r}")

@@ -93,7 +93,11 @@ class TrainLoopConfig:
     groups_per_step: int = doc(32, "Prompt groups (of rollout.group_size samples) per optimizer step.", min=1)
     max_staleness: int = doc(1, "k: no trained sample holds a token older than version - k (0 = synchronous).", min=0)
     checkpoint_every: int = doc(0, "Save a checkpoint every N steps (0 = only at the end).", min=0)
-    resume: bool = doc(False, "Continue from the newest complete checkpoint in output_dir.")
+    resume: bool = doc(False, "Continue from the newest complete checkpoint in output_dir (exactly once: kept "
+                              "groups are trained, prompts in flight run again, logs rewound to its step).")
+    replay: str | None = doc(None, "Train on the batches another run recorded (its run dir, logged with "
+                                   "logging.trajectories_per_step=-1) instead of generating: step N trains that "
+                                   "run's step-N groups. Reproduces its updates bitwise; the engine only serves eval.")
 
 
 @dataclass

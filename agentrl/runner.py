@@ -3,7 +3,10 @@
 Owns the in-process training loop: building the pieces from the config (model, LocalEngine,
 Trainer, env factory, EpisodeManager, StalenessQueue, sinks), the producer that admits and runs
 groups of episodes, the trainer loop (batch -> samples -> train_step -> weight sync -> version),
-held-out evaluation, checkpoints with the data position (for ``--resume``), the live progress
+held-out evaluation, checkpoints for an exactly-once ``--resume`` (the prompt stream's position,
+the prompts in flight, which run again, and the finished-but-untrained groups, which are kept:
+``rollouts.jsonl`` in the checkpoint; the ledger and logs are rewound to the checkpoint's step),
+replaying another run's recorded batches (``train.replay``), the live progress
 display, the final summary table and the curve PNG. With ``distributed: ray`` the same loop drives Ray-backed
 trainer/engine/episode objects (agentrl.distributed.RayBackend) instead. Does not implement any
 of those pieces.
@@ -19,8 +22,11 @@ from typing import Any
 from agentrl.config import RunConfig, save_config, to_dict
 from agentrl.credit_assign import ALGOS, build_samples, episode_return, resolve_trainer, trainable
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
+from agentrl.faults import fault_point
+from agentrl.ledger import Ledger, rewind
 from agentrl.metrics import RolloutMetrics
 from agentrl.monitors import MONITORS, Alert, new_alerts
+from agentrl.prompt_stream import PromptStream
 from agentrl.run_log import TrajectoryLog, rollout_extra
 from agentrl.staleness import StalenessQueue
 from agentrl.trajectory import Trajectory
@@ -68,7 +74,12 @@ class Runner:
         self.cfg, self.progress = resolve_trainer(cfg, self.preset), progress
         self.run_dir = Path(cfg.output_dir)
         self.step = 0
-        self.data_position = 0  # next prompt index of the training stream
+        self.stream = PromptStream()  # prompt positions of the training stream
+        self.in_flight: dict[int, int] = {}  # admission index -> position of each group being generated
+        self.restored: list[tuple[int | None, list[Trajectory]]] = []  # a checkpoint's finished groups
+        self.restored_counts: dict[str, int] = {}
+        self.replay = None  # train.replay: the recorded batches of another run
+        self.ledger = Ledger(self.run_dir)
         self.history: list[dict[str, Any]] = []
         self.paused: Alert | None = None  # the monitor alert that paused the run
         self.trajectory_log = TrajectoryLog(self.run_dir, cfg.logging.trajectories_per_step)
@@ -105,7 +116,15 @@ class Runner:
             self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
         extra = self.trainer.load(resume) if resume else {}
         self.step = int(extra.get("step", 0))
-        self.data_position = int(extra.get("data_position", 0))
+        self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))})
+        if resume:
+            rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
+            self.restored = _read_rollouts(resume / "rollouts.jsonl")
+            self.restored_counts = extra.get("queue", {})
+        if cfg.train.replay:
+            from agentrl.replay import ReplaySource
+
+            self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
         if self.backend is not None:
             self.engine = self.backend.engine
         elif cfg.engine.kind == "sglang":
@@ -153,13 +172,15 @@ class Runner:
         async def run_group(index: int, position: int) -> None:
             specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position)
             group = await asyncio.gather(*(manager.run_episode(s) for s in specs))
-            await queue.put(index, list(group))
+            await queue.put(index, list(group), position)
+            self.in_flight.pop(index, None)
 
         try:
             while True:
                 index = await queue.admit()
-                task = asyncio.create_task(run_group(index, self.data_position))
-                self.data_position += 1
+                position = self.stream.take()
+                self.in_flight[index] = position
+                task = asyncio.create_task(run_group(index, position))
                 running.add(task)
                 task.add_done_callback(running.discard)
         finally:
@@ -186,8 +207,10 @@ class Runner:
             if self.backend is not None:
                 self.backend.close()
             raise
-        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step)
+        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.give_back)
         queue.version = self.trainer.version
+        queue.restore(self.restored, **self.restored_counts)
+        self.queue = queue
         manager = self.backend.episodes if self.backend is not None else \
             EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
         display = _Display(self.progress, cfg.train.steps, start=self.step)
@@ -196,18 +219,24 @@ class Runner:
         try:
             self.first_eval = await self.evaluate()
             self._log({"eval": self.first_eval}, display)
-            producer = asyncio.create_task(self._producer(queue, manager))
+            if self.replay is None:
+                producer = asyncio.create_task(self._producer(queue, manager))
             while self.step < cfg.train.steps:
                 t0 = time.perf_counter()
-                groups = await queue.get_batch()
+                if self.replay is not None:
+                    groups, positions = self.replay.batch(self.step + 1)
+                else:
+                    groups, positions = await queue.get_batch_with_positions()
                 t_wait = time.perf_counter() - t0
                 values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
                 samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,
                                                 lam=cfg.algo.lam, values_fn=values_fn)
                 tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
+                fault_point("after_train_step")
                 sync_s = await self._sync_weights()
                 await queue.set_version(self.trainer.version)
                 self.step += 1
+                self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups])
                 self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
                 row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
                                        "train": tm, "credit": sstats,
@@ -217,14 +246,15 @@ class Runner:
                                        "elapsed_s": time.perf_counter() - t_start}}
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
                     row["eval"] = await self.evaluate()
+                self._log(row, display)
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                     self._checkpoint()
-                self._log(row, display)
                 if self._monitor(display):
                     self._checkpoint()
                     break
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+            if producer is not None:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
             final = await self.evaluate() if self.paused is None else {}
             self._log({"eval": final, "time": {"elapsed_s": time.perf_counter() - t_start}}, display)
             if self.paused is None:
@@ -267,9 +297,19 @@ class Runner:
         return bool(pausing)
 
     def _checkpoint(self, final: bool = False) -> Path:
+        """Save the trainer with the run's exactly-once state: the stream (groups in flight are
+        requeued: they run again after a resume) and the finished-but-untrained groups (kept).
+        Synchronous from snapshot to save, so producer and queue cannot move in between."""
         path = self.run_dir / "checkpoints" / (f"step_{self.step:06d}")
-        self.trainer.save(path, extra={"step": self.step, "data_position": self.data_position,
-                                       "policy_version": self.trainer.version, "final": final})
+        snap = self.queue.snapshot()
+        kept = {p for p, _ in snap["ready"]}
+        outstanding = [p for p in self.in_flight.values() if p not in kept]
+        rollouts = "".join(json.dumps({"position": p, "group": [t.to_dict() for t in g]}) + "\n"
+                           for p, g in snap["ready"])
+        extra = {"step": self.step, "data_position": self.stream.next, "stream": self.stream.state(outstanding),
+                 "queue": {"dropped_groups": snap["dropped_groups"], "untrained_groups": snap["untrained_groups"]},
+                 "policy_version": self.trainer.version, "final": final}
+        self.trainer.save(path, extra=extra, files={"rollouts.jsonl": rollouts})
         return path
 
     def _finish(self, final: dict, wall_s: float, rollout_metrics: RolloutMetrics) -> dict[str, Any]:
@@ -327,6 +367,17 @@ def _weight_sync(cfg: RunConfig, kind: str, engine, model_path: Path, run_dir: P
     elif kind == "distributed":
         kwargs = {"backend": cfg.engine.sync_backend}
     return make_weight_sync(kind, engine, **kwargs)
+
+
+def _read_rollouts(path: Path) -> list[tuple[int | None, list[Trajectory]]]:
+    """The finished-but-untrained groups a checkpoint kept (absent in older checkpoints: none)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        out.append((d["position"], [Trajectory.from_dict(t) for t in d["group"]]))
+    return out
 
 
 def _replace(obj, **kw):

@@ -12,6 +12,12 @@ admission first therefore train at a version <= admission version + k, so drops 
 a group finishes out of order by more than the bound allows (or tokens were sampled by an older
 engine version than the one current at admission).
 
+Exactly-once support: every group carries the prompt position it was generated for; a dropped
+group's position goes to ``on_drop`` (the run gives it back to its PromptStream, so the prompt runs
+again instead of being lost), ``get_batch_with_positions`` says which positions a batch holds, and
+``snapshot``/``restore`` carry the finished-but-untrained groups and the counters through a
+checkpoint.
+
 Does not: run episodes, compute advantages, or know what the trainer does with a batch.
 """
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from agentrl.trajectory import Trajectory
 
@@ -33,17 +40,20 @@ def oldest_version(traj: Trajectory) -> int | None:
 class _Entry:
     index: int
     group: list[Trajectory] = field(compare=False)
+    position: int | None = field(default=None, compare=False)
 
 
 class StalenessQueue:
     """Groups of trajectories in, batches of ``groups_per_batch`` groups out, within ``max_staleness``."""
 
-    def __init__(self, max_staleness: int, groups_per_batch: int) -> None:
+    def __init__(self, max_staleness: int, groups_per_batch: int,
+                 on_drop: Callable[[int], None] | None = None) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be >= 1, got {groups_per_batch}")
         self.k, self.B = max_staleness, groups_per_batch
+        self.on_drop = on_drop  # called with the prompt position of each dropped group
         self.version = 0
         self.admitted = 0
         self.dropped_groups = 0
@@ -71,10 +81,11 @@ class StalenessQueue:
             self.admitted += 1
             return index
 
-    async def put(self, index: int, group: list[Trajectory]) -> None:
-        """Hand in the finished group admitted as ``index`` (possibly empty if all failed)."""
+    async def put(self, index: int, group: list[Trajectory], position: int | None = None) -> None:
+        """Hand in the finished group admitted as ``index`` (possibly empty if all failed), generated
+        for prompt ``position``."""
         async with self._cond:
-            self._ready.append(_Entry(index, group))
+            self._ready.append(_Entry(index, group, position))
             self._ready.sort()
             self._cond.notify_all()
 
@@ -89,13 +100,25 @@ class StalenessQueue:
     async def get_batch(self) -> list[list[Trajectory]]:
         """Wait for ``groups_per_batch`` groups that satisfy the bound at the current version;
         stale groups are dropped (counted in ``dropped_groups``)."""
+        return (await self.get_batch_with_positions())[0]
+
+    def _drop_stale(self) -> None:
+        kept, stale = [], []
+        for e in self._ready:
+            (kept if self._fresh(e.group) else stale).append(e)
+        self._ready = kept
+        if stale:
+            self.dropped_groups += len(stale)
+            self._cond.notify_all()  # freed admission slots
+            for e in stale:
+                if e.position is not None and self.on_drop is not None:
+                    self.on_drop(e.position)
+
+    async def get_batch_with_positions(self) -> tuple[list[list[Trajectory]], list[int | None]]:
+        """``get_batch`` plus the prompt position of each group."""
         async with self._cond:
             while True:
-                kept = [e for e in self._ready if self._fresh(e.group)]
-                if len(kept) < len(self._ready):
-                    self.dropped_groups += len(self._ready) - len(kept)
-                    self._cond.notify_all()  # freed admission slots
-                self._ready = kept
+                self._drop_stale()
                 if len(self._ready) >= self.B:
                     batch, self._ready = self._ready[: self.B], self._ready[self.B :]
                     if not any(t.trainable and t.num_sampled > 0 for e in batch for t in e.group):
@@ -106,7 +129,7 @@ class StalenessQueue:
                             v = oldest_version(t)
                             if v is not None:
                                 self.histogram[self.version - v] += 1
-                    return [e.group for e in batch]
+                    return [e.group for e in batch], [e.position for e in batch]
                 if self._closed:
                     raise asyncio.CancelledError("staleness queue closed")
                 await self._cond.wait()
@@ -121,6 +144,21 @@ class StalenessQueue:
         async with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the finished-but-untrained groups (oldest admission first) with
+        their positions, and the drop counters. Synchronous: take it with no await in between the
+        snapshot and the other state saved with it."""
+        return {"ready": [(e.position, e.group) for e in self._ready],
+                "dropped_groups": self.dropped_groups, "untrained_groups": self.untrained_groups}
+
+    def restore(self, ready: list[tuple[int | None, list[Trajectory]]], dropped_groups: int = 0,
+                untrained_groups: int = 0) -> None:
+        """Resume: ``version`` already set; put back the snapshot's finished groups as admitted
+        before everything the producer admits next. Admission counts them as outstanding."""
+        self.dropped_groups, self.untrained_groups = int(dropped_groups), int(untrained_groups)
+        self._ready = [_Entry(i - len(ready), g, p) for i, (p, g) in enumerate(ready)]
+        self.admitted = self.version * self.B + len(ready) + self.dropped_groups + self.untrained_groups
 
     def metrics(self) -> dict:
         total = sum(self.histogram.values())

@@ -133,8 +133,8 @@ class RayTrainer:
         """Rank 0's gathered weights (every rank takes part in the gather)."""
         return self._all("full_state_dict")[0]
 
-    def save(self, path, *, extra: dict | None = None) -> None:
-        self._all("save", str(path), extra)
+    def save(self, path, *, extra: dict | None = None, files: dict | None = None) -> None:
+        self._all("save", str(path), extra, files)
 
     def load(self, path) -> dict:
         extra, self.version = self._all("load", str(path))[0]

@@ -7,6 +7,7 @@ Layout of a checkpoint directory::
     critic/critic.safetensors, critic/optimizer.pt, critic/scheduler.pt    (PPO with a critic)
     rng/rank{r}.pt                      torch (+cuda), numpy and python RNG states of each rank
     trainer_state.json                  version, world size, caller's ``extra`` (data position, ...)
+    <caller's files>                    e.g. rollouts.jsonl: the run's finished-but-untrained groups
     COMPLETE                            written last: a directory without it is not a checkpoint
 
 Atomic: everything is written to ``PATH.tmp`` and renamed into place after the marker. All ranks
@@ -34,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from agentrl.faults import fault_point
 from agentrl.trainer import dist as D
 
 MARKER = "COMPLETE"
@@ -120,7 +122,7 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def save(trainer, path: str | Path, extra: dict | None) -> None:
+def save(trainer, path: str | Path, extra: dict | None, files: dict[str, str] | None = None) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     model_sd = gather_model(trainer.model)
@@ -144,9 +146,14 @@ def save(trainer, path: str | Path, extra: dict | None) -> None:
         (tmp / "rng").mkdir()
         state = {"version": trainer.version, "world_size": D.world(), "extra": extra or {}}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        for name, text in (files or {}).items():
+            if "/" in name or name in ("", ".", "..") or (tmp / name).exists():
+                raise ValueError(f"checkpoint file name {name!r} is not a new plain file name")
+            (tmp / name).write_text(text, encoding="utf-8")
     D.barrier()
     torch.save(_rng_state(), tmp / "rng" / f"rank{rank}.pt")
     D.barrier()
+    fault_point("checkpoint_write")
     if rank == 0:
         (tmp / MARKER).write_text("ok\n")
         old = path.with_name(path.name + ".old")

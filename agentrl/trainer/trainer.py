@@ -337,9 +337,10 @@ class Trainer:
         """Gathered full policy weights on CPU, HF names (rank 0; other ranks get {}). Collective."""
         return C.gather_model(self.model)
 
-    def save(self, path: str | Path, *, extra: dict | None = None) -> None:
-        """Atomic checkpoint (HF dir + optimizer + scheduler + RNG + ``extra``). Collective."""
-        C.save(self, path, extra)
+    def save(self, path: str | Path, *, extra: dict | None = None, files: dict[str, str] | None = None) -> None:
+        """Atomic checkpoint (HF dir + optimizer + scheduler + RNG + ``extra`` + the caller's text
+        ``files``, name -> content). Collective."""
+        C.save(self, path, extra, files)
 
     def load(self, path: str | Path) -> dict:
         """Restore a checkpoint written by ``save``; returns its ``extra``. Collective."""

@@ -1,0 +1,4 @@
+"""``python -m agentrl ...`` runs the ``agentrl`` command line."""
+from agentrl.cli import main
+
+main()

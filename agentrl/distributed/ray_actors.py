@@ -133,7 +133,8 @@ class TrainerRank(_Placed):
         return self.trainer.full_state_dict()
 
     def save(self, path: str, extra: dict | None, files: dict | None = None) -> None:
-        self.trainer.save(path, extra=extra, files=files)
+        # files (checkpoint text files, e.g. the runner's rollouts.jsonl) only when given
+        self.trainer.save(path, extra=extra, **({"files": files} if files is not None else {}))
 
     def load(self, path: str) -> tuple[dict, int]:
         extra = self.trainer.load(path)

@@ -10,8 +10,9 @@ until ``metrics.jsonl`` shows a step 2-4 past the last checkpoint, then up to 0.
 inside of a checkpoint write (``AGENTRL_FAULT_KILL=checkpoint_write:N``, ``agentrl.faults``).
 Every kill leaves at least one new checkpoint behind, so the run always progresses.
 
-Used by ``tests/test_resume.py`` (a few kills) and ``bench/bench_faults.py`` (20). The run must
-checkpoint every step (``train.checkpoint_every=1``) and have ``output_dir`` set.
+Used by ``tests/test_resume.py`` (a few kills) and ``bench/bench_faults.py`` (20), both on
+``small_run_cmd`` (a seconds-per-step run on a tiny model). A run under test must checkpoint every
+step (``train.checkpoint_every=1``) and have ``output_dir`` set.
 """
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+
+def small_run_cmd(model_dir: str | Path, out: str | Path, steps: int, *sets: str) -> list[str]:
+    """``python -m agentrl run`` on ``concise`` (one turn), 3 groups x 4 samples per step, a checkpoint
+    every step, every trajectory logged (so ``train.replay`` can replay it), no eval; ``sets`` are
+    extra ``--set`` overrides."""
+    import sys
+
+    base = [f"model.path={model_dir}", "env.kwargs={n_turns: 1}", "eval.num_tasks=0", "logging.tensorboard=false",
+            "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
+            "rollout.group_size=4", "train.groups_per_step=3", "train.checkpoint_every=1",
+            "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.trajectories_per_step=-1", *sets]
+    cmd = [sys.executable, "-m", "agentrl", "run", "--env", "concise", "--algo", "grpo", "-q",
+           "--out", str(out), "--steps", str(steps)]
+    for s in base:
+        cmd += ["--set", s]
+    return cmd
+
+
+def final_checkpoint(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{_last_checkpoint(Path(run_dir)):06d}"
 
 
 def _last_step(run_dir: Path) -> int:
@@ -99,7 +121,7 @@ def ledger_check(run_dir: str | Path) -> dict[str, Any]:
     rows = read_ledger(run_dir)
     steps = [r["step"] for r in rows]
     trained = [p for r in rows for p in r["positions"]]
-    last = run_dir / "checkpoints" / f"step_{_last_checkpoint(run_dir):06d}"
+    last = final_checkpoint(run_dir)
     extra = json.loads((last / "trainer_state.json").read_text())["extra"]
     stream = extra["stream"]
     kept = []

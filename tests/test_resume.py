@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 import agentrl
-from agentrl.crash_harness import ledger_check, run_with_kills, same_weights
+from agentrl.crash_harness import final_checkpoint, ledger_check, run_with_kills, same_weights, small_run_cmd
 from agentrl.envs.base import AgentEnv, join_messages, new_stats
 from agentrl.errors import ConfigError
 from agentrl.ledger import Ledger, read_ledger, rewind
@@ -188,35 +188,19 @@ def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tin
 
 
 def chk_outstanding(run_dir):
-    last = max((run_dir / "checkpoints").glob("step_*/COMPLETE")).parent
+    last = final_checkpoint(run_dir)
     st = json.loads((last / "trainer_state.json").read_text())["extra"]["stream"]
     return st["requeued"] + [json.loads(line)["position"] for line in (last / "rollouts.jsonl").read_text().splitlines()]
 
 
 # -- crash tests: the real command line, SIGKILLed ----------------------------------------------
-def _cmd(model_dir, out, steps, *sets):
-    base = [f"model.path={model_dir}", "env.kwargs={n_turns: 1}", "eval.num_tasks=0", "logging.tensorboard=false",
-            "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
-            "rollout.group_size=4", "train.groups_per_step=3", "train.checkpoint_every=1",
-            "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.trajectories_per_step=-1", *sets]
-    cmd = [sys.executable, "-m", "agentrl", "run", "--env", "concise", "--algo", "grpo", "-q",
-           "--out", str(out), "--steps", str(steps)]
-    for s in base:
-        cmd += ["--set", s]
-    return cmd
-
-
-def _final(run_dir):
-    return max((run_dir / "checkpoints").glob("step_*/COMPLETE")).parent
-
-
 @pytest.mark.slow
 def test_sigkilled_async_run_trains_every_prompt_exactly_once(tiny_model_dir, tmp_path):
     """Live rollouts at staleness 2 (groups finish out of order, some are dropped and requeued):
     killed KILLS times, half of them inside a checkpoint write, resumed each time."""
     out = tmp_path / "live"
     steps = 3 * KILLS + 4
-    res = run_with_kills(_cmd(tiny_model_dir, out, steps, "train.max_staleness=2"), out, kills=KILLS, seed=1)
+    res = run_with_kills(small_run_cmd(tiny_model_dir, out, steps, "train.max_staleness=2"), out, kills=KILLS, seed=1)
     assert len(res["kills"]) == KILLS, res
     assert {k["at"] for k in res["kills"]} == ({"step", "checkpoint_write"} if KILLS > 1 else {"step"})
     chk = ledger_check(out)
@@ -234,13 +218,17 @@ def test_sigkilled_async_run_trains_every_prompt_exactly_once(tiny_model_dir, tm
 def test_sigkilled_replayed_run_reproduces_the_parameters_bitwise(tiny_model_dir, tmp_path):
     steps = 3 * KILLS + 3
     rec = tmp_path / "recorded"
-    subprocess.run(_cmd(tiny_model_dir, rec, steps, "train.max_staleness=1"), check=True, capture_output=True)
+    subprocess.run(small_run_cmd(tiny_model_dir, rec, steps, "train.max_staleness=1"), check=True, capture_output=True)
     ref = tmp_path / "replay_ref"
-    subprocess.run(_cmd(tiny_model_dir, ref, steps, f"train.replay={rec}"), check=True, capture_output=True)
+    subprocess.run(small_run_cmd(tiny_model_dir, ref, steps, f"train.replay={rec}"), check=True, capture_output=True)
     killed = tmp_path / "replay_killed"
-    res = run_with_kills(_cmd(tiny_model_dir, killed, steps, f"train.replay={rec}"), killed, kills=KILLS, seed=2)
+    res = run_with_kills(small_run_cmd(tiny_model_dir, killed, steps, f"train.replay={rec}"), killed, kills=KILLS, seed=2)
     assert len(res["kills"]) == KILLS, res
-    assert same_weights(_final(ref), _final(killed)) == []
+    assert same_weights(final_checkpoint(ref), final_checkpoint(killed)) == []
+    from safetensors.torch import load_file
+    import torch
+    start, end = load_file(str(tiny_model_dir / "model.safetensors")), load_file(str(final_checkpoint(ref) / "model.safetensors"))
+    assert any(not torch.equal(start[k], end[k]) for k in end), "training did not change the weights: nothing compared"
     # replay reproduces the recorded live run itself, too (the trajectories round-trip exactly)
-    assert same_weights(_final(rec), _final(ref)) == []
+    assert same_weights(final_checkpoint(rec), final_checkpoint(ref)) == []
     assert read_ledger(killed) == read_ledger(rec)

@@ -145,15 +145,27 @@ def test_the_actor_owns_its_server_serves_workers_over_http_and_a_killed_actor_l
             try:
                 trajs = await backend.episodes.collect(make_specs(2, 4, seed=1))
                 gen = await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))  # the driver's view
+                counts = await asyncio.to_thread(ray.get, backend.episodes.workers[0].engine_counts.remote())
+                # the server crashes: the driver's engine has its actor restart it, same URL
+                os.killpg(server, signal.SIGKILL)
+                again = await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+                after = await backend.episodes.collect(make_specs(1, 4, seed=2))
             finally:
                 await backend.engine.close()
-            return trajs, gen
+            return trajs, gen, counts, again, after
 
-        trajs, gen = asyncio.run(go())
+        trajs, gen, counts, again, after = asyncio.run(go())
         assert len(trajs) == 8 and all(t.trainable for t in trajs), [t.outcome_detail for t in trajs]
         assert gen.info["server"] == info["url"] and len(gen.token_ids) == 4
-        counts = ray.get(backend.episodes.workers[0].engine_counts.remote())
         assert list(counts) == [info["url"]] and counts[info["url"]]["ok"] >= 8, counts  # straight to its server
+
+        new = ray.get(actor.info.remote())
+        print(f"after the crash: {new}; driver counters {backend.engine.router.totals()}")
+        assert new["restarts"] == 1 and new["url"] == info["url"] and new["pid"] != server
+        assert backend.engine.router.totals()["restarts"] == 1 and again.info["server"] == info["url"]
+        assert _gone(server) and _parent_and_session(new["pid"]) == (info["actor_pid"], new["pid"])
+        assert all(t.trainable for t in after), [t.outcome_detail for t in after]  # workers reach it again
+        server = new["pid"]
 
         ray.kill(actor)  # SIGKILL: nothing runs in the actor; its watchdog must reap the server
         assert _wait_gone([server]) == set(), f"server group {server} outlived its killed actor"

@@ -288,3 +288,55 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
     assert _wait_gone([info["pid"], info["reaper_pid"]]) == set(), "a server or watchdog outlived the run"
     assert not ray.is_initialized()
     _assert_no_leak(before)
+
+
+@pytest.mark.ray
+@pytest.mark.sglang
+@pytest.mark.timeout(900)
+def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_dir, tmp_path):
+    """``engine.urls`` under Ray: no engine actors; workers and driver attach to the running server,
+    weights pushed from the driver reach it, and closing the backend leaves the server (not ours) up."""
+    ray = _ray_or_skip()
+    _sglang_or_skip()
+    from conftest import start_sglang_or_skip
+
+    from agentrl.distributed import RayBackend
+    from agentrl.engine.weight_sync import make_weight_sync
+    from agentrl.episode import make_specs
+
+    server = start_sglang_or_skip(sglang_model_dir, max_total_tokens=4096)
+    before = _ray_pids()
+    try:
+        cfg = _cfg(f'engine.urls=["{server.url}"]')
+        backend = RayBackend.start(cfg, sglang_model_dir, rc=RayConfig(num_cpus=2, workers_per_engine=2))
+        try:
+            assert backend.engine_actors == [] and backend.engine.urls == [server.url]
+            assert len(backend.episodes.workers) == 2 and len(backend.actors) == 3  # 1 rank + 2 workers
+
+            async def go():
+                await backend.engine.start()
+                sync = make_weight_sync("disk", backend.engine, dir=tmp_path / "weights", model_path=sglang_model_dir)
+                try:
+                    first = await backend.episodes.collect(make_specs(4, 2, seed=1))
+                    state = await asyncio.to_thread(backend.trainer.full_state_dict)
+                    await sync.push({k: v + 0.0 for k, v in state.items()}, 3)
+                    second = await backend.episodes.collect(make_specs(2, 2, seed=1, start=10))
+                finally:
+                    await sync.close()
+                    await backend.engine.close()
+                return first, second
+
+            first, second = asyncio.run(go())
+            assert all(t.trainable for t in first + second), [t.outcome_detail for t in first + second]
+            assert all(set(v for v in t.versions if v != -1) == {0} for t in first)
+            assert all(set(v for v in t.versions if v != -1) == {3} for t in second)  # the pushed weights served
+            counts = ray.get([w.engine_counts.remote() for w in backend.episodes.workers])
+            assert all(list(c) == [server.url] for c in counts)
+            assert sum(c[server.url]["ok"] for c in counts) == 12, counts
+        finally:
+            backend.close()
+        assert server.alive() and server.healthy(), "closing the backend must not stop an attached server"
+    finally:
+        server.stop()
+    assert not ray.is_initialized()
+    _assert_no_leak(before)

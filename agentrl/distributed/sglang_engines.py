@@ -101,7 +101,7 @@ class ActorServer:
     Blocking calls; the engine runs ``restart`` in a thread."""
 
     #: seconds an ``alive`` probe waits for a busy actor before assuming it is still alive
-    PROBE_TIMEOUT_S = 30.0
+    PROBE_TIMEOUT_S = 5.0
 
     def __init__(self, actor: Any, info: dict[str, Any], model_path: str, startup_timeout_s: float) -> None:
         self.actor, self.info = actor, dict(info)

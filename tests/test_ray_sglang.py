@@ -340,3 +340,58 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
         server.stop()
     assert not ray.is_initialized()
     _assert_no_leak(before)
+
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import ray
+    from test_ray_sglang import _cfg
+    from agentrl.distributed import RayBackend
+    from agentrl.distributed.config import RayConfig
+    backend = RayBackend.start(_cfg(), {model!r}, rc=RayConfig(num_cpus=2))
+    print(json.dumps(ray.get(backend.engine_actors[0].ready.remote())), flush=True)
+    sys.stdin.read()  # until the test kills this driver
+""")
+
+
+@pytest.mark.ray
+@pytest.mark.sglang
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
+    """The crash the resume tests inject (SIGKILL of `agentrl run`), with SGLang engine actors: the
+    local Ray instance goes with its driver, the actors with it, and each actor's watchdog then
+    reaps its server."""
+    _ray_or_skip()
+    _sglang_or_skip()
+    before = _ray_pids()
+    code = DRIVER.format(tests=str(Path(__file__).parent), model=str(sglang_model_dir))
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=log, text=True, start_new_session=True)
+    info = None
+    try:
+        line = driver.stdout.readline()
+        assert line, f"the driver died: {(tmp_path / 'driver.log').read_text()[-3000:]}"
+        info = json.loads(line)
+        assert _alive(info["pid"])
+        t0 = time.monotonic()
+        driver.kill()  # SIGKILL the driver only: Ray and the actors must follow on their own
+        driver.wait()
+        assert _wait_gone([info["pid"], info["reaper_pid"]], timeout_s=120) == set(), \
+            f"server {info['pid']} or its watchdog outlived a SIGKILLed driver"
+        t1 = time.monotonic()
+        _assert_no_leak(before, timeout_s=120)
+        print(f"\nafter the driver's SIGKILL: server reaped in {t1 - t0:.1f}s, Ray gone in {time.monotonic() - t0:.1f}s")
+    finally:
+        driver.kill()
+        log.close()
+        left = _ray_pids() - before  # what the dead driver's Ray left (a failed check above): ours to stop
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if info is not None and not _gone(info["pid"]):
+            os.killpg(info["pid"], signal.SIGKILL)

@@ -389,6 +389,78 @@ async def test_local_engine_drained_never_spans(local_model):
         await engine.close()
 
 
+# --- real SGLang server --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def drain_server(sglang_model_dir):
+    """This module's own server (its weights are changed by the test)."""
+    from conftest import start_sglang_or_skip
+
+    server = start_sglang_or_skip(sglang_model_dir)
+    yield server
+    server.stop()
+
+
+@pytest.mark.sglang
+@pytest.mark.timeout(600)
+async def test_sglang_partial_spans_and_drained_does_not(drain_server, sglang_model_dir, tmp_path):
+    """DiskSync (pause/retract -> load -> resume) into a live server during long generations:
+    without the wrapper some generation spans two versions; through DrainEngine (the sync reaches
+    the server's pause/post_all through the wrapper) none does and held calls get the new version."""
+    from safetensors.torch import load_file
+
+    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.weight_sync import DiskSync
+
+    base = load_file(str(sglang_model_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    weights = {k: v + 0.02 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in base.items()}
+    n = 1024  # long enough to be still running when the push lands (SGLang may stop one early on eos)
+    params = SamplingParams(max_new_tokens=n)
+
+    async def round_(engine, version: int) -> tuple[list[Generation], list[Generation], list[bool]]:
+        sync = DiskSync(engine, tmp_path / f"w{version}")
+        try:
+            await engine.start()
+            first = [asyncio.create_task(engine.generate([5, 6, 7, i], params)) for i in range(8)]
+            await until(lambda: engine.router.backends[0].inflight == 8, timeout_s=120)
+            await asyncio.sleep(0.3)
+            running = [not t.done() for t in first]
+
+            async def push() -> None:
+                async with weight_update_gate(engine):
+                    await sync.push(weights, version)
+
+            upd = asyncio.create_task(push())
+            await asyncio.sleep(0.05)
+            later = [asyncio.create_task(engine.generate([9, 10, i], SamplingParams(max_new_tokens=8)))
+                     for i in range(2)]
+            await upd
+            return list(await asyncio.gather(*first)), list(await asyncio.gather(*later)), running
+        finally:
+            await sync.close()
+            await engine.close()
+
+    first, later, running = await round_(with_partial_rollouts(SGLangEngine(urls=[drain_server.url]), True), 1)
+    assert any(running), "every request finished before the push: nothing to interrupt"
+    assert any(set(x.versions) == {0, 1} for x in first), [sorted(set(x.versions)) for x in first]
+    for x in first:
+        assert x.versions == sorted(x.versions)  # switched once, never back
+        assert len(x.token_ids) == n or x.finish_reason == "stop"  # nothing lost to the interruption
+    # (``later`` may start before the sync pauses the server: without a drain nothing holds it)
+    print(f"partial: {sum(len(set(x.versions)) > 1 for x in first)}/{len(first)} generations span versions")
+
+    drained = with_partial_rollouts(SGLangEngine(urls=[drain_server.url]), False)
+    first, later, running = await round_(drained, 2)
+    assert any(running), "every request finished before the push: nothing to drain"
+    # a fresh engine labels the server with its own version (0) at start: the old weights' label
+    assert all(set(x.versions) == {0} for x in first), [sorted(set(x.versions)) for x in first]
+    assert all(set(x.versions) == {2} for x in later)
+    assert drained.policy_version == 2
+    assert drained.drain_stats["drains"] == 1 and drained.drain_stats["held_calls"] == 2
+    print(f"drained: waited {drained.drain_stats['last_drain_wait_s']:.2f}s for the in-flight generations")
+
+
 # --- mixed_version_turns -----------------------------------------------------------------------
 
 def traj(turn_versions_: list[list[int]], obs: int = 2, prompt: int = 3, eid: str = "e") -> Trajectory:

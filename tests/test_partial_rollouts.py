@@ -91,7 +91,8 @@ async def test_fake_without_drain_spans_versions():
     tasks = [asyncio.create_task(eng.generate([1], sp(40), session=f"s{i}")) for i in range(3)]
     await until(lambda: eng.running == 3)
     await asyncio.sleep(0.02)
-    async with weight_update_gate(eng):  # nothing to wait for: a no-op
+    async with weight_update_gate(eng) as waited:  # nothing to wait for: a no-op
+        assert waited == 0.0
         await eng.update_weights({}, 1)
     gens = await asyncio.gather(*tasks)
     assert all(set(g.versions) == {0, 1} for g in gens)
@@ -107,8 +108,8 @@ async def test_drain_waits_for_in_flight_and_holds_new_calls():
     assert eng.in_flight == 3
 
     async def update() -> None:
-        async with weight_update_gate(eng):
-            assert inner.running == 0 and eng.in_flight == 0  # every generation in flight finished
+        async with weight_update_gate(eng) as waited:
+            assert waited > 0 and inner.running == 0 and eng.in_flight == 0  # every generation in flight finished
             await eng.update_weights({}, 1)
 
     upd = asyncio.create_task(update())
@@ -280,8 +281,8 @@ async def test_drained_together_waits_for_every_engine():
     await until(lambda: all(i.running == 1 for i in inners))
 
     async def update() -> None:
-        async with drained_together(engs):
-            assert all(i.running == 0 for i in inners)
+        async with drained_together(engs) as waited:
+            assert waited > 0 and all(i.running == 0 for i in inners)
             for e in engs:
                 await e.update_weights({}, 1)
 

@@ -171,8 +171,9 @@ def with_partial_rollouts(engine: Engine, partial_rollouts: bool) -> Engine:
 
 def weight_update_gate(engine: Engine) -> contextlib.AbstractAsyncContextManager:
     """What to hold around a weight push: ``engine.drained()`` for a DrainEngine, else nothing
-    (the push interrupts generations and they resume: partial rollouts)."""
-    return engine.drained() if isinstance(engine, DrainEngine) else contextlib.nullcontext()
+    (the push interrupts generations and they resume: partial rollouts). Either yields the seconds
+    spent waiting for generations in flight (0.0 for nothing)."""
+    return engine.drained() if isinstance(engine, DrainEngine) else contextlib.nullcontext(0.0)
 
 
 class Gate(Protocol):
@@ -185,15 +186,16 @@ class Gate(Protocol):
 
 
 @contextlib.asynccontextmanager
-async def drained_together(gates: Sequence[Gate]) -> AsyncIterator[None]:
+async def drained_together(gates: Sequence[Gate]) -> AsyncIterator[float]:
     """Hold every gate (concurrently), run the body, release them all: the drain for generations
-    spread over several engines or processes. If a hold fails or the caller is cancelled, the
+    spread over several engines or processes. Yields the seconds the holds took. If a hold fails or the caller is cancelled, the
     gates already held are released and the error propagates."""
+    t0 = time.perf_counter()
     holds = [asyncio.ensure_future(g.hold()) for g in gates]
     try:
         if holds:
             await asyncio.gather(*holds)
-        yield
+        yield time.perf_counter() - t0
     finally:
         for h in holds:
             h.cancel()  # no-op on finished ones

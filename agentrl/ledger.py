@@ -14,8 +14,9 @@ Does not decide what is trained (``agentrl.runner``) or hand out positions (``ag
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 LEDGER = "ledger.jsonl"
 

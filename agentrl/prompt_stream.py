@@ -12,7 +12,8 @@ the staleness queue's buffer, or requeued). Does not: run episodes or decide wha
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 class PromptStream:
@@ -51,5 +52,5 @@ class PromptStream:
         return {"next": self.next, "requeued": sorted({*self._requeued, *map(int, outstanding)})}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "PromptStream":
+    def from_state(cls, state: dict[str, Any]) -> PromptStream:
         return cls(int(state.get("next", 0)), state.get("requeued", ()))

@@ -20,15 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig, save_config, to_dict
-from agentrl.credit_assign import ALGOS, build_samples, episode_return, resolve_trainer, trainable
+from agentrl.credit_assign import (
+    ALGOS,
+    build_samples,
+    episode_return,
+    resolve_trainer,
+    trainable,
+)
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.faults import fault_point
 from agentrl.ledger import Ledger, rewind
 from agentrl.metrics import RolloutMetrics
 from agentrl.monitors import MONITORS, Alert, new_alerts
+from agentrl.progress import RunDisplay
 from agentrl.prompt_stream import PromptStream
 from agentrl.run_log import TrajectoryLog, rollout_extra
-from agentrl.staleness import StalenessQueue
+from agentrl.staleness import StalenessQueue, dump_ready, load_ready
 from agentrl.trajectory import Trajectory
 
 
@@ -119,7 +126,7 @@ class Runner:
         self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))})
         if resume:
             rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
-            self.restored = _read_rollouts(resume / "rollouts.jsonl")
+            self.restored = load_ready(resume / "rollouts.jsonl")
             self.restored_counts = extra.get("queue", {})
         if cfg.train.replay:
             from agentrl.replay import ReplaySource
@@ -213,7 +220,7 @@ class Runner:
         self.queue = queue
         manager = self.backend.episodes if self.backend is not None else \
             EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
-        display = _Display(self.progress, cfg.train.steps, start=self.step)
+        display = RunDisplay(self.progress, cfg.train.steps, start=self.step)
         t_start = time.perf_counter()
         producer = None
         try:
@@ -274,7 +281,7 @@ class Runner:
         return self._finish(final, time.perf_counter() - t_start, manager.metrics)
 
     # -- outputs -------------------------------------------------------------------------------
-    def _log(self, row: dict[str, Any], display: "_Display") -> None:
+    def _log(self, row: dict[str, Any], display: RunDisplay) -> None:
         from agentrl.sinks import flatten
 
         flat = flatten(row)
@@ -282,7 +289,7 @@ class Runner:
         self.sinks.write(self.step, flat)
         display.update(self.step, flat)
 
-    def _monitor(self, display: "_Display") -> bool:
+    def _monitor(self, display: RunDisplay) -> bool:
         """Run the reward-hacking monitors on the newest row; True when an alert pauses the run."""
         alerts = new_alerts(self.history, self.cfg.monitor)
         if alerts:
@@ -304,12 +311,10 @@ class Runner:
         snap = self.queue.snapshot()
         kept = {p for p, _ in snap["ready"]}
         outstanding = [p for p in self.in_flight.values() if p not in kept]
-        rollouts = "".join(json.dumps({"position": p, "group": [t.to_dict() for t in g]}) + "\n"
-                           for p, g in snap["ready"])
         extra = {"step": self.step, "data_position": self.stream.next, "stream": self.stream.state(outstanding),
                  "queue": {"dropped_groups": snap["dropped_groups"], "untrained_groups": snap["untrained_groups"]},
                  "policy_version": self.trainer.version, "final": final}
-        self.trainer.save(path, extra=extra, files={"rollouts.jsonl": rollouts})
+        self.trainer.save(path, extra=extra, files={"rollouts.jsonl": dump_ready(snap["ready"])})
         return path
 
     def _finish(self, final: dict, wall_s: float, rollout_metrics: RolloutMetrics) -> dict[str, Any]:
@@ -369,17 +374,6 @@ def _weight_sync(cfg: RunConfig, kind: str, engine, model_path: Path, run_dir: P
     return make_weight_sync(kind, engine, **kwargs)
 
 
-def _read_rollouts(path: Path) -> list[tuple[int | None, list[Trajectory]]]:
-    """The finished-but-untrained groups a checkpoint kept (absent in older checkpoints: none)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        d = json.loads(line)
-        out.append((d["position"], [Trajectory.from_dict(t) for t in d["group"]]))
-    return out
-
-
 def _replace(obj, **kw):
     import dataclasses
 
@@ -391,37 +385,3 @@ def _as_samples(trajs: list[Trajectory]):
 
     return [TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
                         advantages=[0.0] * len(t.token_ids)) for t in trajs]
-
-
-class _Display:
-    """A rich progress bar with the headline numbers of the last step."""
-
-    def __init__(self, enabled: bool, total: int, start: int = 0) -> None:
-        self.enabled = enabled
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[status]}"))
-        self.bar.start()
-        self.task = self.bar.add_task("train", total=total, completed=start, status="")
-
-    def update(self, step: int, flat: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        parts = []
-        for key, label in (("rollout/reward_mean", "reward"), ("eval/solve_rate", "eval"),
-                           ("rollout/tool_use_rate", "tool"), ("staleness/staleness_mean", "stale"),
-                           ("train/loss", "loss")):
-            if key in flat and isinstance(flat[key], (int, float)):
-                parts.append(f"{label}={flat[key]:.3f}")
-        self.bar.update(self.task, completed=step, status=" ".join(parts))
-
-    def note(self, message: str) -> None:
-        if self.enabled:
-            self.bar.console.print(message)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.bar.stop()

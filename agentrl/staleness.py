@@ -23,9 +23,12 @@ Does not: run episodes, compute advantages, or know what the trainer does with a
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 from agentrl.trajectory import Trajectory
 
@@ -171,3 +174,20 @@ class StalenessQueue:
             "buffered_groups": len(self._ready),
             "admitted_groups": self.admitted,
         }
+
+
+def dump_ready(ready: list[tuple[int | None, list[Trajectory]]]) -> str:
+    """``snapshot()["ready"]`` as JSONL text (one group per line, with its position) for a checkpoint."""
+    return "".join(json.dumps({"position": p, "group": [t.to_dict() for t in g]}) + "\n" for p, g in ready)
+
+
+def load_ready(path: str | Path) -> list[tuple[int | None, list[Trajectory]]]:
+    """Read ``dump_ready``'s file back (absent, as in checkpoints older than this format: no groups)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        out.append((d["position"], [Trajectory.from_dict(t) for t in d["group"]]))
+    return out

@@ -25,7 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl.crash_harness import final_checkpoint, ledger_check, run_with_kills, same_weights, small_run_cmd
+from agentrl.crash_harness import (
+    final_checkpoint,
+    ledger_check,
+    run_with_kills,
+    same_weights,
+    small_run_cmd,
+)
 from agentrl.ledger import read_ledger
 from agentrl.tiny_model import build_model
 

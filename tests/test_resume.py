@@ -6,17 +6,22 @@ parameters equal the uninterrupted run's bitwise. ``bench/bench_faults.py`` runs
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
-import shutil
-
 import pytest
+from agentrl.envs.base import AgentEnv, join_messages, new_stats
 
 import agentrl
-from agentrl.crash_harness import final_checkpoint, ledger_check, run_with_kills, same_weights, small_run_cmd
-from agentrl.envs.base import AgentEnv, join_messages, new_stats
+from agentrl.crash_harness import (
+    final_checkpoint,
+    ledger_check,
+    run_with_kills,
+    same_weights,
+    small_run_cmd,
+)
 from agentrl.errors import ConfigError
 from agentrl.ledger import Ledger, read_ledger, rewind
 from agentrl.prompt_stream import PromptStream
@@ -99,10 +104,10 @@ def test_rewind_drops_what_came_after_the_checkpoint(tmp_path):
 def test_fault_point_kills_the_process_at_the_nth_pass():
     code = ("from agentrl.faults import fault_point\n"
             "for i in range(5):\n    print(i, flush=True)\n    fault_point('x')\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                        env={**os.environ, "AGENTRL_FAULT_KILL": "y:1,x:3"})
     assert p.returncode == -signal.SIGKILL and p.stdout.split() == ["0", "1", "2"]
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                        env={**os.environ, "AGENTRL_FAULT_KILL": "x:zero"})
     assert p.returncode == 1 and "is not NAME:N" in p.stderr
 
@@ -225,8 +230,8 @@ def test_sigkilled_replayed_run_reproduces_the_parameters_bitwise(tiny_model_dir
     res = run_with_kills(small_run_cmd(tiny_model_dir, killed, steps, f"train.replay={rec}"), killed, kills=KILLS, seed=2)
     assert len(res["kills"]) == KILLS, res
     assert same_weights(final_checkpoint(ref), final_checkpoint(killed)) == []
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
     start, end = load_file(str(tiny_model_dir / "model.safetensors")), load_file(str(final_checkpoint(ref) / "model.safetensors"))
     assert any(not torch.equal(start[k], end[k]) for k in end), "training did not change the weights: nothing compared"
     # replay reproduces the recorded live run itself, too (the trajectories round-trip exactly)

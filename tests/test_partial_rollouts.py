@@ -274,6 +274,21 @@ class FailingGate:
         raise AssertionError("a gate whose hold failed must not be released")
 
 
+class AwaitedGate:
+    """A gate whose hold and release are both awaitables, as a remote (actor) face's are."""
+
+    def __init__(self, engine: DrainEngine) -> None:
+        self.engine, self.released = engine, 0
+
+    async def hold(self) -> float:
+        return await self.engine.hold()
+
+    async def release(self) -> None:
+        await asyncio.sleep(0)
+        self.engine.release()
+        self.released += 1
+
+
 async def test_drained_together_waits_for_every_engine():
     inners = [TickingFakeEngine(), TickingFakeEngine()]
     engs = [DrainEngine(i) for i in inners]
@@ -301,6 +316,11 @@ async def test_drained_together_waits_for_every_engine():
             body_ran = True
     assert not body_ran
     assert (await asyncio.wait_for(engs[1].generate([1], sp(2)), 10)).versions == [1, 1]
+    # awaitable release (a remote gate's)
+    remote = AwaitedGate(engs[1])
+    async with drained_together([engs[0], remote]) as waited:
+        assert waited >= 0 and engs[1].drain_stats["drains"] == 3
+    assert remote.released == 1 and (await engs[1].generate([1], sp(1))).versions == [1]
     # cancelled while holding: everything reopens
     running = asyncio.create_task(engs[1].generate([1], sp(2000)))
     await until(lambda: inners[1].running == 1)

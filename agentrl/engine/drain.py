@@ -178,7 +178,9 @@ def weight_update_gate(engine: Engine) -> contextlib.AbstractAsyncContextManager
 
 class Gate(Protocol):
     """Something that can hold and release generation: a DrainEngine, or a driver-side face of one
-    in another process (e.g. a Ray rollout worker's ``hold``/``release`` actor methods)."""
+    in another process (e.g. a Ray rollout worker's ``hold``/``release`` actor methods). A hold
+    that is cancelled must leave its gate open (DrainEngine.hold does; a remote face must release
+    a hold that completes after its caller gave up)."""
 
     def hold(self) -> Any: ...  # awaitable; done when nothing is in flight behind this gate
 
@@ -188,8 +190,8 @@ class Gate(Protocol):
 @contextlib.asynccontextmanager
 async def drained_together(gates: Sequence[Gate]) -> AsyncIterator[float]:
     """Hold every gate (concurrently), run the body, release them all: the drain for generations
-    spread over several engines or processes. Yields the seconds the holds took. If a hold fails or the caller is cancelled, the
-    gates already held are released and the error propagates."""
+    spread over several engines or processes. Yields the seconds the holds took. If a hold fails or
+    the caller is cancelled, the gates already held are released and the error propagates."""
     t0 = time.perf_counter()
     holds = [asyncio.ensure_future(g.hold()) for g in gates]
     try:

@@ -7,7 +7,10 @@ StalenessQueue + in-process weight sync) for ``--steps`` optimizer steps of ``--
 ``--group-size`` episodes, so every arm trains the same number of samples. Model, tokens, rewards,
 losses and weight updates are real: the ``concise`` env (``envs/concise.py``, ``--turns`` turns,
 each rewarded for a short reply) from the SFT warm start ``bench_credit.py`` builds (tiny Qwen3,
-hidden 64, 2 layers), GRPO, lr 2e-3, temperature 1.
+hidden 64, 2 layers), GRPO, lr 2e-3, temperature 1. ``--correction``: the loss's off-policy correction, the same in
+every arm: ``behaviour`` (the default config: PPO clip of pi / pi_behaviour) or ``decoupled``
+(``trainer.old_logprobs=current`` + ``trainer.tis_cap=2``: ratio against the trainer's own
+start-of-step logprobs, times the truncated importance weight pi_old / pi_behaviour).
 
 Workload (the long tail, injected as time; ``bench/latency.py``): on this 2-core CPU generation
 and training share the cores, so a serving GPU and slow tools are modelled as what the scheduler
@@ -44,7 +47,7 @@ Final reward per arm: mean rollout reward (episode return, in [0, 1]) of the las
 and a held-out evaluation of ``--eval-tasks`` tasks (temperature 1, same task and sampling seeds
 for every arm, latencies off) with its standard error. Also: mean staleness of the trained
 samples, dropped groups, injected delays' mean/CV. Raw JSON: ``bench/results/async.json``
-(``async-quick.json`` for ``--quick``).
+(``async-quick.json`` for ``--quick``, ``async-decoupled.json`` for ``--correction decoupled``).
 
     python bench/bench_async.py                  # 4 arms x 3 repeats x 30 steps (~30-40 min on 2 cores)
     python bench/bench_async.py --quick          # smoke check: 2 arms, 4 steps, short delays (~1-2 min)
@@ -72,6 +75,12 @@ from agentrl.runner import Runner, rollout_stats  # noqa: E402
 
 ENV_ID = "bench/concise-latency-v0"  # bench-only registration: never part of agentrl/
 RESULTS = Path(__file__).resolve().parent / "results"
+#: --correction -> trainer fields. "behaviour": the default, PPO clip of pi / pi_behaviour (a stale
+#: token whose ratio already left [1 - 0.2, 1 + 0.2] gives no gradient on the clipped side);
+#: "decoupled": ratio against the trainer's own logprobs at the step start (starts at 1) times the
+#: truncated IS weight min(pi_old / pi_behaviour, 2), the off-policy correction of decoupled PPO.
+CORRECTIONS = {"behaviour": {"old_logprobs": "behaviour", "tis_cap": None},
+               "decoupled": {"old_logprobs": "current", "tis_cap": 2.0}}
 
 
 def register_env(counter: SampleCounter) -> None:
@@ -150,7 +159,8 @@ def make_config(model: Path, k: int, seed: int, args, out: Path):
         "algo": {"name": "grpo"},
         "train": {"steps": args.steps, "groups_per_step": args.groups, "max_staleness": k, "checkpoint_every": 0},
         "eval": {"num_tasks": args.eval_tasks, "every": 0, "temperature": 1.0, "env_kwargs": {"tool_mean_s": 0.0}},
-        "trainer": {"lr": args.lr, "loss_agg": "token-mean", "seed": seed, "temperature": 1.0},
+        "trainer": {"lr": args.lr, "loss_agg": "token-mean", "seed": seed, "temperature": 1.0,
+                    **CORRECTIONS[args.correction]},
         "logging": {"tensorboard": False, "trajectories_per_step": 0},
     })
 
@@ -270,6 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--turns", type=int, default=4, help="concise turns per episode")
     ap.add_argument("--max-new-tokens", type=int, default=8, help="real tokens sampled per turn (at most)")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--correction", choices=list(CORRECTIONS), default="behaviour",
+                    help="off-policy correction of the loss (see CORRECTIONS), the same for every arm")
     ap.add_argument("--per-token-s", type=float, default=0.002, help="injected seconds per notional reply token")
     ap.add_argument("--mean-tokens", type=float, default=200.0, help="mean notional reply length (lognormal)")
     ap.add_argument("--tool-mean-s", type=float, default=0.2, help="mean injected tool latency per env step (lognormal)")
@@ -281,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--model-dir", default=None, help="cache of the start model (default: bench_credit's)")
     ap.add_argument("--quick", action="store_true", help="smoke check: k=0,2, 1 repeat, 4 steps, 100 eval tasks, /4 delays")
-    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/async[-quick].json)")
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/async[-quick][-decoupled].json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.staleness, args.repeats, args.steps, args.eval_tasks, args.last = [0, 2], 1, 4, 100, 2
@@ -290,7 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--staleness: {args.staleness!r} must start with 0 (the synchronous baseline) and be >= 0")
     if args.last > args.steps:
         ap.error(f"--last {args.last} exceeds --steps {args.steps}")
-    out = Path(args.out or RESULTS / ("async-quick.json" if args.quick else "async.json"))
+    name = "async" + ("-quick" if args.quick else "") + ("" if args.correction == "behaviour" else f"-{args.correction}")
+    out = Path(args.out or RESULTS / f"{name}.json")
     import torch
 
     if args.threads:

@@ -102,7 +102,7 @@ def run(
         base["train"] = train
     try:
         cfg = _load(config, sets, base)
-        summary = asyncio.run(Runner(cfg, progress=not quiet).run())
+        summary = asyncio.run(_run_stoppable(Runner(cfg, progress=not quiet)))
     except AgentRLError as e:
         _fail(e)
     tab = Table(title=f"agentrl run: {cfg.env.id} / {cfg.algo.name}")
@@ -113,6 +113,24 @@ def run(
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     console.print(tab)
     console.print(f"run directory: {cfg.output_dir} (metrics.jsonl, curves.png, summary.json, checkpoints/)")
+    if summary.get("stopped"):
+        console.print(f"stopped by {summary['stopped']['reason']} at step {summary['stopped']['step']} "
+                      f"(checkpointed); continue with --resume")
+        raise typer.Exit(128 + 15)
+
+
+async def _run_stoppable(runner) -> dict:
+    """SIGTERM (a scheduler's preemption, `kill`) stops the run gracefully: checkpoint, clean up
+    launched servers and actors, exit 143; a second SIGTERM stops at once (cleanup still runs)."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, runner.request_stop, "SIGTERM")
+    try:
+        return await runner.run()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 @app.command("check-template")
@@ -158,6 +176,7 @@ def config_cmd(
 
 
 from agentrl.cli_sandbox import app as sandbox_app  # noqa: E402
+
 app.add_typer(sandbox_app, name="sandbox")
 from agentrl.cli_sft import sft_cmd  # noqa: E402
 

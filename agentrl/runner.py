@@ -27,6 +27,7 @@ from agentrl.credit_assign import (
     resolve_trainer,
     trainable,
 )
+from agentrl.engine.from_config import check_engine_config, make_engine, make_sync
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.faults import fault_point
 from agentrl.ledger import Ledger, rewind
@@ -89,15 +90,16 @@ class Runner:
         self.ledger = Ledger(self.run_dir)
         self.history: list[dict[str, Any]] = []
         self.paused: Alert | None = None  # the monitor alert that paused the run
+        self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
+        self._stop: asyncio.Event | None = None
+        self._main: asyncio.Task | None = None
         self.trajectory_log = TrajectoryLog(self.run_dir, cfg.logging.trajectories_per_step)
 
     # -- setup ---------------------------------------------------------------------------------
     def _setup(self) -> None:
-        import torch
         from transformers import AutoTokenizer
 
         from agentrl.default_model import resolve_model_path
-        from agentrl.engine.local import LocalEngine
         from agentrl.rollout import env_factory, tune_gc
         from agentrl.sinks import make_sinks
         from agentrl.trainer import Trainer
@@ -132,16 +134,8 @@ class Runner:
             from agentrl.replay import ReplaySource
 
             self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
-        if self.backend is not None:
-            self.engine = self.backend.engine
-        elif cfg.engine.kind == "sglang":
-            self.engine = _sglang_engine(cfg, self.model_path)
-        else:
-            self.engine = LocalEngine.from_pretrained(str(self.model_path), device=cfg.model.device,
-                                                      dtype=getattr(torch, cfg.model.dtype),
-                                                      max_batch_size=cfg.engine.max_batch_size,
-                                                      max_context=cfg.rollout.max_context)
-        self.weight_sync = _weight_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
+        self.engine = self.backend.engine if self.backend is not None else make_engine(cfg, self.model_path)
+        self.weight_sync = make_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
         self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
                                           wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
                                           append=resume is not None)
@@ -195,7 +189,38 @@ class Runner:
                 t.cancel()
             await asyncio.gather(*running, return_exceptions=True)
 
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop gracefully (``agentrl run`` calls this on SIGTERM): at the end of the current step, or
+        at once while waiting for rollouts, checkpoint (in-flight prompts requeued) and return with
+        ``summary["stopped"]``; ``--resume`` continues exactly once. A second request cancels the run
+        at once (cleanup still runs). Call from the run's event loop."""
+        if self.stop_reason is not None and self._main is not None:
+            self._main.cancel()
+            return
+        self.stop_reason = reason
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _next_batch(self, queue: StalenessQueue):
+        """The next batch and its positions, or None if a stop was requested first."""
+        if self.replay is not None:
+            return self.replay.batch(self.step + 1)
+        get = asyncio.ensure_future(queue.get_batch_with_positions())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not get.done():
+                get.cancel()  # get_batch removes groups only when it returns: nothing is lost
+            await asyncio.gather(get, stop, return_exceptions=True)
+        return get.result() if not get.cancelled() else None
+
     async def run(self) -> dict[str, Any]:
+        self._main = asyncio.current_task()
+        self._stop = asyncio.Event()
+        if self.stop_reason is not None:
+            self._stop.set()
         try:
             self._setup()
         except BaseException:
@@ -228,12 +253,12 @@ class Runner:
             self._log({"eval": self.first_eval}, display)
             if self.replay is None:
                 producer = asyncio.create_task(self._producer(queue, manager))
-            while self.step < cfg.train.steps:
+            while self.step < cfg.train.steps and self.stop_reason is None:
                 t0 = time.perf_counter()
-                if self.replay is not None:
-                    groups, positions = self.replay.batch(self.step + 1)
-                else:
-                    groups, positions = await queue.get_batch_with_positions()
+                got = await self._next_batch(queue)
+                if got is None:
+                    break
+                groups, positions = got
                 t_wait = time.perf_counter() - t0
                 values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
                 samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,
@@ -257,15 +282,16 @@ class Runner:
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                     self._checkpoint()
                 if self._monitor(display):
-                    self._checkpoint()
                     break
             if producer is not None:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
-            final = await self.evaluate() if self.paused is None else {}
+            early = self.paused is not None or self.stop_reason is not None
+            if self.stop_reason is not None:
+                display.note(f"[red]stopped[/] ({self.stop_reason}) at step {self.step}; continue with --resume")
+            final = await self.evaluate() if not early else {}
             self._log({"eval": final, "time": {"elapsed_s": time.perf_counter() - t_start}}, display)
-            if self.paused is None:
-                self._checkpoint(final=True)
+            self._checkpoint(final=not early)
         finally:
             if producer is not None and not producer.done():
                 producer.cancel()
@@ -329,49 +355,11 @@ class Runner:
         }
         if self.paused is not None:
             summary["paused"] = {"step": self.paused.step, "kind": self.paused.kind, "message": self.paused.message}
+        if self.stop_reason is not None:
+            summary["stopped"] = {"step": self.step, "reason": self.stop_reason}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         plot_curves(self.history, self.run_dir / "curves.png", title=f"{self.cfg.env.id} / {self.cfg.algo.name}")
         return summary
-
-
-def check_engine_config(cfg: RunConfig) -> str:
-    """Cross-field checks of ``cfg.engine``; returns the resolved weight-sync kind. ConfigError names
-    the bad value."""
-    from agentrl.engine.weight_sync import resolve_sync_kind
-    from agentrl.errors import ConfigError
-
-    e = cfg.engine
-    if e.kind != "sglang" and e.urls:
-        raise ConfigError(f"engine.urls: {e.urls!r} needs engine.kind=sglang (got {e.kind!r})")
-    for u in e.urls:
-        if not isinstance(u, str) or not u.startswith(("http://", "https://")):
-            raise ConfigError(f"engine.urls: {u!r} is not an http(s)://host:port URL")
-    device = "cpu" if cfg.model.device == "cpu" else "gpu"
-    kind = resolve_sync_kind(e.weight_sync, e.kind, device)
-    if kind == "distributed" and e.sync_backend == "nccl" and device == "cpu":
-        raise ConfigError("engine.sync_backend: 'nccl' needs GPUs (model.device='cpu'); use gloo or weight_sync=disk")
-    return kind
-
-
-def _sglang_engine(cfg: RunConfig, model_path: Path):
-    from agentrl.engine.sglang import SGLangEngine
-
-    if cfg.engine.urls:
-        return SGLangEngine(urls=cfg.engine.urls, max_context=cfg.rollout.max_context)
-    device = "cpu" if cfg.model.device == "cpu" else "cuda"
-    return SGLangEngine.launch(str(model_path), num_servers=cfg.engine.num_servers, device=device,
-                               max_total_tokens=cfg.engine.max_total_tokens, max_context=cfg.rollout.max_context)
-
-
-def _weight_sync(cfg: RunConfig, kind: str, engine, model_path: Path, run_dir: Path):
-    from agentrl.engine.weight_sync import make_weight_sync
-
-    kwargs: dict[str, Any] = {}
-    if kind == "disk":
-        kwargs = {"dir": cfg.engine.weights_dir or run_dir / "weights", "model_path": model_path}
-    elif kind == "distributed":
-        kwargs = {"backend": cfg.engine.sync_backend}
-    return make_weight_sync(kind, engine, **kwargs)
 
 
 def _replace(obj, **kw):

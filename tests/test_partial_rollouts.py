@@ -8,14 +8,20 @@ two versions, and through the drain wrapper none does.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 import torch
 
 from agentrl.config import RolloutConfig, load_config
 from agentrl.engine.base import Engine, Generation, SamplingParams
-from agentrl.engine.drain import DrainEngine, drained_together, weight_update_gate, with_partial_rollouts
+from agentrl.engine.drain import (
+    DrainEngine,
+    drained_together,
+    weight_update_gate,
+    with_partial_rollouts,
+)
 from agentrl.engine.fake import FakeEngine
 from agentrl.errors import EngineError
 from agentrl.run_log import rollout_extra, turn_versions
@@ -242,7 +248,7 @@ async def test_wrapper_delegates_the_engine_seam_and_extras():
     assert eng.loaded is fake.loaded  # non-seam attributes (weight syncs use pause, post_all, ...)
     assert DrainEngine(TickingFakeEngine()).only_here == "forwarded"
     with pytest.raises(AttributeError):
-        eng.no_such_attribute
+        _ = eng.no_such_attribute
     with pytest.raises(TypeError, match="wraps an Engine, got str"):
         DrainEngine("not an engine")
 

@@ -32,7 +32,8 @@ import asyncio
 import contextlib
 import inspect
 import time
-from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.errors import EngineError

@@ -322,9 +322,9 @@ async def test_drained_together_waits_for_every_engine():
             body_ran = True
     assert not body_ran
     assert (await asyncio.wait_for(engs[1].generate([1], sp(2)), 10)).versions == [1, 1]
-    # awaitable release (a remote gate's)
+    # awaitable release (a remote gate's), through the runner's entry point
     remote = AwaitedGate(engs[1])
-    async with drained_together([engs[0], remote]) as waited:
+    async with weight_update_gate(engs[0], [remote]) as waited:
         assert waited >= 0 and engs[1].drain_stats["drains"] == 3
     assert remote.released == 1 and (await engs[1].generate([1], sp(1))).versions == [1]
     # cancelled while holding: everything reopens

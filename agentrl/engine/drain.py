@@ -170,10 +170,13 @@ def with_partial_rollouts(engine: Engine, partial_rollouts: bool) -> Engine:
     return engine if partial_rollouts else DrainEngine(engine)
 
 
-def weight_update_gate(engine: Engine) -> contextlib.AbstractAsyncContextManager:
+def weight_update_gate(engine: Engine, remote: Sequence[Gate] = ()) -> contextlib.AbstractAsyncContextManager:
     """What to hold around a weight push: ``engine.drained()`` for a DrainEngine, else nothing
-    (the push interrupts generations and they resume: partial rollouts). Either yields the seconds
-    spent waiting for generations in flight (0.0 for nothing)."""
+    (the push interrupts generations and they resume: partial rollouts). ``remote``: the gates of
+    other processes whose generations do not pass ``engine`` (Ray rollout workers), drained together
+    with it. Yields the seconds spent waiting for generations in flight (0.0 for nothing)."""
+    if remote:
+        return drained_together([engine, *remote] if isinstance(engine, DrainEngine) else list(remote))
     return engine.drained() if isinstance(engine, DrainEngine) else contextlib.nullcontext(0.0)
 
 

@@ -27,6 +27,7 @@ from agentrl.credit_assign import (
     resolve_trainer,
     trainable,
 )
+from agentrl.engine.drain import weight_update_gate, with_partial_rollouts
 from agentrl.engine.from_config import check_engine_config, make_engine, make_sync
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.faults import fault_point
@@ -89,6 +90,7 @@ class Runner:
         self.replay = None  # train.replay: the recorded batches of another run
         self.ledger = Ledger(self.run_dir)
         self.history: list[dict[str, Any]] = []
+        self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
         self.paused: Alert | None = None  # the monitor alert that paused the run
         self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
         self._stop: asyncio.Event | None = None
@@ -135,6 +137,7 @@ class Runner:
 
             self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
         self.engine = self.backend.engine if self.backend is not None else make_engine(cfg, self.model_path)
+        self.engine = with_partial_rollouts(self.engine, cfg.rollout.partial_rollouts)
         self.weight_sync = make_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
         self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
                                           wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
@@ -152,7 +155,9 @@ class Runner:
         """Gather the trainer's weights and push them through the configured WeightSync; seconds."""
         t0 = time.perf_counter()
         state = await asyncio.to_thread(self.trainer.full_state_dict)
-        self.last_sync = await self.weight_sync.push(state, self.trainer.version)
+        remote = self.backend.episodes.gates() if self.backend is not None and not self.cfg.rollout.partial_rollouts else ()
+        async with weight_update_gate(self.engine, remote) as self.drain_s:  # 0.0 with partial rollouts
+            self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
 
     async def evaluate(self) -> dict[str, float]:
@@ -274,7 +279,7 @@ class Runner:
                                        "train": tm, "credit": sstats,
                                        "staleness": queue.metrics(), "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
-                                       "weight_push_s": self.last_sync.seconds,
+                                       "weight_push_s": self.last_sync.seconds, "drain_wait_s": self.drain_s,
                                        "elapsed_s": time.perf_counter() - t_start}}
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
                     row["eval"] = await self.evaluate()

@@ -188,8 +188,43 @@ class RayEpisodes:
     async def collect(self, specs: Iterable) -> list[Trajectory]:
         return list(await asyncio.gather(*(self.run_episode(s) for s in specs)))
 
+    def gates(self) -> list["WorkerGate"]:
+        """One drain gate per worker (``agentrl.engine.drain.drained_together``; partial_rollouts=false)."""
+        return [WorkerGate(w, i) for i, w in enumerate(self.workers)]
+
     def cancel(self) -> None:
         import ray
 
         for ref in list(self._refs):
             ray.cancel(ref)
+
+
+class WorkerGate:
+    """A rollout worker's drain gate seen from the driver: ``hold``/``release`` actor calls. A hold
+    cancelled here may still complete in the worker: it is then released, so no worker stays held."""
+
+    def __init__(self, worker, index: int) -> None:
+        self.worker, self.index = worker, index
+
+    async def hold(self) -> float:
+        import ray
+
+        ref = self.worker.hold_generation.remote()
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            asyncio.ensure_future(self._release_if_held(ref))
+            raise
+        except ray.exceptions.RayError as e:
+            raise EngineError(f"rollout worker {self.index}: drain failed: {type(e).__name__}: {str(e)[:300]}") from e
+
+    async def _release_if_held(self, ref) -> None:
+        try:
+            await ref
+        except BaseException:
+            return  # cancelled or failed in the worker: its gate reopened there
+        await self.release()
+
+    async def release(self) -> None:
+        await self.worker.release_generation.remote()

@@ -75,7 +75,10 @@ class RolloutWorker(_Placed):
                               **env_spec.kwargs)
         env_id = env_spec.id
         registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
-        self.engine = make_engine()
+        from agentrl.engine.drain import with_partial_rollouts
+
+        # partial_rollouts=false: the driver drains every worker around a weight push (hold/release)
+        self.engine = with_partial_rollouts(make_engine(), rollout_cfg.partial_rollouts)
         self.manager = EpisodeManager(self.engine, lambda: registry.make(env_id, **env_kwargs),
                                       AutoTokenizer.from_pretrained(model_path), rollout_cfg, env_id=env_id)
 
@@ -87,6 +90,13 @@ class RolloutWorker(_Placed):
 
     async def ping(self) -> bool:
         return True
+
+    async def hold_generation(self) -> float:
+        """partial_rollouts=false: hold new generations, wait for those in flight (seconds waited)."""
+        return await self.engine.hold()
+
+    async def release_generation(self) -> None:
+        self.engine.release()
 
     async def engine_counts(self) -> dict[str, dict[str, int]]:
         """Per server URL, this worker's request counters (SGLang engines; {} for others)."""

@@ -49,8 +49,9 @@ for every arm, latencies off) with its standard error. Also: mean staleness of t
 samples, dropped groups, injected delays' mean/CV. Raw JSON: ``bench/results/async.json``
 (``async-quick.json`` for ``--quick``, ``async-decoupled.json`` for ``--correction decoupled``).
 
-    python bench/bench_async.py                  # 4 arms x 3 repeats x 30 steps (~30-40 min on 2 cores)
-    python bench/bench_async.py --quick          # smoke check: 2 arms, 4 steps, short delays (~1-2 min)
+    python bench/bench_async.py                  # 4 arms x 3 repeats x 30 steps (~14 min on 2 cores)
+    python bench/bench_async.py --correction decoupled
+    python bench/bench_async.py --quick          # smoke check: 2 arms, 4 steps, short delays (~10 s + model load)
     python bench/bench_async.py --staleness 0 2 --repeats 1 --steps 20
 """
 from __future__ import annotations

@@ -70,9 +70,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench-local modules (latency, bench_credit)
 
-from latency import LatencyEngine, LatencyEnv, SampleCounter  # noqa: E402
+from latency import LatencyEngine, LatencyEnv, SampleCounter
 
-from agentrl.runner import Runner, rollout_stats  # noqa: E402
+from agentrl.runner import Runner, rollout_stats
 
 ENV_ID = "bench/concise-latency-v0"  # bench-only registration: never part of agentrl/
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -87,6 +87,7 @@ CORRECTIONS = {"behaviour": {"old_logprobs": "behaviour", "tis_cap": None},
 def register_env(counter: SampleCounter) -> None:
     """(Re-)register the bench env with a fresh sample counter (one per run)."""
     from agentrl.envs.concise import ConciseEnv
+
     from agentrl.registry import register
 
     def factory(*, inner_kwargs: dict, tool_mean_s: float, cv: float, seed: int) -> LatencyEnv:
@@ -177,7 +178,6 @@ def run_one(model: Path, k: int, repeat: int, args, out_root: Path) -> dict:
     rows = [r for r in runner.history if "time/step_s" in r]
     step_s = [r["time/step_s"] for r in rows]
     train_s = [r["time/step_s"] - r["time/wait_rollout_s"] for r in rows]
-    D = [d for step in runner.group_durations for d in step]
     last = rows[-1]
     evals = [r for r in runner.history if "eval/reward_mean" in r]
     gen_delays = runner.engine.delays

@@ -29,10 +29,12 @@ import math
 import random
 import time
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentrl.envs.base import AgentEnv
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
-from agentrl.envs.base import AgentEnv
 
 
 def seeded_rng(*key: Any) -> random.Random:

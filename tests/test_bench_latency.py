@@ -14,11 +14,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from latency import LatencyEngine, LatencyEnv, SampleCounter, lognormal_draw, seeded_rng  # noqa: E402
+from agentrl.envs.concise import ConciseEnv
+from latency import LatencyEngine, LatencyEnv, SampleCounter, lognormal_draw, seeded_rng
 
-from agentrl.engine.base import SamplingParams  # noqa: E402
-from agentrl.engine.fake import FakeEngine  # noqa: E402
-from agentrl.envs.concise import ConciseEnv  # noqa: E402
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.fake import FakeEngine
 
 
 def test_lognormal_draw_has_the_asked_mean_and_cv():
@@ -87,7 +87,7 @@ def test_env_delays_follow_task_sample_and_turn():
         await env.areset(seed=seed)
         r = []
         for _ in range(2):
-            _, reward, done, _, _ = await env.astep("ok")
+            _, reward, _, _, _ = await env.astep("ok")
             r.append(reward)
         return env.delays, r
 

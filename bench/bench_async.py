@@ -38,7 +38,7 @@ samples, train step, weight sync), B groups per step.
   group has synced (``set_version``): at least D + T. By Little's law the group throughput is at
   most (k+1)*B / E[D + T], so a step (B groups) takes at least ``(E[D] + T) / (k + 1)``; the
   trainer is serial, so also at least T. Bound: ``step >= max(T, (E[D] + T) / (k + 1))``
-  (the brief's ``E[D] / (k+1)`` is the looser form without the slot's T).
+  (leaving the slot's T out gives the looser ``max(T, E[D] / (k + 1))``, also in the JSON).
 
 The bench computes both from each run's *measured* D and T, prints measured vs bound step time,
 and the speedup ceiling ``loop(k=0) / (steps * bound(k))``.

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_ray import CountEnv  # noqa: E402,F401  (registers bench/RayCount-v0)
+from bench_ray import CountEnv  # noqa: F401  (registers bench/RayCount-v0)
 
 SIDES = ("inprocess", "ray")
 

@@ -328,8 +328,8 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
 
             first, second = asyncio.run(go())
             assert all(t.trainable for t in first + second), [t.outcome_detail for t in first + second]
-            assert all(set(v for v in t.versions if v != -1) == {0} for t in first)
-            assert all(set(v for v in t.versions if v != -1) == {3} for t in second)  # the pushed weights served
+            assert all({v for v in t.versions if v != -1} == {0} for t in first)
+            assert all({v for v in t.versions if v != -1} == {3} for t in second)  # the pushed weights served
             counts = ray.get([w.engine_counts.remote() for w in backend.episodes.workers])
             assert all(list(c) == [server.url] for c in counts)
             assert sum(c[server.url]["ok"] for c in counts) == 12, counts

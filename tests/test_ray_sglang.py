@@ -336,6 +336,23 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
         finally:
             backend.close()
         assert server.alive() and server.healthy(), "closing the backend must not stop an attached server"
+
+        async def late_client():  # a worker's engine starting after a push must not relabel the server
+            import httpx
+
+            from agentrl.distributed.sglang_engines import SGLangClient
+            from agentrl.engine.base import SamplingParams
+
+            client = SGLangClient([server.url])
+            try:
+                gen = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+            finally:
+                await client.close()
+            async with httpx.AsyncClient(timeout=30) as h:
+                return gen, (await h.get(server.url + "/model_info")).json()["weight_version"]
+
+        gen, label = asyncio.run(late_client())
+        assert label == "3" and gen.versions == [3, 3], (label, gen.versions)  # a plain SGLangEngine pushes "0"
     finally:
         server.stop()
     assert not ray.is_initialized()

@@ -57,7 +57,7 @@ def _parent_and_session(pid: int) -> tuple[int, int]:
 # -- without Ray or SGLang ---------------------------------------------------------------------------
 OWNER = textwrap.dedent("""
     import subprocess, sys, time
-    from agentrl.distributed.reaper import Reaper
+    from agentrl.reaper import Reaper
     r = Reaper()
     kept = subprocess.Popen(["sh", "-c", "sleep 1000 & sleep 1000"], start_new_session=True)
     dropped = subprocess.Popen(["sleep", "1000"], start_new_session=True)

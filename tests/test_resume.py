@@ -266,7 +266,7 @@ def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir,
     assert chk["steps"] == list(range(1, 7)) and chk["duplicates"] == [] and chk["lost"] == [], chk
 
 
-def _sigterm_when(proc, run_dir, step, timeout_s=300):
+def _sigterm_when(proc, run_dir, step, timeout_s=300, sig=signal.SIGTERM):
     import time
 
     from agentrl.crash_harness import _last_step
@@ -275,7 +275,7 @@ def _sigterm_when(proc, run_dir, step, timeout_s=300):
     while _last_step(run_dir) < step and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be stopped"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     return proc.wait(timeout=timeout_s)
 
 
@@ -300,9 +300,11 @@ def test_sigterm_stops_agentrl_run_with_a_checkpoint_and_exit_143(tiny_model_dir
 @pytest.mark.sglang
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigterm_stops_launched_sglang_servers(sglang_model_dir, tmp_path):
-    """A run that launched its SGLang server and gets SIGTERM checkpoints and stops the server (its
-    own session: nothing else would)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_no_launched_sglang_server_outlives_its_run(sglang_model_dir, tmp_path, sig):
+    """A run that launched its SGLang server (in a session of its own) and gets SIGTERM checkpoints
+    and stops it; SIGKILLed, nothing runs in the run, and the server's watchdog (agentrl.reaper)
+    must kill it."""
     import time
 
     from agentrl.engine.sglang_server import unavailable_reason
@@ -320,14 +322,15 @@ def test_sigterm_stops_launched_sglang_servers(sglang_model_dir, tmp_path):
                         "engine.max_total_tokens=4096")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        rc = _sigterm_when(proc, out, 1, timeout_s=600)
+        rc = _sigterm_when(proc, out, 1, timeout_s=600, sig=sig)
         log = proc.stdout.read()
-        assert rc == 143, log[-3000:]
+        assert rc == (143 if sig == signal.SIGTERM else -signal.SIGKILL), log[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
     deadline = time.monotonic() + 30
     while servers() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not servers(), "the launched SGLang server outlived the SIGTERMed run"
-    assert (final_checkpoint(out) / "COMPLETE").exists()
+    assert not servers(), f"the launched SGLang server outlived the run ({sig.name})"
+    if sig == signal.SIGTERM:
+        assert (final_checkpoint(out) / "COMPLETE").exists()

@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from agentrl.distributed.ray_actors import _Placed
-from agentrl.distributed.reaper import Reaper
+from agentrl.reaper import Reaper
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang_server import SGLangServer
 

@@ -106,6 +106,7 @@ class SGLangEngine(Supervision, Engine):
         if num_servers < 1:
             raise EngineError(f"num_servers must be >= 1, got {num_servers}")
         ekw = {k: server_kwargs.pop(k) for k in _ENGINE_KWARGS if k in server_kwargs}
+        server_kwargs.setdefault("reap_with_owner", True)  # no server outlives a SIGKILLed owner
         servers = [SGLangServer(model_path, device=device, **server_kwargs) for _ in range(num_servers)]
         try:
             for s in servers:

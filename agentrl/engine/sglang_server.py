@@ -77,14 +77,16 @@ class SGLangServer:
     SGLang reserves most of the machine's memory on CPU). ``dtype`` is SGLang's ``--dtype``; the
     default (None) is ``float32`` on CPU, where SGLang's own default would serve an fp32 checkpoint in
     fp16 (behaviour logprobs then differ from an fp32 trainer's by ~2e-2 instead of ~1e-5), and
-    SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim.
+    SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim. ``reap_with_owner``: a
+    watchdog (:class:`agentrl.reaper.Reaper`) kills the server when this process dies without
+    stopping it (SIGKILL, a crash): the server runs in a session of its own and would outlive it.
     Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
 
     def __init__(self, model_path: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
                  device: str = "cpu", max_total_tokens: int = 32768, max_running_requests: int = 64,
                  dtype: str | None = None, extra_args: Sequence[str] = (), python: str | None = None, log_path: str | Path | None = None,
-                 startup_timeout_s: float = 240.0) -> None:
+                 startup_timeout_s: float = 240.0, reap_with_owner: bool = False) -> None:
         if not Path(model_path).is_dir():
             raise EngineError(f"SGLang model path {model_path} is not a directory")
         self.model_path = str(model_path)
@@ -98,6 +100,8 @@ class SGLangServer:
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.reap_with_owner = reap_with_owner
+        self._reaper = None
 
     @property
     def url(self) -> str:
@@ -131,6 +135,11 @@ class SGLangServer:
             env = {**without_secrets(), "PYTHONUNBUFFERED": "1"}
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        if self.reap_with_owner:
+            from agentrl.reaper import Reaper
+
+            self._reaper = self._reaper or Reaper()
+            self._reaper.watch(self.proc.pid)  # its own session: pid == process group id
         if wait:
             self.wait_ready()
         return self
@@ -169,6 +178,8 @@ class SGLangServer:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
             pass
+        if self._reaper is not None and self._reaper.proc.poll() is None:
+            self._reaper.forget(self.proc.pid)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL after ``grace_s``."""
@@ -181,6 +192,9 @@ class SGLangServer:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
     def restart(self, wait: bool = True) -> None:
         self.kill()

@@ -1,8 +1,8 @@
-"""Killing an actor's server processes when the actor dies, however it dies.
+"""Killing a process's server processes when that process (the owner) dies, however it dies.
 
-An engine actor launches its SGLang server in a session (process group) of its own, so the
-server would outlive an actor that is SIGKILLed (``ray.kill``, the OOM killer, a crashed node
-agent): nothing runs in the actor to stop it. ``Reaper`` starts a small watchdog process, a child
+An engine actor (or an ``agentrl run`` that launched its servers) starts each SGLang server in a
+session (process group) of its own, so the server would outlive an owner that is SIGKILLed
+(``ray.kill``, the OOM killer, a crashed node agent): nothing runs in the owner to stop it. ``Reaper`` starts a small watchdog process, a child
 of the actor in a session of its own, and keeps a pipe to its stdin. The actor writes the process
 group of each server it starts (``watch``) and of each server it stops itself (``forget``); when
 the pipe reaches EOF - the actor exited, cleanly or not, and the kernel closed its end - the
@@ -11,7 +11,8 @@ it costs no CPU, and it never needs the actor's pid (no pid-reuse race).
 
 Run as a script (``python reaper.py``) it is the watchdog: this module imports only the standard
 library at the top, so the watchdog starts in a few milliseconds and never imports agentrl.
-Does not start or supervise servers (``agentrl.distributed.sglang_engines``).
+Used by ``SGLangServer(reap_with_owner=True)`` (servers an engine launches) and the Ray engine actors
+(``agentrl.distributed.sglang_engines``); does not start or supervise servers.
 """
 from __future__ import annotations
 

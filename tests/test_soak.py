@@ -7,6 +7,8 @@ and RSS does not climb. The full 10k-episode count is the bench script's.
 
 The docker case skips, with the reason, where no daemon or sandbox image answers.
 """
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,13 +23,26 @@ from agentrl.sandbox import docker_unavailable_reason  # noqa: E402
 N = 300
 
 
+def _soak_in_fresh_process(backend: str, tmp_path: Path) -> dict:
+    """The soak's fd/process/RSS accounting is per process: run it in a fresh one, so threads other
+    tests leave in this pytest process (Ray's gRPC clients, say) cannot open a socket mid-soak and
+    count as its leak (seen once in CI)."""
+    out = tmp_path / "soak.json"
+    script = Path(bench_soak.__file__)
+    p = subprocess.run([sys.executable, str(script), "--episodes", str(N), "--backends", backend,
+                        "--concurrency", "16", "--sample-every", "25", "--out", str(out)],
+                       capture_output=True, text=True, timeout=840, cwd=script.parent.parent)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return json.loads(out.read_text())["reports"][0]
+
+
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
-def test_soak_leaves_nothing_behind(backend):
+def test_soak_leaves_nothing_behind(backend, tmp_path):
     if backend == "docker":
         reason = docker_unavailable_reason()
         if reason is not None:
             pytest.skip(f"docker backend unavailable: {reason}")
-    r = bench_soak.soak(backend, N, concurrency=16, sample_every=25)
+    r = _soak_in_fresh_process(backend, tmp_path)
     assert not r.get("skipped"), r.get("skipped")
     bench_soak._print(r)
     assert r["episodes"] == N

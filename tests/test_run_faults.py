@@ -233,11 +233,19 @@ def _assert_no_new_children_or_fds(kids0: set[int], fds0: dict[str, str]) -> Non
     while leak_probe.children() - kids0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leak_probe.children() - kids0 == set(), "child processes outlived the run"
-    gc.collect()
-    left = leak_probe.new_fds(fds0, leak_probe.fds())
     # Known, fault-independent: matplotlib keeps the fonts of the curve plot open (its font cache),
     # and every Runner.run leaves the trainer's gloo process group's epoll + pipe pair + socket
     # open (also without faults: measured on a plain run). Anything beyond that is a leak here.
-    left = {fd: t for fd, t in left.items() if "matplotlib" not in t}
-    kinds = sorted(t.split(":")[0] for t in left.values())
-    assert len(left) <= 4 and set(kinds) <= {"anon_inode", "pipe", "socket"} and kinds.count("socket") <= 1, left
+    # fds are process-wide: one that another thread of this pytest process holds for a moment
+    # (seen once in CI: a 5th fd, gone on a rerun) must close within the wait to pass.
+    def extra() -> dict[str, str]:
+        gc.collect()
+        return {fd: t for fd, t in leak_probe.new_fds(fds0, leak_probe.fds()).items() if "matplotlib" not in t}
+
+    def ok(left: dict[str, str]) -> bool:
+        kinds = sorted(t.split(":")[0] for t in left.values())
+        return len(left) <= 4 and set(kinds) <= {"anon_inode", "pipe", "socket"} and kinds.count("socket") <= 1
+    deadline = time.monotonic() + 10
+    while not ok(left := extra()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ok(left), "new fds after the run: " + ", ".join(f"{fd}={t}" for fd, t in sorted(left.items()))

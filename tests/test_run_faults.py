@@ -98,13 +98,9 @@ def test_docker_containers_killed_during_run(tmp_path):
                 except docker.errors.APIError:  # gone already (replaced, or removed by the pool)
                     pass
 
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
     try:
-        summary = asyncio.run(runner.run())
+        summary = _run_while(runner, killer, stop)
     finally:
-        stop.set()
-        t.join()
         sb = _SHARED.pop(("docker", tuple(sorted(opts.items()))), None) or shared_sandbox("docker", **opts)
         asyncio.run(sb.aclose())  # the shared sandbox lives as long as the process; close it to count leaks
         client.close()
@@ -178,13 +174,7 @@ def test_sglang_server_killed_during_run(sglang_model_dir, tmp_path):
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append((pgid, runner.step))
 
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    try:
-        summary = asyncio.run(runner.run())
-    finally:
-        stop.set()
-        t.join()
+    summary = _run_while(runner, killer, stop)
     assert killed, "the server was never killed"
     print(f"killed process group {killed[0][0]} after step {killed[0][1]}; server process groups seen {sorted(seen)}")
     assert summary["steps"] == steps
@@ -227,6 +217,17 @@ def test_weight_push_to_a_crashed_server_recovers_it(sglang_model_dir):
         server.stop()
     assert not leak_probe.in_group(pgid) and not leak_probe.in_group(server.proc.pid)
 
+
+
+def _run_while(runner, killer, stop: threading.Event) -> dict:
+    """``runner.run()`` with ``killer`` running in a thread until the run ends (``stop`` is set then)."""
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        return asyncio.run(runner.run())
+    finally:
+        stop.set()
+        t.join()
 
 def _assert_no_new_children_or_fds(kids0: set[int], fds0: dict[str, str]) -> None:
     deadline = time.monotonic() + 10

@@ -308,3 +308,42 @@ def test_weight_sync_to_the_local_engine_reproduces_trainer_logprobs(model_dir):
         m = t.train_step([s])  # reports the trainer-vs-engine mismatch before updating
     assert set(gen.versions) == {2}
     assert m["mismatch/abs_diff_max"] < 1e-5
+
+
+# -- several optimizer steps per train_step (PPO epochs x mini-batches) ----------------------------
+
+def test_mini_batches_equal_that_many_sequential_steps(model_dir):
+    """With the sft loss (no ratio) and one sample repeated, 2 mini-batches of one train_step are the
+    same two optimizer steps as two 1-sample train_steps; the version and the schedule advance once."""
+    s = make_samples(1, seed=4)
+    common = dict(lr=1e-3, policy_loss="sft")
+    with Trainer(model_dir, TrainerConfig(**common, mini_batches=2)) as t:
+        m = t.train_step(s * 2)
+        split = params(t)
+        assert t.version == 1 and m["optimizer_steps"] == 2 and m["version"] == 1.0
+        assert t.scheduler.last_epoch == 1
+    with Trainer(model_dir, TrainerConfig(**common)) as t:
+        t.train_step(s)
+        t.train_step(s)
+        seq = params(t)
+    assert max_diff(split, seq) < 1e-7
+
+
+def test_epochs_take_the_ratio_against_the_start_of_the_step(model_dir):
+    """old_logprobs='current': one pass has ratio 1 exactly; a second epoch sees the moved policy
+    (ratio != 1, and with a large lr the clip engages), while the start logprobs stay the denominator."""
+    samples = make_samples(6, seed=5, adv=[1.0, -1.0, 2.0, -2.0, 1.0, -1.0])
+    base = dict(lr=5e-2, old_logprobs="current", micro_batch_tokens=4096)
+    with Trainer(model_dir, TrainerConfig(**base)) as t:
+        one = t.train_step(samples)
+    with Trainer(model_dir, TrainerConfig(**base, ppo_epochs=3, mini_batches=2)) as t:
+        three = t.train_step(samples)
+    assert one["ratio"] == pytest.approx(1.0, abs=1e-6) and one["clipfrac"] == 0.0
+    assert three["optimizer_steps"] == 6 and three["clipfrac"] > 0.0
+    assert three["loss_tokens"] == 3 * one["loss_tokens"]
+
+
+def test_mini_batches_never_exceed_the_samples(model_dir):
+    with Trainer(model_dir, TrainerConfig(lr=1e-3, mini_batches=8)) as t:
+        m = t.train_step(make_samples(3))
+    assert m["optimizer_steps"] == 3

@@ -33,6 +33,12 @@ class TrainerConfig:
     min_lr_ratio: float = doc(0.0, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
     max_grad_norm: float = doc(
         1.0, "Clip the global gradient norm to this (0 = no clipping, norm still reported).", min=0.0)
+    ppo_epochs: int = doc(1, "Passes over each train_step's samples (PPO epochs); each pass is mini_batches "
+                             "optimizer steps.", min=1)
+    mini_batches: int = doc(
+        1, "Optimizer steps per pass: the samples are split into this many shuffled mini-batches (1 = one step "
+           "over the whole batch). With ppo_epochs * mini_batches > 1 the ratio is taken against the policy at "
+           "the start of the train_step, so the PPO clip bounds the drift.", min=1)
     # -- batching -------------------------------------------------------------------------------
     micro_batch_tokens: int = doc(
         4096, "Tokens per micro-batch (one forward/backward); gradients accumulate over a step's micro-batches.", min=1)
@@ -95,6 +101,8 @@ class TrainerConfig:
         if self.lr_schedule == "cosine" and self.warmup_steps >= self.total_steps:
             raise ConfigError(
                 f"trainer.warmup_steps: {self.warmup_steps} must be below trainer.total_steps={self.total_steps}")
+        if self.batching == "pad" and self.packed_mask:
+            raise ConfigError("trainer.packed_mask: only meaningful with trainer.batching='pack'")
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_len is None:
             raise ConfigError(
                 "trainer.loss_norm_len: null, but loss_agg 'seq-mean-token-sum-norm' needs a constant length")
@@ -105,5 +113,3 @@ class TrainerConfig:
 
         return dataclasses.replace(self, lr=DEFAULT_LR if self.lr is None else self.lr,
                                    loss_agg=self.loss_agg or "token-mean")
-        if self.batching == "pad" and self.packed_mask:
-            raise ConfigError("trainer.packed_mask: only meaningful with trainer.batching='pack'")

@@ -157,11 +157,56 @@ class Trainer:
 
     # -- training --------------------------------------------------------------------------------
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One optimizer step over all ``samples`` (see the module docstring); returns metrics."""
+        """One policy version from ``samples``: ``ppo_epochs`` passes over them, each split into
+        ``mini_batches`` optimizer steps (1 x 1 = one step over all, the default); returns metrics.
+
+        With more than one optimizer step the ratio's denominator is fixed before the first one
+        (``old_logprobs='current'``: the policy's logprobs at the start of this call; 'behaviour': the
+        engine's), and so are the critic's old values, so clipping bounds the whole call's drift.
+        Mini-batches are drawn by a permutation seeded by (seed, version, epoch), the same on every
+        rank. The LR schedules advance once per call. Metrics are means over the optimizer steps
+        (``tokens``/``loss_tokens``/``micro_batches``/``step_time_s`` are totals)."""
         if self._closed:
             raise RuntimeError("this Trainer is closed")
         if not samples:
             raise ValueError("train_step needs at least one sample")
+        cfg = self.cfg
+        n_mb = min(cfg.mini_batches, len(samples))
+        if cfg.ppo_epochs * n_mb == 1:
+            return self._finish([self._update(samples)])
+        samples = self._fix_denominators(samples)
+        outs = []
+        for epoch in range(cfg.ppo_epochs):
+            order = list(range(len(samples)))
+            random.Random(f"{cfg.seed}/{self.version}/{epoch}").shuffle(order)
+            for k in range(n_mb):
+                outs.append(self._update([samples[i] for i in order[k::n_mb]]))
+        return self._finish(outs)
+
+    def _fix_denominators(self, samples: list[TrainSample]) -> list[TrainSample]:
+        import dataclasses
+
+        old = self.logprobs(samples) if self.cfg.old_logprobs == "current" else [None] * len(samples)
+        vals = self.values(samples) if self.critic is not None else [None] * len(samples)
+        return [dataclasses.replace(s, old_logprobs=s.old_logprobs if s.old_logprobs is not None else o,
+                                    old_values=s.old_values if s.old_values is not None else v)
+                for s, o, v in zip(samples, old, vals)]
+
+    def _finish(self, outs: list[dict[str, float]]) -> dict[str, float]:
+        """Advance the schedules and the version once; fold the optimizer steps' metrics."""
+        self.scheduler.step()
+        if self.critic is not None:
+            self.critic_scheduler.step()
+        self.version += 1
+        totals = {"tokens", "loss_tokens", "micro_batches", "step_time_s"}
+        keys = set().union(*outs)
+        out = {k: (sum if k in totals else lambda v: sum(v) / len(v))([o[k] for o in outs if k in o]) for k in keys}
+        out.update(version=float(self.version), optimizer_steps=float(len(outs)),
+                   tokens_per_s=out["tokens"] / max(out["step_time_s"], 1e-9))
+        return out
+
+    def _update(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step over all ``samples`` (see the module docstring); returns metrics."""
         if not hasattr(self, "_A"):
             self._resolve(_algos())
         if self.critic is not None:
@@ -187,12 +232,9 @@ class Trainer:
             self._micro_step(mb.to(self.device), glob, acc, pairs)
         grad_norm = self._step(self.model, self.optimizer)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
         out: dict[str, float] = {}
         if self.critic is not None:
             out["critic_grad_norm"] = self._step(self.critic, self.critic_optimizer)
-            self.critic_scheduler.step()
-        self.version += 1
         keys = sorted(acc)
         sums = dict(zip(keys, D.all_sum([acc[k] for k in keys], self.device)))
         dt = time.perf_counter() - t0
@@ -200,8 +242,7 @@ class Trainer:
             "loss": sums.pop("loss"), "pg_loss": sums.pop("pg_loss"), "grad_norm": grad_norm,
             "skipped": float(not math.isfinite(grad_norm)), "lr": lr, "tokens": g_real, "loss_tokens": g_tok,
             "seqs": float(len(samples)), "micro_batches": float(len(mbs)),
-            "padding_frac": 1.0 - g_real / max(g_slots, 1.0), "step_time_s": dt, "tokens_per_s": g_real / dt,
-            "version": float(self.version),
+            "padding_frac": 1.0 - g_real / max(g_slots, 1.0), "step_time_s": dt,
         })
         if "value_loss" in sums:
             out["value_loss"] = sums.pop("value_loss")

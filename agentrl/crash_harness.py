@@ -114,7 +114,8 @@ def run_with_kills(cmd: list[str], run_dir: str | Path, *, kills: int, seed: int
 
 def ledger_check(run_dir: str | Path) -> dict[str, Any]:
     """Exactly-once over a finished run: ``{"trained": n, "duplicates": [...], "lost": [...],
-    "outstanding": n, "next": n}``; ``duplicates`` and ``lost`` must both be empty."""
+    "outstanding": n, "next": n}`` (abandoned prompts count as outstanding: accounted for, never
+    trained); ``duplicates`` and ``lost`` must both be empty."""
     from agentrl.ledger import read_ledger
 
     run_dir = Path(run_dir)
@@ -127,7 +128,7 @@ def ledger_check(run_dir: str | Path) -> dict[str, Any]:
     kept = []
     if (last / "rollouts.jsonl").exists():
         kept = [json.loads(line)["position"] for line in (last / "rollouts.jsonl").read_text().splitlines()]
-    outstanding = list(stream["requeued"]) + kept
+    outstanding = list(stream["requeued"]) + kept + list(stream.get("abandoned", ()))
     seen: dict[int, int] = {}
     for p in trained + outstanding:
         seen[p] = seen.get(p, 0) + 1

@@ -127,7 +127,8 @@ class Runner:
             self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
         extra = self.trainer.load(resume) if resume else {}
         self.step = int(extra.get("step", 0))
-        self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))})
+        self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))},
+                                              max_drops=cfg.train.max_prompt_drops)
         if resume:
             rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
             self.restored = load_ready(resume / "rollouts.jsonl")
@@ -244,7 +245,7 @@ class Runner:
             if self.backend is not None:
                 self.backend.close()
             raise
-        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.give_back)
+        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.drop)
         queue.version = self.trainer.version
         queue.restore(self.restored, **self.restored_counts)
         self.queue = queue
@@ -274,10 +275,12 @@ class Runner:
                 await queue.set_version(self.trainer.version)
                 self.step += 1
                 self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups])
+                self.stream.trained(positions)
                 self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
                 row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
                                        "train": tm, "credit": sstats,
-                                       "staleness": queue.metrics(), "time": {"wait_rollout_s": t_wait,
+                                       "staleness": {**queue.metrics(), "abandoned_prompts": len(self.stream.abandoned)},
+                                       "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
                                        "weight_push_s": self.last_sync.seconds, "drain_wait_s": self.drain_s,
                                        "elapsed_s": time.perf_counter() - t_start}}

@@ -40,13 +40,30 @@ def test_prompt_stream_hands_out_requeued_first_and_round_trips():
     assert s.take() == 0 and s.take() == 2 and s.take() == 4
     s.give_back(1)
     st = s.state(outstanding=[3])
-    assert st == {"next": 5, "requeued": [1, 3]}
+    assert st == {"next": 5, "requeued": [1, 3], "drops": {}, "abandoned": []}
     r = PromptStream.from_state(st)
     assert [r.take() for _ in range(3)] == [1, 3, 5]
     with pytest.raises(ValueError, match="never handed out"):
         r.give_back(99)
     with pytest.raises(ValueError, match="already requeued"):
         r.give_back(0), r.give_back(0)
+
+
+def test_prompt_stream_abandons_a_prompt_dropped_max_drops_times():
+    s = PromptStream(max_drops=2)
+    assert [s.take() for _ in range(3)] == [0, 1, 2]
+    assert s.drop(1) is True and s.take() == 1  # first drop: runs again
+    assert s.drop(2) is True
+    s.trained([2])  # trained at last: its count is forgotten
+    assert s.drop(1) is False and s.abandoned == [1]  # second drop of 1: abandoned, never handed out again
+    assert s.take() == 2 and s.take() == 3
+    st = s.state()
+    assert st["abandoned"] == [1] and st["drops"] == {}
+    r = PromptStream.from_state({**st, "drops": {"3": 1}}, max_drops=2)
+    assert r.drop(3) is False and r.abandoned == [1, 3]
+    unlimited = PromptStream()
+    unlimited.take()
+    assert all(unlimited.drop(0) and unlimited.take() == 0 for _ in range(10))
 
 
 def _traj(gid, version):
@@ -151,7 +168,17 @@ class SlowOnceEnv(AgentEnv):
         raise AssertionError("astep is used")
 
 
+class AlwaysSlowEnv(SlowOnceEnv):
+    """Position 1 outlasts the staleness bound on every attempt (as a tool that always times out)."""
+
+    async def astep(self, action):
+        if self.position == 1:
+            await asyncio.sleep(1.5)
+        return "", 1.0, True, False, {"messages": [], "tool_stats": new_stats()}
+
+
 agentrl.register("test/SlowOnce-v0", entry_point=SlowOnceEnv, override=True)
+agentrl.register("test/AlwaysSlow-v0", entry_point=AlwaysSlowEnv, override=True)
 
 
 def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tiny_model_dir, tmp_path):
@@ -190,6 +217,26 @@ def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tin
     assert chk["duplicates"] == [] and chk["lost"] == [], chk
     after = [p for r in read_ledger(out) if r["step"] > mid_step for p in r["positions"]]
     assert set(state["stream"]["requeued"]) | set(kept) <= set(after) | set(chk_outstanding(out)), (state, kept)
+
+
+def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_dir, tmp_path):
+    from agentrl.config import load_config
+    from agentrl.runner import Runner
+
+    out = tmp_path / "run"
+    cfg = load_config([], [
+        f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=test/AlwaysSlow-v0", "env.kwargs={}",
+        "rollout.max_new_tokens=4", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=2",
+        "train.groups_per_step=2", "train.steps=40", "train.max_staleness=1", "train.max_prompt_drops=2",
+        "eval.num_tasks=0", "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false"])
+    asyncio.run(Runner(cfg, progress=False).run())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-2]["staleness/abandoned_prompts"] == 1 and rows[-2]["staleness/dropped_groups"] == 2
+    chk = ledger_check(out)
+    assert chk["duplicates"] == [] and chk["lost"] == [] and chk["steps"] == list(range(1, 41)), chk
+    assert 1 not in [p for r in read_ledger(out) for p in r["positions"]]
+    stream = json.loads((final_checkpoint(out) / "trainer_state.json").read_text())["extra"]["stream"]
+    assert stream["abandoned"] == [1]
 
 
 def chk_outstanding(run_dir):

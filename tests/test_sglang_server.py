@@ -46,3 +46,30 @@ def test_startup_failure_raises_with_the_log(tmp_path):
     with pytest.raises(EngineError, match="exited with code"):
         server.start()
     assert not server.alive()
+
+
+def test_a_stop_during_a_restart_spawns_nothing(tmp_path, monkeypatch):
+    """The engine restarts a server in a worker thread; a close() (stop) landing mid-restart must not
+    leave a freshly spawned server behind. A stand-in process (not SGLang) plays the server."""
+    import sys
+
+    (tmp_path / "config.json").write_text("{}")
+    server = SGLangServer(tmp_path, port=1234, python=sys.executable, reap_with_owner=False)
+    monkeypatch.setattr(server, "command", lambda: [sys.executable, "-c", "import time; time.sleep(60)"])
+    server.start(wait=False)
+    first = server.proc
+    kill = server.kill
+
+    def kill_then_stop():  # stop() arrives between the restart's kill and its spawn
+        kill()
+        monkeypatch.setattr(server, "kill", kill)
+        server.stop(grace_s=1)
+
+    monkeypatch.setattr(server, "kill", kill_then_stop)
+    with pytest.raises(EngineError, match="stopped while restarting"):
+        server.restart(wait=False)
+    assert server.proc is first and not server.alive()
+    server.start(wait=False)  # an explicit start after a stop still works
+    assert server.alive() and server.proc is not first
+    server.stop(grace_s=1)
+    assert not server.alive()

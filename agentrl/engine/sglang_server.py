@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -102,6 +103,10 @@ class SGLangServer:
         self.restarts = 0
         self.reap_with_owner = reap_with_owner
         self._reaper = None
+        # stop() and spawning exclude each other; a stop() while a restart() is under way (another
+        # thread: the engine restarts in a worker thread) makes that restart spawn nothing.
+        self._spawn_lock = threading.Lock()
+        self._stops = 0
 
     @property
     def url(self) -> str:
@@ -123,8 +128,15 @@ class SGLangServer:
 
     def start(self, wait: bool = True) -> "SGLangServer":
         """Spawn the server (a new process group, output to ``log_path``); wait until ready."""
-        if self.alive():
-            return self
+        with self._spawn_lock:
+            if self.alive():
+                return self
+            self._spawn()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== agentrl: starting {' '.join(self.command())}\n".encode())
@@ -140,9 +152,6 @@ class SGLangServer:
 
             self._reaper = self._reaper or Reaper()
             self._reaper.watch(self.proc.pid)  # its own session: pid == process group id
-        if wait:
-            self.wait_ready()
-        return self
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Block until ``/health`` answers 200; raise EngineError (with the log tail) if the process
@@ -182,7 +191,10 @@ class SGLangServer:
             self._reaper.forget(self.proc.pid)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, then SIGKILL after ``grace_s``."""
+        """SIGTERM the process group, then SIGKILL after ``grace_s``. A restart() under way in
+        another thread spawns nothing after this (it raises EngineError)."""
+        with self._spawn_lock:
+            self._stops += 1
         if self.proc is None:
             return
         if self.alive():
@@ -197,9 +209,15 @@ class SGLangServer:
             self._reaper = None
 
     def restart(self, wait: bool = True) -> None:
+        stops = self._stops
         self.kill()
         self.restarts += 1
-        self.start(wait=wait)
+        with self._spawn_lock:
+            if self._stops != stops:
+                raise EngineError(f"SGLang server on port {self.port} was stopped while restarting")
+            self._spawn()
+        if wait:
+            self.wait_ready()
 
     def log_tail(self, lines: int = 20) -> str:
         try:

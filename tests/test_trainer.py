@@ -347,3 +347,24 @@ def test_mini_batches_never_exceed_the_samples(model_dir):
     with Trainer(model_dir, TrainerConfig(lr=1e-3, mini_batches=8)) as t:
         m = t.train_step(make_samples(3))
     assert m["optimizer_steps"] == 3
+
+
+def test_norm_lr_scale_moves_only_the_gains_faster(model_dir):
+    """Adam's first step is lr * g/|g| per parameter, so with the same gradients the weights move the
+    same and the normalization gains move norm_lr_scale times as far."""
+    samples = make_samples(4, seed=6, adv=[1.0, -1.0, 0.5, -0.5])
+    moved = {}
+    for scale in (1.0, 10.0):
+        with Trainer(model_dir, TrainerConfig(lr=1e-4, norm_lr_scale=scale)) as t:
+            before = params(t)
+            m = t.train_step(samples)
+            moved[scale] = {k: (v - before[k]).abs() for k, v in params(t).items()}
+            assert m["lr"] == pytest.approx(1e-4)
+    gains = [k for k in moved[1.0] if moved[1.0][k].ndim == 1 and "norm" in k]
+    assert "model.norm.weight" in gains and len(gains) >= 5
+    for k in moved[1.0]:
+        if k in gains:
+            ratio = moved[10.0][k].max() / moved[1.0][k].max()
+            assert 9.0 < ratio < 11.0, (k, ratio)
+        else:
+            assert torch.allclose(moved[10.0][k], moved[1.0][k], atol=1e-9), k

@@ -31,6 +31,11 @@ class TrainerConfig:
     warmup_steps: int = doc(0, "Optimizer steps of linear warmup from lr/warmup_steps to lr.", min=0)
     total_steps: int = doc(1000, "Optimizer steps the cosine schedule spans (warmup included).", min=1)
     min_lr_ratio: float = doc(0.0, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
+    norm_lr_scale: float = doc(
+        1.0, "Learning-rate multiplier for the normalization gains (1-D weights of *norm* modules, e.g. the final "
+             "RMSNorm). RL sharpens the policy largely by raising these gains (~1) while Adam moves every "
+             "parameter at most ~lr per step, i.e. gains ~30x slower in relative terms than weights (~0.03).",
+        min=0.0)
     max_grad_norm: float = doc(
         1.0, "Clip the global gradient norm to this (0 = no clipping, norm still reported).", min=0.0)
     ppo_epochs: int = doc(1, "Passes over each train_step's samples (PPO epochs); each pass is mini_batches "

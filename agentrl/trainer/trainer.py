@@ -118,8 +118,17 @@ class Trainer:
             pass  # inference works without it; train_step raises the import error
 
     def _optim(self, model, lr: float):
+        """AdamW over ``model``; with ``norm_lr_scale != 1`` the normalization gains (1-D ``*norm*``
+        weights) are a second group at ``lr * norm_lr_scale`` (the first group's lr is reported)."""
         cfg = self.cfg
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+        groups = [{"params": list(model.parameters())}]
+        if cfg.norm_lr_scale != 1.0:
+            gains = [p for n, p in model.named_parameters() if p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]]
+            ids = {id(p) for p in gains}
+            groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]
+            if gains:
+                groups.append({"params": gains, "lr": lr * cfg.norm_lr_scale})
+        opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                                 weight_decay=cfg.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
 

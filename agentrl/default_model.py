@@ -36,6 +36,9 @@ WARM_START = dict(steps=400, batch_size=32, lr=3e-3, warmup_steps=20, min_lr_rat
 #: The RL learning rate `agentrl run` uses with the built-in model when trainer.lr is null
 #: (measured in BENCHMARKS.md P7: 1e-3 collapses, 2e-4 is stable).
 BUILTIN_RL_LR = 2e-4
+#: ``trainer.norm_lr_scale`` `agentrl run` uses with the built-in model when it is null: the
+#: normalization gains learn at 200 x 2e-4 = 4e-2 (BENCHMARKS.md P7: RL sharpens through them).
+BUILTIN_NORM_LR_SCALE = 200.0
 
 
 def cache_dir() -> Path:

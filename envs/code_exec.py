@@ -93,7 +93,8 @@ class CodeExecEnv(ToolEnv):
     """Tasks solved with a Python tool; reward from the final answer or from unit tests.
 
     Args:
-        difficulty: procedural difficulty 1-5, or a list to mix (see ``agentrl.envs.tasks``).
+        difficulty: procedural difficulty 1-5, or a list to mix (see ``agentrl.envs.tasks``); default 3
+            (sums over ranges with a filter: a loop, so the tool is needed).
         split: ``"train"`` or ``"eval"`` (held-out procedural tasks).
         dataset: path to a JSONL/JSON/parquet task file (see ``agentrl.envs.datasets``) instead.
         on_bad_row: dataset policy for unusable rows, ``"error"`` or ``"skip"``.
@@ -112,7 +113,7 @@ class CodeExecEnv(ToolEnv):
         **kwargs: ``ToolEnv`` options (parser, on_bad_call, tool_timeout_s, ...).
     """
 
-    def __init__(self, *, difficulty: int | list[int] = 2, split: str = "train", dataset: str | None = None,
+    def __init__(self, *, difficulty: int | list[int] = 3, split: str = "train", dataset: str | None = None,
                  on_bad_row: str = "error", tools: tuple[str, ...] | list[str] = ("python",),
                  sandbox: Sandbox | None = None, sandbox_backend: str = "auto", sandbox_options: dict | None = None,
                  session: bool = False, code_timeout_s: float = 5.0, test_reward: str = "all",

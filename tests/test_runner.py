@@ -76,16 +76,19 @@ def test_null_trainer_fields_are_resolved_per_run():
     """trainer.lr / loss_agg null = chosen by the run: lr by model, aggregation by the algo preset
     (dr_grpo's constant-length normaliser included); explicit values are kept."""
     from agentrl.credit_assign import ALGOS, resolve_trainer
-    from agentrl.default_model import BUILTIN_RL_LR
+    from agentrl.default_model import BUILTIN_NORM_LR_SCALE, BUILTIN_RL_LR
     from agentrl.trainer.config import DEFAULT_LR
 
     builtin = resolve_trainer(load_config([], []), ALGOS["grpo"]).trainer
     assert builtin.lr == BUILTIN_RL_LR and builtin.loss_agg == "seq-mean-token-mean"
+    assert builtin.norm_lr_scale == BUILTIN_NORM_LR_SCALE
     user = resolve_trainer(load_config([], ["model.path=/m", "algo.name=dr_grpo", "rollout.max_new_tokens=100",
                                             "rollout.max_turns=3"]), ALGOS["dr_grpo"]).trainer
     assert user.lr == DEFAULT_LR and user.loss_agg == "seq-mean-token-sum-norm" and user.loss_norm_len == 300
-    kept = resolve_trainer(load_config([], ["trainer.lr=3e-5", "trainer.loss_agg=token-mean"]), ALGOS["grpo"]).trainer
-    assert kept.lr == 3e-5 and kept.loss_agg == "token-mean"
+    assert user.norm_lr_scale == 1.0
+    kept = resolve_trainer(load_config([], ["trainer.lr=3e-5", "trainer.loss_agg=token-mean",
+                                            "trainer.norm_lr_scale=3"]), ALGOS["grpo"]).trainer
+    assert kept.lr == 3e-5 and kept.loss_agg == "token-mean" and kept.norm_lr_scale == 3.0
 
 
 def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_model_dir, tmp_path):

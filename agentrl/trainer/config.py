@@ -31,11 +31,12 @@ class TrainerConfig:
     warmup_steps: int = doc(0, "Optimizer steps of linear warmup from lr/warmup_steps to lr.", min=0)
     total_steps: int = doc(1000, "Optimizer steps the cosine schedule spans (warmup included).", min=1)
     min_lr_ratio: float = doc(0.0, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
-    norm_lr_scale: float = doc(
-        1.0, "Learning-rate multiplier for the normalization gains (1-D weights of *norm* modules, e.g. the final "
-             "RMSNorm). RL sharpens the policy largely by raising these gains (~1) while Adam moves every "
-             "parameter at most ~lr per step, i.e. gains ~30x slower in relative terms than weights (~0.03).",
-        min=0.0)
+    norm_lr_scale: float | None = doc(
+        None, "Learning-rate multiplier for the policy's normalization gains (1-D weights of *norm* modules, "
+              "e.g. the final RMSNorm; the critic's keep its lr). RL sharpens the policy largely by raising "
+              "these gains (~1), while Adam moves every parameter at most ~lr per step: gains move ~30x slower "
+              "in relative terms than weights (~0.03). null: `agentrl run` picks BUILTIN_NORM_LR_SCALE for the "
+              "built-in tiny model and 1 for a --model; the Trainer API alone uses 1.", min=0.0)
     max_grad_norm: float = doc(
         1.0, "Clip the global gradient norm to this (0 = no clipping, norm still reported).", min=0.0)
     ppo_epochs: int = doc(1, "Passes over each train_step's samples (PPO epochs); each pass is mini_batches "
@@ -117,4 +118,5 @@ class TrainerConfig:
         import dataclasses
 
         return dataclasses.replace(self, lr=DEFAULT_LR if self.lr is None else self.lr,
-                                   loss_agg=self.loss_agg or "token-mean")
+                                   loss_agg=self.loss_agg or "token-mean",
+                                   norm_lr_scale=1.0 if self.norm_lr_scale is None else self.norm_lr_scale)

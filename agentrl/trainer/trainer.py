@@ -100,7 +100,7 @@ class Trainer:
         wrap = dict(param_dtype=cfg.param_dtype, checkpointing=cfg.activation_checkpointing)
         policy = load_causal_lm(self.model_path, cfg.attn_implementation).to(self.device)
         self.model = shard(policy, mesh, **wrap, trainable=True)
-        self.optimizer, self.scheduler = self._optim(self.model, cfg.lr)
+        self.optimizer, self.scheduler = self._optim(self.model, cfg.lr, cfg.norm_lr_scale)
         self.ref = None
         if cfg.kl_coef > 0 or cfg.reference or ref_model_path is not None:
             ref = load_causal_lm(ref_model_path or self.model_path, cfg.attn_implementation).to(self.device)
@@ -117,17 +117,18 @@ class Trainer:
         except ImportError:
             pass  # inference works without it; train_step raises the import error
 
-    def _optim(self, model, lr: float):
-        """AdamW over ``model``; with ``norm_lr_scale != 1`` the normalization gains (1-D ``*norm*``
-        weights) are a second group at ``lr * norm_lr_scale`` (the first group's lr is reported)."""
+    def _optim(self, model, lr: float, gain_scale: float | None = None):
+        """AdamW over ``model``; with ``gain_scale`` (the policy's ``norm_lr_scale``) not 1 the
+        normalization gains (1-D ``*norm*`` weights) are a second group at ``lr * gain_scale`` (the
+        first group's lr is reported). The critic's gains keep its lr."""
         cfg = self.cfg
         groups = [{"params": list(model.parameters())}]
-        if cfg.norm_lr_scale != 1.0:
+        if gain_scale not in (None, 1.0):
             gains = [p for n, p in model.named_parameters() if p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]]
             ids = {id(p) for p in gains}
             groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]
             if gains:
-                groups.append({"params": gains, "lr": lr * cfg.norm_lr_scale})
+                groups.append({"params": gains, "lr": lr * gain_scale})
         opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                                 weight_decay=cfg.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))

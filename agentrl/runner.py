@@ -92,6 +92,7 @@ class Runner:
         self.history: list[dict[str, Any]] = []
         self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
         self.paused: Alert | None = None  # the monitor alert that paused the run
+        self.alerting: set[str] = set()  # monitor kinds that alerted on the last step
         self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
         self._stop: asyncio.Event | None = None
         self._main: asyncio.Task | None = None
@@ -330,7 +331,10 @@ class Runner:
             with open(self.run_dir / "alerts.jsonl", "a") as f:
                 for a in alerts:
                     f.write(json.dumps({"step": a.step, "kind": a.kind, "message": a.message}) + "\n")
-                    display.note(f"[yellow]monitor[/] step {a.step} {a.kind}: {a.message}")
+                    if a.kind not in self.alerting:  # shown when it starts; every step's alert is in the file
+                        display.note(f"[yellow]monitor[/] step {a.step} {a.kind}: {a.message} "
+                                     f"(while it lasts: alerts.jsonl only)")
+        self.alerting = {a.kind for a in alerts}
         pausing: list[Alert] = [a for a in alerts if a.kind in self.cfg.monitor.pause_on]
         if pausing:
             self.paused = pausing[0]

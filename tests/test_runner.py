@@ -127,6 +127,23 @@ def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_p
     assert json.loads((out / "alerts.jsonl").read_text())["message"] == "planted"
 
 
+def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp_path, monkeypatch):
+    import agentrl.runner as runner_mod
+    from agentrl.monitors import Alert
+
+    firing = {2, 3, 4, 6}  # diversity_collapse on steps 2-4, then again at 6
+    monkeypatch.setattr(runner_mod, "new_alerts", lambda history, cfg: (
+        [Alert(history[-1]["step"], "diversity_collapse", "low")] if history[-1]["step"] in firing else []))
+    r = Runner(_cfg(tiny_model_dir, tmp_path, 7), progress=False)
+    notes = []
+    display = type("D", (), {"note": lambda self, m: notes.append(m)})()
+    for step in range(1, 8):
+        r.history.append({"step": step})
+        assert r._monitor(display) is False
+    assert [n.split()[2] for n in notes] == ["2", "6"], notes
+    assert [json.loads(line)["step"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] == [2, 3, 4, 6]
+
+
 def test_unknown_pause_on_kind_is_a_config_error(tiny_model_dir, tmp_path):
     from agentrl.errors import ConfigError
 

@@ -93,8 +93,10 @@ class TrainLoopConfig:
     groups_per_step: int = doc(32, "Prompt groups (of rollout.group_size samples) per optimizer step.", min=1)
     max_staleness: int = doc(1, "k: no trained sample holds a token older than version - k (0 = synchronous).", min=0)
     max_prompt_drops: int = doc(
-        3, "A prompt whose group the staleness bound drops this many times is abandoned (counted in "
-           "staleness/abandoned_prompts, never rerun) instead of rerunning for ever; 0 = no cap.", min=0)
+        0, "Abandon a prompt whose group the staleness bound dropped this many times (counted in "
+           "staleness/abandoned_prompts, never rerun) instead of rerunning it for ever; 0 = no cap. A rerun is "
+           "dropped far more often than a first attempt (BENCHMARKS.md P7), so a small cap loses ordinary prompts.",
+        min=0)
     checkpoint_every: int = doc(0, "Save a checkpoint every N steps (0 = only at the end).", min=0)
     resume: bool = doc(False, "Continue from the newest complete checkpoint in output_dir (exactly once: kept "
                               "groups are trained, prompts in flight run again, logs rewound to its step).")

@@ -12,8 +12,8 @@ first and last 10 steps, wall time, and the SFT-stage time if it ran. Writes
     python bench/bench_learning.py --algos grpo --staleness 0 2 --set train.steps=60
     python bench/bench_learning.py --from-runs runs/code_exec-grpo   # summarise finished runs only
 
-One run of the default is ~10 minutes on 2 CPU cores; the numbers move by a few points between
-runs (200 held-out tasks: a standard error of ~3 points at 75%).
+One run of the default is ~12 minutes on 2 CPU cores; the numbers move by a few points between
+runs (500 held-out tasks: a standard error of ~2 points at 75%).
 """
 from __future__ import annotations
 

@@ -368,3 +368,12 @@ def test_norm_lr_scale_moves_only_the_gains_faster(model_dir):
             assert 9.0 < ratio < 11.0, (k, ratio)
         else:
             assert torch.allclose(moved[10.0][k], moved[1.0][k], atol=1e-9), k
+
+
+def test_resuming_with_another_norm_lr_scale_is_a_clear_error(model_dir, tmp_path):
+    with Trainer(model_dir, TrainerConfig(lr=1e-3)) as t:
+        t.train_step(make_samples(2))
+        t.save(tmp_path / "ck")
+    with Trainer(model_dir, TrainerConfig(lr=1e-3, norm_lr_scale=10)) as t:
+        with pytest.raises(ConfigError, match="trainer.norm_lr_scale"):
+            t.load(tmp_path / "ck")

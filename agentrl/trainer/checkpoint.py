@@ -173,6 +173,14 @@ def load(trainer, path: str | Path) -> dict:
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(trainer.model, read_hf(path, trainer.model), options=opts)
     optim_sd = torch.load(path / "optimizer.pt", weights_only=False)
+    saved, ours = len(optim_sd.get("param_groups", ())), len(trainer.optimizer.param_groups)
+    if saved != ours:  # torch would load it, mix up the groups' lrs and fail at the next step
+        from agentrl.errors import ConfigError
+
+        raise ConfigError(
+            f"{path}: its optimizer has {saved} parameter group(s), this trainer {ours}: resume with the "
+            f"trainer.norm_lr_scale the checkpoint was trained with (1 = one group, as every checkpoint from "
+            f"before the option; `agentrl run` picks 200 for the built-in model when it is null)")
     set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_sd, options=opts)
     trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     if trainer.critic is not None:

@@ -175,7 +175,7 @@ class Trainer:
         engine's), and so are the critic's old values, so clipping bounds the whole call's drift.
         Mini-batches are drawn by a permutation seeded by (seed, version, epoch), the same on every
         rank. The LR schedules advance once per call. Metrics are means over the optimizer steps
-        (``tokens``/``loss_tokens``/``micro_batches``/``step_time_s`` are totals)."""
+        (``tokens``/``loss_tokens``/``seqs``/``micro_batches``/``step_time_s`` are totals)."""
         if self._closed:
             raise RuntimeError("this Trainer is closed")
         if not samples:
@@ -208,7 +208,7 @@ class Trainer:
         if self.critic is not None:
             self.critic_scheduler.step()
         self.version += 1
-        totals = {"tokens", "loss_tokens", "micro_batches", "step_time_s"}
+        totals = {"tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s"}
         keys = set().union(*outs)
         out = {k: (sum if k in totals else lambda v: sum(v) / len(v))([o[k] for o in outs if k in o]) for k in keys}
         out.update(version=float(self.version), optimizer_steps=float(len(outs)),

@@ -179,7 +179,7 @@ def test_eval_command_on_code_exec(sglang_server, tmp_path, key):
     assert "solve_rate" in res.output and "agentrl eval" in res.output
     eps = [json.loads(line) for line in out.with_name("ce.episodes.jsonl").read_text().splitlines()]
     assert len(eps) == 2 and all(e["outcome"] in ("ok", "truncated_length", "truncated_turns") for e in eps), eps
-    assert all(e["task"]["id"].startswith("d2-eval") for e in eps)
+    assert all(e["task"]["id"].startswith("d3-eval") for e in eps)
 
 
 def test_eval_command_reports_a_bad_model_clearly(tmp_path):

@@ -218,7 +218,6 @@ def test_weight_push_to_a_crashed_server_recovers_it(sglang_model_dir):
     assert not leak_probe.in_group(pgid) and not leak_probe.in_group(server.proc.pid)
 
 
-
 def _run_while(runner, killer, stop: threading.Event) -> dict:
     """``runner.run()`` with ``killer`` running in a thread until the run ends (``stop`` is set then)."""
     t = threading.Thread(target=killer, daemon=True)
@@ -228,6 +227,7 @@ def _run_while(runner, killer, stop: threading.Event) -> dict:
     finally:
         stop.set()
         t.join()
+
 
 def _assert_no_new_children_or_fds(kids0: set[int], fds0: dict[str, str]) -> None:
     deadline = time.monotonic() + 10
@@ -246,6 +246,7 @@ def _assert_no_new_children_or_fds(kids0: set[int], fds0: dict[str, str]) -> Non
     def ok(left: dict[str, str]) -> bool:
         kinds = sorted(t.split(":")[0] for t in left.values())
         return len(left) <= 4 and set(kinds) <= {"anon_inode", "pipe", "socket"} and kinds.count("socket") <= 1
+
     deadline = time.monotonic() + 10
     while not ok(left := extra()) and time.monotonic() < deadline:
         time.sleep(0.5)

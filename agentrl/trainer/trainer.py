@@ -196,8 +196,10 @@ class Trainer:
     def _fix_denominators(self, samples: list[TrainSample]) -> list[TrainSample]:
         import dataclasses
 
-        old = self.logprobs(samples) if self.cfg.old_logprobs == "current" else [None] * len(samples)
-        vals = self.values(samples) if self.critic is not None else [None] * len(samples)
+        need_old = self.cfg.old_logprobs == "current" and any(s.old_logprobs is None for s in samples)
+        need_vals = self.critic is not None and any(s.old_values is None for s in samples)
+        old = self.logprobs(samples) if need_old else [None] * len(samples)
+        vals = self.values(samples) if need_vals else [None] * len(samples)
         return [dataclasses.replace(s, old_logprobs=s.old_logprobs if s.old_logprobs is not None else o,
                                     old_values=s.old_values if s.old_values is not None else v)
                 for s, o, v in zip(samples, old, vals)]

@@ -36,14 +36,18 @@ class EpisodeSpec:
     options: dict | None = None
 
 
-def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0) -> list[EpisodeSpec]:
+def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0,
+               attempt: int = 0) -> list[EpisodeSpec]:
     """Specs for ``num_prompts`` tasks x ``group_size`` samples; a group's samples are adjacent so
-    they run together (prefix caching in engines that have it)."""
+    they run together (prefix caching in engines that have it). ``attempt`` (how many times the
+    staleness bound dropped this prompt's group) keeps the tasks and changes the sampling seeds: a
+    rerun draws new samples instead of repeating the ones that made its group too slow."""
     specs = []
     for i in range(start, start + num_prompts):
         task_seed = (seed * 1_000_003 + i) % (2**31)
         for g in range(group_size):
-            specs.append(EpisodeSpec(f"s{seed}-p{i}", g, task_seed, (task_seed * 131 + g) % (2**31)))
+            specs.append(EpisodeSpec(f"s{seed}-p{i}", g, task_seed,
+                                     (task_seed * 131 + g + 999_983 * attempt) % (2**31)))
     return specs
 
 

@@ -178,7 +178,8 @@ class Runner:
         running: set[asyncio.Task] = set()
 
         async def run_group(index: int, position: int) -> None:
-            specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position)
+            specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position,
+                               attempt=self.stream.drops.get(position, 0))
             group = await asyncio.gather(*(manager.run_episode(s) for s in specs))
             await queue.put(index, list(group), position)
             self.in_flight.pop(index, None)

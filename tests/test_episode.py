@@ -279,6 +279,15 @@ def test_make_specs_groups_share_task():
     assert make_specs(3, 4, seed=5) == specs and make_specs(3, 4, seed=6) != specs
 
 
+def test_make_specs_rerun_attempt_keeps_the_tasks_and_draws_new_samples():
+    first, rerun = make_specs(2, 4, seed=5, start=7), make_specs(2, 4, seed=5, start=7, attempt=1)
+    assert [(s.group_id, s.sample_index, s.task_seed) for s in rerun] == \
+        [(s.group_id, s.sample_index, s.task_seed) for s in first]
+    seeds = [s.sampling_seed for s in first]
+    assert not {s.sampling_seed for s in rerun} & set(seeds)
+    assert make_specs(2, 4, seed=5, start=7, attempt=2) not in (first, rerun)
+
+
 def test_env_reset_failure_is_env_error(tiny_tokenizer):
     class Broken(NoopEnv):
         def reset(self, *, seed=None, options=None):

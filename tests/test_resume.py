@@ -226,7 +226,8 @@ def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tin
     assert set(state["stream"]["requeued"]) | set(kept) <= set(after) | set(chk_outstanding(out)), (state, kept)
 
 
-def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_dir, tmp_path):
+def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_dir, tmp_path, monkeypatch):
+    import agentrl.runner as runner_mod
     from agentrl.config import load_config
     from agentrl.runner import Runner
 
@@ -238,10 +239,19 @@ def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_di
         "eval.num_tasks=0", "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false"])
     runner = Runner(cfg, progress=False)
     _TRAINER_VERSION[0] = lambda: runner.trainer.version
+    attempts = []  # (position, attempt) of every group the producer starts
+    real_make_specs = runner_mod.make_specs
+
+    def spy(*args, **kw):
+        attempts.append((kw["start"], kw.get("attempt", 0)))
+        return real_make_specs(*args, **kw)
+
+    monkeypatch.setattr(runner_mod, "make_specs", spy)
     try:
         asyncio.run(runner.run())
     finally:
         _TRAINER_VERSION[0] = lambda: 0
+    assert [a for p, a in attempts if p == 1] == [0, 1], attempts  # the rerun draws new samples
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-2]["staleness/abandoned_prompts"] == 1 and rows[-2]["staleness/dropped_groups"] >= 2
     chk = ledger_check(out)

@@ -45,6 +45,10 @@ class EngineConfig:
     sync_backend: Literal["nccl", "gloo"] = doc(
         "nccl", "weight_sync=distributed: process-group backend (nccl on GPUs; gloo also works on CPU).")
     weights_dir: str | None = doc(None, "weight_sync=disk: where weight dirs are written (null: output_dir/weights).")
+    cpu_threads: int | None = doc(
+        None, "agentrl run with the local engine on CPU: torch intra-op threads. The engine decodes while the "
+        "trainer steps, each with its own OpenMP team, so null (auto) gives each half the cores (at least 1); "
+        "on 2 cores that made a default step 14% faster (BENCHMARKS.md P7). 0 keeps torch's default.", min=0)
 
 
 @dataclass

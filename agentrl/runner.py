@@ -28,7 +28,7 @@ from agentrl.credit_assign import (
     trainable,
 )
 from agentrl.engine.drain import weight_update_gate, with_partial_rollouts
-from agentrl.engine.from_config import check_engine_config, make_engine, make_sync
+from agentrl.engine.from_config import check_engine_config, cpu_threads, make_engine, make_sync
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.faults import fault_point
 from agentrl.ledger import Ledger, rewind
@@ -225,6 +225,19 @@ class Runner:
         return get.result() if not get.cancelled() else None
 
     async def run(self) -> dict[str, Any]:
+        threads = cpu_threads(self.cfg)  # engine.cpu_threads, for this run only
+        if threads is None:
+            return await self._run()
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return await self._run()
+        finally:
+            torch.set_num_threads(before)
+
+    async def _run(self) -> dict[str, Any]:
         self._main = asyncio.current_task()
         self._stop = asyncio.Event()
         if self.stop_reason is not None:

@@ -149,3 +149,22 @@ def test_unknown_pause_on_kind_is_a_config_error(tiny_model_dir, tmp_path):
 
     with pytest.raises(ConfigError, match="kl_spik"):
         Runner(_cfg(tiny_model_dir, tmp_path / "r", 1, ["monitor.pause_on=[kl_spik]"]), progress=False)
+
+
+def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_them(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    import torch
+
+    from agentrl.engine.from_config import cpu_threads
+
+    def threads(*sets, cores=2):
+        return cpu_threads(load_config([], list(sets)), cores=cores)
+
+    assert threads() == 1 and threads(cores=16) == 8 and threads(cores=1) == 1
+    assert threads("engine.cpu_threads=3") == 3 and threads("engine.cpu_threads=0") is None
+    assert threads("engine.kind=sglang") is None and threads("model.device=cuda") is None
+    calls, real = [], torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
+    before = torch.get_num_threads()
+    asyncio.run(Runner(_cfg(tiny_model_dir, tmp_path / "run", 1, ["engine.cpu_threads=1"]), progress=False).run())
+    assert calls == [1, before] and torch.get_num_threads() == before

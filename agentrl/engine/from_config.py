@@ -27,6 +27,21 @@ def make_engine(cfg: RunConfig, model_path: Path):
                                        max_batch_size=cfg.engine.max_batch_size, max_context=cfg.rollout.max_context)
 
 
+def cpu_threads(cfg: RunConfig, cores: int | None = None) -> int | None:
+    """Torch intra-op threads for ``agentrl run`` (None: leave torch's default). Only the in-process
+    engine on CPU shares the process with the trainer; both compute at once in their own threads, and
+    every thread that enters a parallel region gets its own OpenMP team, so auto splits the cores."""
+    n = cfg.engine.cpu_threads
+    if n == 0 or cfg.engine.kind != "local" or cfg.model.device != "cpu" or cfg.distributed == "ray":
+        return None
+    if n is not None:
+        return n
+    import os
+
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(1, cores // 2)
+
+
 def check_engine_config(cfg: RunConfig) -> str:
     """Cross-field checks of ``cfg.engine``; returns the resolved weight-sync kind. ConfigError names
     the bad value."""

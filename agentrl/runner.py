@@ -143,7 +143,7 @@ class Runner:
         self.weight_sync = make_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
         self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
                                           wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
-                                          append=resume is not None)
+                                          resume_step=self.step if resume is not None else None)
         self.warnings = warnings + ([f"resumed from {resume} at step {self.step}"] if resume else [])
 
     def _latest_checkpoint(self) -> Path | None:

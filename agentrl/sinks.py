@@ -55,10 +55,13 @@ class JsonlSink(MetricsSink):
 
 
 class TensorBoardSink(MetricsSink):
-    def __init__(self, logdir: str | Path) -> None:
+    """``purge_step``: a resumed run's first step; TensorBoard hides what earlier event files logged
+    at that step or later (the steps the interrupted run did after its checkpoint)."""
+
+    def __init__(self, logdir: str | Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._w = SummaryWriter(str(logdir))
+        self._w = SummaryWriter(str(logdir), purge_step=purge_step)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         for k, v in _scalars(metrics).items():
@@ -106,13 +109,16 @@ class MultiSink(MetricsSink):
 
 
 def make_sinks(run_dir: Path, *, tensorboard: bool, wandb_project: str | None, config: dict,
-               append: bool = False) -> tuple[MultiSink, list[str]]:
-    """JSONL always; TensorBoard/W&B as asked. Returns the sink and warnings to show the user."""
-    sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", append=append)]
+               resume_step: int | None = None) -> tuple[MultiSink, list[str]]:
+    """JSONL always; TensorBoard/W&B as asked. Returns the sink and warnings to show the user.
+    ``resume_step``: the checkpoint's step when resuming (JSONL appends, TensorBoard purges the
+    steps after it)."""
+    sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", append=resume_step is not None)]
     warnings = []
     if tensorboard:
         try:
-            sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+            sinks.append(TensorBoardSink(run_dir / "tensorboard",
+                                         purge_step=None if resume_step is None else resume_step + 1))
         except ImportError:
             warnings.append("tensorboard is not installed: `pip install tensorboard` to get TensorBoard logs")
     if wandb_project:

@@ -118,6 +118,26 @@ def test_rewind_drops_what_came_after_the_checkpoint(tmp_path):
     assert sorted(p.name for p in (tmp_path / "trajectories").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
 
 
+def test_a_resumed_run_hides_the_tensorboard_steps_after_its_checkpoint(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from agentrl.sinks import make_sinks
+
+    def log(steps, value, resume_step=None):
+        sinks, _ = make_sinks(tmp_path, tensorboard=True, wandb_project=None, config={}, resume_step=resume_step)
+        for s in steps:
+            sinks.write(s, {"train": {"loss": value + s}})
+        sinks.close()
+
+    log(range(1, 6), 0.0)  # the interrupted run got to step 5; its checkpoint is step 2
+    log(range(3, 5), 100.0, resume_step=2)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 1.0), (2, 2.0), (3, 103.0), (4, 104.0)]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 3, 4]  # JSONL appends; rewind() trims it on resume
+
+
 def test_fault_point_kills_the_process_at_the_nth_pass():
     code = ("from agentrl.faults import fault_point\n"
             "for i in range(5):\n    print(i, flush=True)\n    fault_point('x')\n")

@@ -34,25 +34,25 @@ ALGOS: dict[str, AlgoPreset] = {
 
 
 def resolve_trainer(cfg, preset: AlgoPreset):
-    """``cfg`` (a RunConfig) with its null ("auto") trainer fields chosen for this run: ``lr``
-    ``BUILTIN_RL_LR`` for the built-in tiny model, else ``DEFAULT_LR``; ``norm_lr_scale``
-    ``BUILTIN_NORM_LR_SCALE`` for the built-in model, else 1; ``loss_agg`` the preset's
-    aggregation; ``loss_norm_len`` (Dr. GRPO's constant) the most tokens an episode can sample."""
+    """``cfg`` (a RunConfig) with its null ("auto") trainer fields chosen for this run: ``lr``,
+    ``norm_lr_scale``, ``lr_schedule`` and ``min_lr_ratio`` from ``BUILTIN_RL`` for the built-in tiny
+    model, else from the Trainer API's ``AUTO``; ``total_steps`` the run's optimizer steps;
+    ``loss_agg`` the preset's aggregation; ``loss_norm_len`` (Dr. GRPO's constant) the most tokens an
+    episode can sample."""
     import dataclasses
 
-    from agentrl.default_model import BUILTIN_NORM_LR_SCALE, BUILTIN_RL_LR
-    from agentrl.trainer.config import DEFAULT_LR
+    from agentrl.default_model import BUILTIN_RL
+    from agentrl.trainer.config import AUTO
 
     t = cfg.trainer
-    builtin = cfg.model.path is None
-    lr = t.lr if t.lr is not None else (BUILTIN_RL_LR if builtin else DEFAULT_LR)
-    gains = t.norm_lr_scale if t.norm_lr_scale is not None else (BUILTIN_NORM_LR_SCALE if builtin else 1.0)
+    chosen = {**AUTO, **(BUILTIN_RL if cfg.model.path is None else {}),
+              "total_steps": cfg.train.steps * t.ppo_epochs * t.mini_batches}
+    auto = {k: v for k, v in chosen.items() if getattr(t, k) is None}
     agg = t.loss_agg or preset.aggregation
     norm = t.loss_norm_len
     if agg == "seq-mean-token-sum-norm" and norm is None:
         norm = min(cfg.rollout.max_context, cfg.rollout.max_new_tokens * cfg.rollout.max_turns)
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, lr=lr, loss_agg=agg, loss_norm_len=norm,
-                                                                 norm_lr_scale=gains))
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, loss_agg=agg, loss_norm_len=norm, **auto))
 
 
 def episode_return(t: Trajectory) -> float:

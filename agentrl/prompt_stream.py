@@ -3,7 +3,7 @@
 Owns: which prompt position the producer starts next — positions given back first (a group dropped
 by the staleness bound, or in flight when a checkpoint was taken), lowest first, then the counter —
 and the state a checkpoint stores to resume that exactly: ``{"next": n, "requeued": [...],
-"drops": {p: times}, "abandoned": [...]}``. Position p is the task ``make_specs(1, G, seed, start=p)``
+"drops": {p: times}, "abandoned": [...], "redrops": n}``. Position p is the task ``make_specs(1, G, seed, start=p)``
 (group id ``s{seed}-p{p}``).
 
 A prompt the staleness bound keeps dropping (its episodes always outlast the bound, e.g. a tool that
@@ -27,7 +27,7 @@ class PromptStream:
     staleness bound dropped (requeued, or abandoned past ``max_drops``)."""
 
     def __init__(self, next_position: int = 0, requeued: Iterable[int] = (), *, max_drops: int = 0,
-                 drops: dict | None = None, abandoned: Iterable[int] = ()) -> None:
+                 drops: dict | None = None, abandoned: Iterable[int] = (), redrops: int = 0) -> None:
         if next_position < 0:
             raise ValueError(f"next_position must be >= 0, got {next_position}")
         if max_drops < 0:
@@ -36,6 +36,7 @@ class PromptStream:
         self.max_drops = int(max_drops)
         self.drops: dict[int, int] = {int(p): int(n) for p, n in (drops or {}).items()}
         self.abandoned: list[int] = sorted(int(p) for p in abandoned)
+        self.redrops = int(redrops)  # drops of a group whose prompt had been dropped before (a rerun)
         self._requeued: list[int] = []
         for p in requeued:
             self.give_back(p)
@@ -60,6 +61,7 @@ class PromptStream:
         ``max_drops`` times now, abandon it (False)."""
         position = int(position)
         n = self.drops[position] = self.drops.get(position, 0) + 1
+        self.redrops += n > 1
         if self.max_drops and n >= self.max_drops:
             del self.drops[position]
             self.abandoned.append(position)
@@ -80,9 +82,10 @@ class PromptStream:
         """What a checkpoint stores; ``outstanding``: positions taken but not yet trained whose work the
         checkpoint does not keep (in flight) — they run again after a resume."""
         return {"next": self.next, "requeued": sorted({*self._requeued, *map(int, outstanding)}),
-                "drops": {str(p): n for p, n in sorted(self.drops.items())}, "abandoned": sorted(self.abandoned)}
+                "drops": {str(p): n for p, n in sorted(self.drops.items())}, "abandoned": sorted(self.abandoned),
+                "redrops": self.redrops}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, max_drops: int = 0) -> PromptStream:
         return cls(int(state.get("next", 0)), state.get("requeued", ()), max_drops=max_drops,
-                   drops=state.get("drops"), abandoned=state.get("abandoned", ()))
+                   drops=state.get("drops"), abandoned=state.get("abandoned", ()), redrops=state.get("redrops", 0))

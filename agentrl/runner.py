@@ -294,7 +294,8 @@ class Runner:
                 self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
                 row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
                                        "train": tm, "credit": sstats,
-                                       "staleness": {**queue.metrics(), "abandoned_prompts": len(self.stream.abandoned)},
+                                       "staleness": {**queue.metrics(), "rerun_drops": self.stream.redrops,
+                                                     "abandoned_prompts": len(self.stream.abandoned)},
                                        "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
                                        "weight_push_s": self.last_sync.seconds, "drain_wait_s": self.drain_s,

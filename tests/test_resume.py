@@ -40,7 +40,7 @@ def test_prompt_stream_hands_out_requeued_first_and_round_trips():
     assert s.take() == 0 and s.take() == 2 and s.take() == 4
     s.give_back(1)
     st = s.state(outstanding=[3])
-    assert st == {"next": 5, "requeued": [1, 3], "drops": {}, "abandoned": []}
+    assert st == {"next": 5, "requeued": [1, 3], "drops": {}, "abandoned": [], "redrops": 0}
     r = PromptStream.from_state(st)
     assert [r.take() for _ in range(3)] == [1, 3, 5]
     with pytest.raises(ValueError, match="never handed out"):
@@ -58,12 +58,13 @@ def test_prompt_stream_abandons_a_prompt_dropped_max_drops_times():
     assert s.drop(1) is False and s.abandoned == [1]  # second drop of 1: abandoned, never handed out again
     assert s.take() == 2 and s.take() == 3
     st = s.state()
-    assert st["abandoned"] == [1] and st["drops"] == {}
+    assert st["abandoned"] == [1] and st["drops"] == {} and st["redrops"] == 1  # 1's second drop
     r = PromptStream.from_state({**st, "drops": {"3": 1}}, max_drops=2)
-    assert r.drop(3) is False and r.abandoned == [1, 3]
+    assert r.drop(3) is False and r.abandoned == [1, 3] and r.redrops == 2
     unlimited = PromptStream()
     unlimited.take()
     assert all(unlimited.drop(0) and unlimited.take() == 0 for _ in range(10))
+    assert unlimited.redrops == 9
 
 
 def _traj(gid, version):
@@ -274,6 +275,7 @@ def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_di
     assert [a for p, a in attempts if p == 1] == [0, 1], attempts  # the rerun draws new samples
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-2]["staleness/abandoned_prompts"] == 1 and rows[-2]["staleness/dropped_groups"] >= 2
+    assert rows[-2]["staleness/rerun_drops"] >= 1
     chk = ledger_check(out)
     assert chk["duplicates"] == [] and chk["lost"] == [] and chk["steps"] == list(range(1, 41)), chk
     assert 1 not in [p for r in read_ledger(out) for p in r["positions"]]

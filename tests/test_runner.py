@@ -73,22 +73,27 @@ def test_temperature_mismatch_is_a_config_error(tiny_model_dir, tmp_path):
 
 
 def test_null_trainer_fields_are_resolved_per_run():
-    """trainer.lr / loss_agg null = chosen by the run: lr by model, aggregation by the algo preset
+    """trainer.lr / norm_lr_scale / lr_schedule / min_lr_ratio / total_steps / loss_agg null = chosen by
+    the run: by model (built-in or --model), the run's steps, and the algo preset's aggregation
     (dr_grpo's constant-length normaliser included); explicit values are kept."""
     from agentrl.credit_assign import ALGOS, resolve_trainer
-    from agentrl.default_model import BUILTIN_NORM_LR_SCALE, BUILTIN_RL_LR
-    from agentrl.trainer.config import DEFAULT_LR
+    from agentrl.default_model import BUILTIN_RL
+    from agentrl.trainer.config import AUTO, TrainerConfig
 
-    builtin = resolve_trainer(load_config([], []), ALGOS["grpo"]).trainer
-    assert builtin.lr == BUILTIN_RL_LR and builtin.loss_agg == "seq-mean-token-mean"
-    assert builtin.norm_lr_scale == BUILTIN_NORM_LR_SCALE
+    builtin = resolve_trainer(load_config([], ["train.steps=50", "trainer.mini_batches=2"]), ALGOS["grpo"]).trainer
+    assert {k: getattr(builtin, k) for k in BUILTIN_RL} == BUILTIN_RL and builtin.lr_schedule == "cosine"
+    assert builtin.loss_agg == "seq-mean-token-mean" and builtin.total_steps == 100
     user = resolve_trainer(load_config([], ["model.path=/m", "algo.name=dr_grpo", "rollout.max_new_tokens=100",
                                             "rollout.max_turns=3"]), ALGOS["dr_grpo"]).trainer
-    assert user.lr == DEFAULT_LR and user.loss_agg == "seq-mean-token-sum-norm" and user.loss_norm_len == 300
-    assert user.norm_lr_scale == 1.0
-    kept = resolve_trainer(load_config([], ["trainer.lr=3e-5", "trainer.loss_agg=token-mean",
-                                            "trainer.norm_lr_scale=3"]), ALGOS["grpo"]).trainer
-    assert kept.lr == 3e-5 and kept.loss_agg == "token-mean" and kept.norm_lr_scale == 3.0
+    assert user.lr == AUTO["lr"] and user.loss_agg == "seq-mean-token-sum-norm" and user.loss_norm_len == 300
+    assert (user.norm_lr_scale, user.lr_schedule, user.min_lr_ratio, user.total_steps) == (1.0, "constant", 0.0, 120)
+    kept = resolve_trainer(load_config([], ["trainer.lr=3e-5", "trainer.loss_agg=token-mean", "trainer.total_steps=7",
+                                            "trainer.norm_lr_scale=3", "trainer.lr_schedule=constant"]),
+                           ALGOS["grpo"]).trainer
+    assert (kept.lr, kept.loss_agg, kept.norm_lr_scale, kept.lr_schedule, kept.total_steps, kept.min_lr_ratio) == \
+        (3e-5, "token-mean", 3.0, "constant", 7, 0.1)
+    api = TrainerConfig().resolved()
+    assert {k: getattr(api, k) for k in AUTO} == AUTO
 
 
 def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_model_dir, tmp_path):

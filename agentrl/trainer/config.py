@@ -15,6 +15,10 @@ from agentrl.errors import ConfigError
 
 #: The policy learning rate when trainer.lr is null and nothing else chose one.
 DEFAULT_LR = 1e-6
+#: What the null ("auto") optimisation fields mean for the Trainer API and for `agentrl run` with a
+#: --model (`agentrl run` with the built-in model uses ``agentrl.default_model.BUILTIN_RL``;
+#: ``total_steps`` there is the run's optimizer steps).
+AUTO = dict(lr=DEFAULT_LR, norm_lr_scale=1.0, lr_schedule="constant", min_lr_ratio=0.0, total_steps=1000)
 
 
 @dataclass
@@ -26,11 +30,17 @@ class TrainerConfig:
     weight_decay: float = doc(0.0, "AdamW decoupled weight decay.", min=0.0)
     adam_betas: list = doc([0.9, 0.999], "AdamW (beta1, beta2).")
     adam_eps: float = doc(1e-8, "AdamW epsilon.", min=0.0)
-    lr_schedule: Literal["constant", "cosine"] = doc(
-        "constant", "'constant' (after warmup) or 'cosine' decay to min_lr_ratio*lr at total_steps.")
+    lr_schedule: Literal["constant", "cosine"] | None = doc(
+        None, "'constant' (after warmup) or 'cosine' decay to min_lr_ratio*lr at total_steps. null: `agentrl run` "
+              "picks cosine for the built-in tiny model (its sharpening would otherwise grow unstable late in the "
+              "run, BENCHMARKS.md P7) and constant for a --model; the Trainer API alone uses constant.")
     warmup_steps: int = doc(0, "Optimizer steps of linear warmup from lr/warmup_steps to lr.", min=0)
-    total_steps: int = doc(1000, "Optimizer steps the cosine schedule spans (warmup included).", min=1)
-    min_lr_ratio: float = doc(0.0, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
+    total_steps: int | None = doc(
+        None, "Optimizer steps the cosine schedule spans (warmup included). null: `agentrl run` uses the run's "
+              "optimizer steps (train.steps x ppo_epochs x mini_batches); the Trainer API alone uses 1000.", min=1)
+    min_lr_ratio: float | None = doc(
+        None, "Cosine floor as a fraction of lr. null: `agentrl run` picks 0.1 for the built-in tiny model and "
+              "0 for a --model; the Trainer API alone uses 0.", min=0.0, max=1.0)
     norm_lr_scale: float | None = doc(
         None, "Learning-rate multiplier for the policy's normalization gains (1-D weights of *norm* modules, "
               "e.g. the final RMSNorm; the critic's keep its lr). RL sharpens the policy largely by raising "
@@ -104,7 +114,7 @@ class TrainerConfig:
         """Cross-field validation (ranges are checked by the config loader)."""
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"trainer.adam_betas: {self.adam_betas!r} must be two numbers in [0, 1)")
-        if self.lr_schedule == "cosine" and self.warmup_steps >= self.total_steps:
+        if self.lr_schedule == "cosine" and self.total_steps is not None and self.warmup_steps >= self.total_steps:
             raise ConfigError(
                 f"trainer.warmup_steps: {self.warmup_steps} must be below trainer.total_steps={self.total_steps}")
         if self.batching == "pad" and self.packed_mask:
@@ -117,6 +127,5 @@ class TrainerConfig:
         """A copy with the Trainer API's choices for the null ("auto") fields."""
         import dataclasses
 
-        return dataclasses.replace(self, lr=DEFAULT_LR if self.lr is None else self.lr,
-                                   loss_agg=self.loss_agg or "token-mean",
-                                   norm_lr_scale=1.0 if self.norm_lr_scale is None else self.norm_lr_scale)
+        return dataclasses.replace(self, loss_agg=self.loss_agg or "token-mean",
+                                   **{k: v for k, v in AUTO.items() if getattr(self, k) is None})

@@ -57,6 +57,8 @@ def _algos():
 
 
 def _lr_lambda(cfg: TrainerConfig):
+    cfg = cfg.resolved()  # null schedule fields: the Trainer API's choices
+
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps

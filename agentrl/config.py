@@ -99,7 +99,8 @@ class TrainLoopConfig:
     max_prompt_drops: int = doc(
         0, "Abandon a prompt whose group the staleness bound dropped this many times (counted in "
            "staleness/abandoned_prompts, never rerun) instead of rerunning it for ever; 0 = no cap. Each rerun "
-           "draws new samples (its sampling seeds change with the drop count).",
+           "draws new samples, but a prompt on which the policy rambles to max_new_tokens in most samples is "
+           "slow at any seed, so reruns are dropped far more often than first attempts (BENCHMARKS.md P7).",
         min=0)
     checkpoint_every: int = doc(0, "Save a checkpoint every N steps (0 = only at the end).", min=0)
     resume: bool = doc(False, "Continue from the newest complete checkpoint in output_dir (exactly once: kept "
@@ -112,7 +113,7 @@ class TrainLoopConfig:
 @dataclass
 class EvalConfig:
     num_tasks: int = doc(500, "Held-out tasks per evaluation (0 = no evaluation); 500 gives a standard error of ~2 points.", min=0)
-    every: int = doc(30, "Evaluate every N steps (and always before the first and after the last).", min=0)
+    every: int = doc(40, "Evaluate every N steps (and always before the first and after the last).", min=0)
     temperature: float = doc(1.0, "Sampling temperature for evaluation (0 = greedy).", min=0.0)
     env_kwargs: dict = doc({"split": "eval"}, "Env kwargs overriding env.kwargs for evaluation (held-out split).")
 

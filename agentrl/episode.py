@@ -41,7 +41,7 @@ def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0,
     """Specs for ``num_prompts`` tasks x ``group_size`` samples; a group's samples are adjacent so
     they run together (prefix caching in engines that have it). ``attempt`` (how many times the
     staleness bound dropped this prompt's group) keeps the tasks and changes the sampling seeds: a
-    rerun draws new samples instead of repeating the ones that made its group too slow."""
+    rerun is a new attempt, with new samples."""
     specs = []
     for i in range(start, start + num_prompts):
         task_seed = (seed * 1_000_003 + i) % (2**31)

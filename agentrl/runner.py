@@ -225,17 +225,14 @@ class Runner:
         return get.result() if not get.cancelled() else None
 
     async def run(self) -> dict[str, Any]:
-        threads = cpu_threads(self.cfg)  # engine.cpu_threads, for this run only
-        if threads is None:
-            return await self._run()
         import torch
 
         before = torch.get_num_threads()
-        torch.set_num_threads(threads)
         try:
             return await self._run()
         finally:
-            torch.set_num_threads(before)
+            if torch.get_num_threads() != before:  # engine.cpu_threads held for this run only
+                torch.set_num_threads(before)
 
     async def _run(self) -> dict[str, Any]:
         self._main = asyncio.current_task()
@@ -249,6 +246,11 @@ class Runner:
                 self.backend.close()
             raise
         cfg = self.cfg
+        threads = cpu_threads(cfg)  # after setup: an SFT warm start built there had every core
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         try:
             await self.engine.start()
             if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version

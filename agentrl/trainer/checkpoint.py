@@ -180,7 +180,7 @@ def load(trainer, path: str | Path) -> dict:
         raise ConfigError(
             f"{path}: its optimizer has {saved} parameter group(s), this trainer {ours}: resume with the "
             f"trainer.norm_lr_scale the checkpoint was trained with (1 = one group, as every checkpoint from "
-            f"before the option; `agentrl run` picks 200 for the built-in model when it is null)")
+            f"before the option; `agentrl run` picks 300 for the built-in model when it is null)")
     set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_sd, options=opts)
     trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     if trainer.critic is not None:

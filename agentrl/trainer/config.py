@@ -45,8 +45,8 @@ class TrainerConfig:
         None, "Learning-rate multiplier for the policy's normalization gains (1-D weights of *norm* modules, "
               "e.g. the final RMSNorm; the critic's keep its lr). RL sharpens the policy largely by raising "
               "these gains (~1), while Adam moves every parameter at most ~lr per step: gains move ~30x slower "
-              "in relative terms than weights (~0.03). null: `agentrl run` picks BUILTIN_NORM_LR_SCALE for the "
-              "built-in tiny model and 1 for a --model; the Trainer API alone uses 1.", min=0.0)
+              "in relative terms than weights (~0.03). null: `agentrl run` picks 300 for the built-in tiny model "
+              "(agentrl.default_model.BUILTIN_RL) and 1 for a --model; the Trainer API alone uses 1.", min=0.0)
     max_grad_norm: float = doc(
         1.0, "Clip the global gradient norm to this (0 = no clipping, norm still reported).", min=0.0)
     ppo_epochs: int = doc(1, "Passes over each train_step's samples (PPO epochs); each pass is mini_batches "

@@ -20,39 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import RunConfig, save_config, to_dict
-from agentrl.credit_assign import (
-    ALGOS,
-    build_samples,
-    episode_return,
-    resolve_trainer,
-    trainable,
-)
+from agentrl.credit_assign import ALGOS, build_samples, resolve_trainer, trainable
 from agentrl.engine.drain import weight_update_gate, with_partial_rollouts
 from agentrl.engine.from_config import check_engine_config, cpu_threads, make_engine, make_sync
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.faults import fault_point
 from agentrl.ledger import Ledger, rewind
-from agentrl.metrics import RolloutMetrics
+from agentrl.metrics import RolloutMetrics, eval_stats, rollout_stats
 from agentrl.monitors import MONITORS, Alert, new_alerts
 from agentrl.progress import RunDisplay
 from agentrl.prompt_stream import PromptStream
 from agentrl.run_log import TrajectoryLog, rollout_extra
 from agentrl.staleness import StalenessQueue, dump_ready, load_ready
 from agentrl.trajectory import Trajectory
-
-
-def rollout_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
-    trajs = [t for g in groups for t in g]
-    ok = [t for t in trajs if t.trainable]
-    used_tool = [t for t in ok if t.info.get("tool_stats", {}).get("calls", 0) > 0]
-    return {
-        "reward_mean": sum(episode_return(t) for t in ok) / len(ok) if ok else 0.0,
-        "solve_rate": sum(t.reward > 0 for t in ok) / len(ok) if ok else 0.0,
-        "tool_use_rate": len(used_tool) / len(ok) if ok else 0.0,
-        "turns_mean": sum(t.num_turns for t in trajs) / len(trajs) if trajs else 0.0,
-        "sampled_tokens": float(sum(t.num_sampled for t in trajs)),
-        "infra_failures": float(len(trajs) - len(ok)),
-    }
 
 
 class Runner:
@@ -169,9 +149,7 @@ class Runner:
         rcfg = _replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
         mgr = EpisodeManager(self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id)
         specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(ev.num_tasks)]
-        trajs = await mgr.collect(specs)
-        s = rollout_stats([trajs])
-        return {"solve_rate": s["solve_rate"], "tool_use_rate": s["tool_use_rate"], "turns_mean": s["turns_mean"]}
+        return eval_stats(await mgr.collect(specs))
 
     async def _producer(self, queue: StalenessQueue, manager: EpisodeManager) -> None:
         G = self.cfg.rollout.group_size
@@ -378,7 +356,8 @@ class Runner:
         first = getattr(self, "first_eval", {}) or {}
         summary = {
             "algo": self.cfg.algo.name, "steps": self.step, "wall_s": wall_s,
-            "eval_solve_rate_start": first.get("solve_rate"), "eval_solve_rate_end": final.get("solve_rate"),
+            **{f"eval_{k}_{when}": ev.get(k) for when, ev in (("start", first), ("end", final))
+               for k in ("solve_rate", "infra_failure_rate")},
             "eval_tool_use_rate_end": final.get("tool_use_rate"),
             "rollout": rollout_metrics.summary(), "model": str(self.model_path),
         }

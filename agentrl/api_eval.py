@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from agentrl.errors import ConfigError, EpisodeError
 from agentrl.llm_api import ApiClient, ChatReply, public_url, redact
+from agentrl.metrics import episode_rates
 from agentrl.toolcall import get_parser
 from agentrl.trajectory import Outcome
 
@@ -176,20 +177,19 @@ async def run_api_episode(client: ApiClient, make_env: Callable[[], Any], index:
 
 
 def summarize(episodes: list[ApiEpisode]) -> dict[str, Any]:
-    """Solve rate (reward > 0) and reward mean over trainable outcomes, as ``agentrl run`` counts them;
-    infrastructure failures are counted apart."""
+    """Solve rate and infrastructure-failure rate over every episode, as ``agentrl run`` counts them
+    (``agentrl.metrics.episode_rates``: an infrastructure failure is an unsolved task); reward mean and
+    tool use over the trainable outcomes."""
     outcomes: dict[str, int] = {}
     for e in episodes:
         outcomes[e.outcome] = outcomes.get(e.outcome, 0) + 1
     ok = [e for e in episodes if Outcome(e.outcome).trainable]
     n = len(episodes)
     return {
-        "episodes": n, "outcomes": outcomes,
-        "solve_rate": sum(e.reward > 0 for e in ok) / len(ok) if ok else 0.0,
+        **episode_rates((e.outcome, e.reward) for e in episodes), "outcomes": outcomes,
         "reward_mean": sum(e.reward for e in ok) / len(ok) if ok else 0.0,
         "tool_use_rate": sum(e.tool_calls > 0 for e in ok) / len(ok) if ok else 0.0,
         "turns_mean": sum(e.turns for e in episodes) / n if n else 0.0,
-        "infra_failures": n - len(ok),
         "prompt_tokens": sum(e.usage.get("prompt_tokens", 0) for e in episodes),
         "completion_tokens": sum(e.usage.get("completion_tokens", 0) for e in episodes),
     }

@@ -108,8 +108,11 @@ def run(
     tab = Table(title=f"agentrl run: {cfg.env.id} / {cfg.algo.name}")
     tab.add_column("metric")
     tab.add_column("value", justify="right")
-    for key in ("steps", "wall_s", "eval_solve_rate_start", "eval_solve_rate_end", "eval_tool_use_rate_end"):
-        v = summary.get(key)
+    rollout = summary.get("rollout") or {}
+    rows = [(k, summary.get(k)) for k in ("steps", "wall_s", "eval_solve_rate_start", "eval_infra_failure_rate_start",
+                                          "eval_solve_rate_end", "eval_infra_failure_rate_end", "eval_tool_use_rate_end")]
+    rows += [(f"rollout_{k}", rollout.get(k)) for k in ("solve_rate", "infra_failure_rate", "infra_failures", "episodes")]
+    for key, v in rows:  # solve rates count every task; an infrastructure failure is an unsolved one
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     console.print(tab)
     console.print(f"run directory: {cfg.output_dir} (metrics.jsonl, curves.png, summary.json, checkpoints/)")

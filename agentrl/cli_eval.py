@@ -82,8 +82,8 @@ def eval_cmd(
     tab = Table(title=f"agentrl eval: {env} / {model}")
     tab.add_column("metric")
     tab.add_column("value", justify="right")
-    for key in ("episodes", "solve_rate", "reward_mean", "tool_use_rate", "turns_mean", "infra_failures",
-                "prompt_tokens", "completion_tokens", "chat_rows", "wall_s"):
+    for key in ("episodes", "solve_rate", "infra_failure_rate", "infra_failures", "reward_mean", "tool_use_rate",
+                "turns_mean", "prompt_tokens", "completion_tokens", "chat_rows", "wall_s"):
         v = summary[key]
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     tab.add_row("outcomes", ", ".join(f"{k}={v}" for k, v in sorted(summary["outcomes"].items())))

@@ -1,10 +1,17 @@
 """The live progress display of ``agentrl run``: a rich bar with the headline numbers of the last
-step (reward, eval solve rate, tool use, staleness, loss) and notes (monitor alerts) above it.
-Disabled (``-q``), every method is a no-op. Owns nothing else.
+step (reward, solve rate and infrastructure-failure rate of the step's rollouts, the last eval's
+solve and infrastructure-failure rates, tool use, staleness, loss) and notes (monitor alerts) above
+it. Disabled (``-q``), every method is a no-op. Owns nothing else.
 """
 from __future__ import annotations
 
 from typing import Any
+
+
+# (metric, label): each solve rate with the infrastructure-failure rate of the same episodes beside it
+STATUS = (("rollout/reward_mean", "reward"), ("rollout/solve_rate", "solve"), ("rollout/infra_failure_rate", "infra"),
+          ("eval/solve_rate", "eval"), ("eval/infra_failure_rate", "eval_infra"), ("rollout/tool_use_rate", "tool"),
+          ("staleness/staleness_mean", "stale"), ("train/loss", "loss"))
 
 
 class RunDisplay:
@@ -12,6 +19,7 @@ class RunDisplay:
 
     def __init__(self, enabled: bool, total: int, start: int = 0) -> None:
         self.enabled = enabled
+        self.last_eval: dict[str, Any] = {}
         if not enabled:
             return
         from rich.progress import (
@@ -30,12 +38,13 @@ class RunDisplay:
     def update(self, step: int, flat: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        # the eval runs every eval.every steps: its numbers stay on the line until the next one
+        self.last_eval.update({k: v for k, v in flat.items() if k.startswith("eval/")})
+        shown = {**flat, **self.last_eval}
         parts = []
-        for key, label in (("rollout/reward_mean", "reward"), ("eval/solve_rate", "eval"),
-                           ("rollout/tool_use_rate", "tool"), ("staleness/staleness_mean", "stale"),
-                           ("train/loss", "loss")):
-            if key in flat and isinstance(flat[key], (int, float)):
-                parts.append(f"{label}={flat[key]:.3f}")
+        for key, label in STATUS:
+            if key in shown and isinstance(shown[key], (int, float)):
+                parts.append(f"{label}={shown[key]:.3f}")
         self.bar.update(self.task, completed=step, status=" ".join(parts))
 
     def note(self, message: str) -> None:

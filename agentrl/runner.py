@@ -73,6 +73,7 @@ class Runner:
         self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
         self.paused: Alert | None = None  # the monitor alert that paused the run
         self.alerting: set[str] = set()  # monitor kinds that alerted on the last step
+        self.reported: set[Alert] = set()  # the alerts of the last monitored row
         self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
         self._stop: asyncio.Event | None = None
         self._main: asyncio.Task | None = None
@@ -252,9 +253,10 @@ class Runner:
         try:
             self.first_eval = await self.evaluate()
             self._log({"eval": self.first_eval}, display)
+            self._monitor(display)  # an eval's infrastructure failures, before any training
             if self.replay is None:
                 producer = asyncio.create_task(self._producer(queue, manager))
-            while self.step < cfg.train.steps and self.stop_reason is None:
+            while self.step < cfg.train.steps and self.stop_reason is None and self.paused is None:
                 t0 = time.perf_counter()
                 got = await self._next_batch(queue)
                 if got is None:
@@ -295,6 +297,7 @@ class Runner:
                 display.note(f"[red]stopped[/] ({self.stop_reason}) at step {self.step}; continue with --resume")
             final = await self.evaluate() if not early else {}
             self._log({"eval": final, "time": {"elapsed_s": time.perf_counter() - t_start}}, display)
+            self._monitor(display, can_pause=False)  # the run is over: alerts are shown, nothing pauses
             self._checkpoint(final=not early)
         finally:
             if producer is not None and not producer.done():
@@ -319,18 +322,21 @@ class Runner:
         self.sinks.write(self.step, flat)
         display.update(self.step, flat)
 
-    def _monitor(self, display: RunDisplay) -> bool:
-        """Run the reward-hacking monitors on the newest row; True when an alert pauses the run."""
-        alerts = new_alerts(self.history, self.cfg.monitor)
+    def _monitor(self, display: RunDisplay, *, can_pause: bool = True) -> bool:
+        """Run the monitors on the newest row; True when an alert pauses the run. The final eval's row
+        has the last step's number: alerts already written for that step are not written again."""
+        current = new_alerts(self.history, self.cfg.monitor)
+        alerts = [a for a in current if a not in self.reported]
+        self.reported = set(current)
         if alerts:
             with open(self.run_dir / "alerts.jsonl", "a") as f:
                 for a in alerts:
                     f.write(json.dumps({"step": a.step, "kind": a.kind, "message": a.message}) + "\n")
                     if a.kind not in self.alerting:  # shown when it starts; every step's alert is in the file
-                        display.note(f"[yellow]monitor[/] step {a.step} {a.kind}: {a.message} "
-                                     f"(while it lasts: alerts.jsonl only)")
+                        tag = "[red]infra[/]" if a.kind == "infra_failures" else "[yellow]monitor[/]"
+                        display.note(f"{tag} step {a.step} {a.kind}: {a.message} (while it lasts: alerts.jsonl only)")
         self.alerting = {a.kind for a in alerts}
-        pausing: list[Alert] = [a for a in alerts if a.kind in self.cfg.monitor.pause_on]
+        pausing: list[Alert] = [a for a in alerts if a.kind in self.cfg.monitor.pause_on and can_pause]
         if pausing:
             self.paused = pausing[0]
             display.note(f"[red]paused[/] by monitor.pause_on ({pausing[0].kind}); continue with --resume")

@@ -6,7 +6,15 @@ import json
 import pytest
 
 import agentrl
-from agentrl.api_eval import _api_answers, _api_assistant, output_paths, render_action, run_eval
+from agentrl.api_eval import (
+    ApiEpisode,
+    _api_answers,
+    _api_assistant,
+    output_paths,
+    render_action,
+    run_eval,
+    summarize,
+)
 from agentrl.envs.base import AgentEnv, join_messages, new_stats
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.llm_api import ApiClient, ChatReply
@@ -189,3 +197,12 @@ def test_eval_command_reports_a_bad_model_clearly(tmp_path):
 
     res = CliRunner().invoke(app, ["eval", "--env", "noop", "--model", "gpt-without-provider", "--out", str(tmp_path / "x.jsonl")])
     assert res.exit_code == 2 and "provider/name" in res.output
+
+
+def test_summary_solve_rate_counts_every_episode():
+    """An infrastructure failure is an unsolved task (it used to leave the denominator: 2/3 here)."""
+    eps = [ApiEpisode(0, 0, reward=1.0, tool_calls=1), ApiEpisode(1, 1, reward=1.0),
+           ApiEpisode(2, 2, outcome="truncated_turns"), ApiEpisode(3, 3, outcome="deadline")]
+    s = summarize(eps)
+    assert (s["episodes"], s["solve_rate"], s["infra_failures"], s["infra_failure_rate"]) == (4, 0.5, 1, 0.25)
+    assert s["reward_mean"] == 2 / 3 and s["tool_use_rate"] == 1 / 3  # over the trainable episodes

@@ -28,6 +28,24 @@ class ShortEnv(AgentEnv):
 agentrl.register("test/Short-v0", entry_point=ShortEnv, override=True)
 
 
+class BrokenSandboxEnv(ShortEnv):
+    """ShortEnv whose sandbox fails on every task seed divisible by 4 (an infrastructure failure)."""
+
+    def reset(self, *, seed=None, options=None):
+        self.broken = seed % 4 == 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.broken:
+            from agentrl.errors import SandboxError
+
+            raise SandboxError("planted sandbox failure")
+        return super().step(action)
+
+
+agentrl.register("test/BrokenSandbox-v0", entry_point=BrokenSandboxEnv, override=True)
+
+
 def _cfg(model_dir, out, steps, extra=()):
     return load_config([], [
         f"output_dir={out}", f"model.path={model_dir}", "env.id=test/Short-v0", "env.kwargs={}",
@@ -176,3 +194,38 @@ def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_t
     asyncio.run(Runner(_cfg(tiny_model_dir, tmp_path / "run", 1, ["engine.cpu_threads=1"]), progress=False).run())
     assert in_setup == [before]
     assert calls == ([1, before] if before != 1 else [1]) and torch.get_num_threads() == before
+
+
+def test_infra_failures_count_as_unsolved_and_alert(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 2, ["env.id=test/BrokenSandbox-v0"]), progress=False).run())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    broken_eval = sum((10_000_019 + i) % 4 == 0 for i in range(16))  # the eval's task seeds
+    assert broken_eval == 4
+    first, final = rows[0], rows[-1]
+    assert (first["eval/episodes"], first["eval/infra_failures"], first["eval/infra_failure_rate"]) == (16, 4, 0.25)
+    assert first["eval/solve_rate"] <= 12 / 16 and first["eval/outcome/sandbox_error"] == 4
+    assert summary["eval_infra_failure_rate_start"] == summary["eval_infra_failure_rate_end"] == 0.25
+    assert summary["eval_solve_rate_end"] == final["eval/solve_rate"] <= 0.75
+    steps = [r for r in rows if "rollout/episodes" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["rollout/episodes"] == 32 and r["rollout/infra_failures"] == r.get("rollout/outcome/sandbox_error", 0)
+        assert r["rollout/infra_failure_rate"] == r["rollout/infra_failures"] / 32
+        assert r["rollout/solve_rate"] <= 1 - r["rollout/infra_failure_rate"]
+    alerts = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
+    infra = [(a["step"], a["message"].split(":")[0]) for a in alerts if a["kind"] == "infra_failures"]
+    assert infra[0] == (0, "eval") and infra[-1] == (2, "eval")  # the first and the final eval
+    assert len(infra) == len(set(infra))  # the final eval's row does not repeat step 2's alerts
+    ro = summary["rollout"]  # every training episode the run generated (a group in flight at the end too)
+    assert ro["infra_failures"] >= sum(r["rollout/infra_failures"] for r in steps) > 0
+    assert ro["infra_failure_rate"] == ro["infra_failures"] / ro["episodes"] == ro["outcomes"]["sandbox_error"] / ro["episodes"]
+
+
+def test_pause_on_infra_failures_stops_before_training_when_the_first_eval_fails(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 3, ["env.id=test/BrokenSandbox-v0",
+                                                                "monitor.pause_on=[infra_failures]"]),
+                                 progress=False).run())
+    assert summary["steps"] == 0 and summary["paused"]["kind"] == "infra_failures"
+    assert summary["paused"]["message"].startswith("eval: 4 of 16 episodes (25.0%)")

@@ -1,8 +1,9 @@
 """Static SVG line charts for the run report (no JavaScript, no network, no plotting library).
 
 Owns turning a few named ``[(x, y), ...]`` series into one self-contained ``<svg>`` string with axes,
-tick labels, a legend and a ``<title>`` per point (the browser shows it on hover). Does not read runs
-or decide what to plot (``agentrl.report``).
+tick labels, a legend and a ``<title>`` per point (the browser shows it on hover). A point whose y is
+not finite (NaN) is a gap: the line stops there and starts again after it. Does not read runs or
+decide what to plot (``agentrl.report``).
 """
 from __future__ import annotations
 
@@ -31,10 +32,24 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
+def _segments(pts: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """The runs of finite points between gaps (non-finite y)."""
+    out: list[list[tuple[float, float]]] = [[]]
+    for x, y in pts:
+        if math.isfinite(y):
+            out[-1].append((x, y))
+        elif out[-1]:
+            out.append([])
+    return [seg for seg in out if seg]
+
+
 def line_chart(series: dict[str, Sequence[tuple[float, float]]], title: str, *, width: int = 460,
-               height: int = 240, y_label: str = "") -> str:
-    """One chart; series with no finite points are left out (an empty chart says "no data")."""
-    clean = {k: [(float(x), float(y)) for x, y in pts if math.isfinite(float(y))] for k, pts in series.items()}
+               height: int = 240, y_label: str = "", y_range: tuple[float, float] | None = None) -> str:
+    """One chart; series with no finite points are left out (an empty chart says "no data").
+    ``y_range``: a fixed y axis (rates: (0, 1)), else the data's range."""
+    pts_all = {k: [(float(x), float(y)) for x, y in pts] for k, pts in series.items()}
+    segments = {k: _segments(v) for k, v in pts_all.items()}
+    clean = {k: [p for seg in segs for p in seg] for k, segs in segments.items()}
     clean = {k: v for k, v in clean.items() if v}
     left, right, top, bottom = 52, 12, 28, 40
     pw, ph = width - left - right, height - top - bottom
@@ -47,7 +62,7 @@ def line_chart(series: dict[str, Sequence[tuple[float, float]]], title: str, *, 
     xs = [x for pts in clean.values() for x, _ in pts]
     ys = [y for pts in clean.values() for _, y in pts]
     x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
+    y0, y1 = y_range if y_range is not None else (min(ys), max(ys))
     if y1 - y0 < 1e-12:
         y0, y1 = y0 - 0.5 * (abs(y0) or 1), y1 + 0.5 * (abs(y1) or 1)
     if x1 - x0 < 1e-12:
@@ -71,7 +86,8 @@ def line_chart(series: dict[str, Sequence[tuple[float, float]]], title: str, *, 
                    f'text-anchor="middle" class="tk">{html.escape(y_label)}</text>')
     for i, (name, pts) in enumerate(clean.items()):
         color = PALETTE[i % len(PALETTE)]
-        path = " ".join(f"{'M' if j == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for j, (x, y) in enumerate(pts))
+        path = " ".join(f"{'M' if j == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}"
+                        for seg in segments[name] for j, (x, y) in enumerate(seg))
         out.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.6"/>')
         if len(pts) <= 200:
             for x, y in pts:

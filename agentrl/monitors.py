@@ -65,6 +65,7 @@ class Alert:
     step: int
     kind: str  # one of MONITORS
     message: str
+    about: str = ""  # what in its kind it concerns (infra_failures: "rollout" or "eval"); shown once per (kind, about)
 
 
 Row = dict  # one metrics.jsonl row: {"step": int, "a/b": float, ...}
@@ -163,7 +164,8 @@ def infra_failures(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
                                  and not _trainable(k.rsplit("/", 1)[1]))
             alerts.append(Alert(int(r.get("step", i)), "infra_failures",
                                 f"{part}: {count} ({rate:.1%}) ended with an infrastructure failure, above "
-                                f"infra_failure_max={cfg.infra_failure_max:g}" + (f": {outcomes}" if outcomes else "")))
+                                f"infra_failure_max={cfg.infra_failure_max:g}" + (f": {outcomes}" if outcomes else ""),
+                                about=part))
     return alerts
 
 

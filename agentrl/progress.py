@@ -20,6 +20,7 @@ class RunDisplay:
     def __init__(self, enabled: bool, total: int, start: int = 0) -> None:
         self.enabled = enabled
         self.last_eval: dict[str, Any] = {}
+        self.last_step: dict[str, Any] = {}
         if not enabled:
             return
         from rich.progress import (
@@ -38,13 +39,16 @@ class RunDisplay:
     def update(self, step: int, flat: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        # the eval runs every eval.every steps: its numbers stay on the line until the next one
+        # the eval runs every eval.every steps (and in rows of its own at the start and the end): each
+        # part stays on the line until its next row
         self.last_eval.update({k: v for k, v in flat.items() if k.startswith("eval/")})
-        shown = {**flat, **self.last_eval}
+        if any(k.startswith("rollout/") for k in flat):
+            self.last_step = flat
+        shown = {**self.last_step, **self.last_eval}
         parts = []
         for key, label in STATUS:
             if key in shown and isinstance(shown[key], (int, float)):
-                parts.append(f"{label}={shown[key]:.3f}")
+                parts.append(f"{label}={shown[key]:.3g}")
         self.bar.update(self.task, completed=step, status=" ".join(parts))
 
     def note(self, message: str) -> None:

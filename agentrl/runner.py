@@ -72,7 +72,7 @@ class Runner:
         self.history: list[dict[str, Any]] = []
         self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
         self.paused: Alert | None = None  # the monitor alert that paused the run
-        self.alerting: set[str] = set()  # monitor kinds that alerted on the last step
+        self.alerting: set[tuple[str, str]] = set()  # (kind, about) of the last step's alerts
         self.reported: set[Alert] = set()  # the alerts of the last monitored row
         self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
         self._stop: asyncio.Event | None = None
@@ -332,10 +332,10 @@ class Runner:
             with open(self.run_dir / "alerts.jsonl", "a") as f:
                 for a in alerts:
                     f.write(json.dumps({"step": a.step, "kind": a.kind, "message": a.message}) + "\n")
-                    if a.kind not in self.alerting:  # shown when it starts; every step's alert is in the file
+                    if (a.kind, a.about) not in self.alerting:  # shown when it starts; every one is in the file
                         tag = "[red]infra[/]" if a.kind == "infra_failures" else "[yellow]monitor[/]"
                         display.note(f"{tag} step {a.step} {a.kind}: {a.message} (while it lasts: alerts.jsonl only)")
-        self.alerting = {a.kind for a in alerts}
+        self.alerting = {(a.kind, a.about) for a in alerts}
         pausing: list[Alert] = [a for a in alerts if a.kind in self.cfg.monitor.pause_on and can_pause]
         if pausing:
             self.paused = pausing[0]

@@ -229,3 +229,23 @@ def test_pause_on_infra_failures_stops_before_training_when_the_first_eval_fails
                                  progress=False).run())
     assert summary["steps"] == 0 and summary["paused"]["kind"] == "infra_failures"
     assert summary["paused"]["message"].startswith("eval: 4 of 16 episodes (25.0%)")
+
+
+def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_dir, tmp_path, monkeypatch):
+    import agentrl.runner as runner_mod
+    from agentrl.monitors import Alert
+
+    def fake(history, cfg):
+        step = history[-1]["step"]
+        return ([Alert(step, "infra_failures", "rollout: x", about="rollout")] if step <= 3 else []) + \
+               ([Alert(step, "infra_failures", "eval: y", about="eval")] if step == 2 else [])
+
+    monkeypatch.setattr(runner_mod, "new_alerts", fake)
+    r = Runner(_cfg(tiny_model_dir, tmp_path, 4), progress=False)
+    notes = []
+    display = type("D", (), {"note": lambda self, m: notes.append(m)})()
+    for step in range(1, 5):
+        r.history.append({"step": step})
+        r._monitor(display)
+    assert [(n.split()[2], n.split()[4]) for n in notes] == [("1", "rollout:"), ("2", "eval:")], notes
+    assert notes[0].startswith("[red]infra[/]")

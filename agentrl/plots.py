@@ -56,7 +56,7 @@ def plot_curves(rows: list[dict], out_png: str | Path, title: str = "agentrl run
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
     for key, label, style in PNG_CURVES:
         pts = curve(rows, key)
         if pts:
@@ -64,7 +64,7 @@ def plot_curves(rows: list[dict], out_png: str | Path, title: str = "agentrl run
     ax.set_xlabel("train step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7)  # below: six curves hide data
     ax.set_title(title)
     fig.tight_layout()
     out = Path(out_png)

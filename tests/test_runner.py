@@ -249,3 +249,22 @@ def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_d
         r._monitor(display)
     assert [(n.split()[2], n.split()[4]) for n in notes] == [("1", "rollout:"), ("2", "eval:")], notes
     assert notes[0].startswith("[red]infra[/]")
+
+
+def test_cli_run_summary_shows_infra_failure_rates_beside_solve_rates(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    sets = [a for kv in ["rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
+                         "rollout.group_size=4",
+                         "train.groups_per_step=2", "train.max_staleness=0", "eval.num_tasks=8", "eval.env_kwargs={}",
+                         "env.kwargs={}", "logging.tensorboard=false", "train.checkpoint_every=0"] for a in ("--set", kv)]
+    res = CliRunner().invoke(app, ["run", "--env", "test/BrokenSandbox-v0", "--model", str(tiny_model_dir), "--steps",
+                                   "1", "-o", str(tmp_path / "run"), "-q", *sets])
+    assert res.exit_code == 0, res.output
+    broken = sum((10_000_019 + i) % 4 == 0 for i in range(8))
+    assert broken == 2
+    lines = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in res.output.splitlines() if line.count("│") == 3}
+    assert lines["eval_infra_failure_rate_start"] == lines["eval_infra_failure_rate_end"] == "0.250"
+    assert float(lines["eval_solve_rate_end"]) <= 0.75 and "rollout_infra_failure_rate" in lines

@@ -39,7 +39,7 @@ from agentrl.errors import ConfigError, EpisodeError
 from agentrl.llm_api import ApiClient, ChatReply, public_url, redact
 from agentrl.metrics import episode_rates
 from agentrl.toolcall import get_parser
-from agentrl.trajectory import Outcome
+from agentrl.trajectory import Outcome, json_text
 
 
 @dataclass
@@ -253,9 +253,9 @@ async def run_eval(env_id: str, client: ApiClient, *, n: int = 8, env_kwargs: di
             if files:
                 keep = ep.outcome == Outcome.OK.value and (min_reward is None or ep.reward >= min_reward)
                 if keep:
-                    files[0].write(redact(json.dumps(ep.chat_row(), ensure_ascii=False)) + "\n")
+                    files[0].write(redact(json_text(ep.chat_row())) + "\n")
                     files[0].flush()
-                files[1].write(redact(json.dumps(ep.__dict__, ensure_ascii=False, default=str)) + "\n")
+                files[1].write(redact(json_text(ep.__dict__, default=str)) + "\n")
                 files[1].flush()
             if on_episode:
                 on_episode(ep)

@@ -11,6 +11,12 @@ Does not: execute anything, check that a tool exists or that its arguments fit i
 call becomes a ``ToolCallError(kind="malformed")`` in ``ParsedTurn.errors`` whose message is
 written to be shown to the model, and the other calls of the same turn are still parsed.
 
+Model output is data: every parser is linear in the text (each tag search moves forward, error
+snippets are cut before they are copied), JSON nested deeper than ``MAX_DEPTH`` is rejected by a
+linear scan before ``json`` would recurse on it, and an integer past Python's digit limit is a
+malformed call like any other. Call names have lone surrogates (``"\\ud83d"`` escapes) replaced,
+since they reach tool messages and logs; arguments are kept as decoded (a tool may need them raw).
+
 Ids are ``call_<n>`` where ``n`` is the position of the attempt among all call attempts of the
 turn (valid or not), so they are deterministic and stable when an earlier attempt is malformed.
 Each error carries the id of its attempt as ``error.call_id``, so a caller that wants to answer
@@ -24,9 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentrl.errors import ConfigError, ToolCallError
+from agentrl.trajectory import valid_text
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _SNIPPET = 80
+#: deepest JSON nesting a call may have; deeper is malformed (real arguments nest a few levels)
+MAX_DEPTH = 64
+# A JSON string (closed or running to the end) or one bracket: scanning these tokens finds the
+# nesting depth json would see, in one pass, without counting brackets inside strings.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 
 
 @dataclass
@@ -53,6 +65,43 @@ def _snippet(text: str) -> str:
     return repr(text if len(text) <= _SNIPPET else text[:_SNIPPET] + "...")
 
 
+def _head(text: str, start: int, end: int) -> str:
+    """``text[start:end]`` cut to what a snippet can show, so an error costs O(1), not O(end - start)."""
+    return text[start:min(end, start + 4 * _SNIPPET)]
+
+
+def json_depth_over(src: str, limit: int = MAX_DEPTH) -> bool:
+    """True if the JSON in ``src`` nests deeper than ``limit`` (linear; strings are skipped)."""
+    if src.count("[") + src.count("{") <= limit:
+        return False  # the common case: too few brackets to nest that deep at all
+    depth = 0
+    for m in _JSON_TOKEN.finditer(src):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif tok in "]}":
+            depth -= 1
+    return False
+
+
+def _decode(src: str, invalid: str, call_id: str) -> tuple[object, int] | ToolCallError:
+    """``json`` raw_decode of ``src``, bounded in depth and digits; else an error for the model
+    that reads ``<invalid> (<why>): <snippet>``."""
+    def bad(why: str) -> ToolCallError:
+        return _error(f"{invalid} ({why}): {_snippet(src)}. {_FORMAT_HINT}", call_id)
+
+    if json_depth_over(src):
+        return bad(f"nested more than {MAX_DEPTH} levels deep")
+    try:
+        return json.JSONDecoder().raw_decode(src)
+    except json.JSONDecodeError as e:
+        return bad(f"{e.msg} at char {e.pos}")
+    except (ValueError, RecursionError) as e:  # ValueError: an integer past sys.get_int_max_str_digits()
+        return bad(str(e))
+
+
 def _error(message: str, call_id: str) -> ToolCallError:
     err = ToolCallError(message, kind="malformed")
     err.call_id = call_id  # type: ignore[attr-defined]  # lets callers order answers by attempt
@@ -67,10 +116,10 @@ def _hermes_body(body: str, call_id: str) -> ToolCall | ToolCallError:
     src = body.strip()
     if not src:
         return _error(f"Empty <tool_call> block. {_FORMAT_HINT}", call_id)
-    try:
-        obj, end = json.JSONDecoder().raw_decode(src)
-    except json.JSONDecodeError as e:
-        return _error(f"Invalid JSON in <tool_call> ({e.msg} at char {e.pos}): {_snippet(src)}. {_FORMAT_HINT}", call_id)
+    decoded = _decode(src, "Invalid JSON in <tool_call>", call_id)
+    if isinstance(decoded, ToolCallError):
+        return decoded
+    obj, end = decoded
     if src[end:].strip():
         # Two objects in one tag, or trailing text: tell the model rather than guess.
         return _error(
@@ -83,13 +132,18 @@ def _hermes_body(body: str, call_id: str) -> ToolCall | ToolCallError:
         return _error(f'<tool_call> is missing a "name" string: {_snippet(src)}. {_FORMAT_HINT}', call_id)
     # "parameters" is what Llama-style models write; accepting it costs nothing and is unambiguous.
     args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return _error(
-                f'"arguments" of {name!r} is a string that is not valid JSON ({e.msg}): {_snippet(args)}.', call_id
-            )
+    name = valid_text(name.strip())
+    if isinstance(args, str) and args.strip():
+        src = args.strip()
+        decoded = _decode(src, f'"arguments" of {name!r} is a string that is not valid JSON', call_id)
+        if isinstance(decoded, ToolCallError):
+            return decoded
+        args, end = decoded
+        if src[end:].strip():
+            return _error(f'"arguments" of {name!r} is a string with extra text after its JSON: '
+                          f"{_snippet(src[end:])}.", call_id)
+    elif isinstance(args, str):
+        args = {}
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -97,7 +151,7 @@ def _hermes_body(body: str, call_id: str) -> ToolCall | ToolCallError:
             f'"arguments" of {name!r} must be a JSON object, got {type(args).__name__}: {_snippet(json.dumps(args))}.',
             call_id,
         )
-    return ToolCall(name=name.strip(), arguments=args, id=call_id)
+    return ToolCall(name=name, arguments=args, id=call_id)
 
 
 def parse_hermes(text: str) -> ParsedTurn:
@@ -106,14 +160,21 @@ def parse_hermes(text: str) -> ParsedTurn:
     errors: list[ToolCallError] = []
     content: list[str] = []
     pos, n = 0, 0
+    # The next OPEN / CLOSE at or after pos, searched again only once pos has passed them: every
+    # search moves forward, so the whole parse is linear however many tags the text holds.
+    nxt_open, nxt_close = text.find(OPEN), text.find(CLOSE)
+
+    def after(tag: str, found: int, at: int) -> int:
+        return found if found == -1 or found >= at else text.find(tag, at)
+
     while True:
-        start = text.find(OPEN, pos)
-        stray = text.find(CLOSE, pos)
+        nxt_open, nxt_close = after(OPEN, nxt_open, pos), after(CLOSE, nxt_close, pos)
+        start, stray = nxt_open, nxt_close
         if stray != -1 and (start == -1 or stray < start):
             # A closing tag with no opening one: almost always a call whose <tool_call> was forgotten.
             content.append(text[pos:stray])
             errors.append(_error(
-                f"Found </tool_call> without a matching <tool_call> after {_snippet(text[pos:stray][-_SNIPPET:])}. "
+                f"Found </tool_call> without a matching <tool_call> after {_snippet(text[max(pos, stray - _SNIPPET):stray])}. "
                 f"{_FORMAT_HINT}",
                 f"call_{n}",
             ))
@@ -125,12 +186,12 @@ def parse_hermes(text: str) -> ParsedTurn:
             break
         content.append(text[pos:start])
         body_start = start + len(OPEN)
-        end = text.find(CLOSE, body_start)
-        nxt = text.find(OPEN, body_start)
+        end = nxt_close = after(CLOSE, nxt_close, body_start)
+        nxt = nxt_open = after(OPEN, nxt_open, body_start)
         if end == -1 or (nxt != -1 and nxt < end):
             body_end = len(text) if nxt == -1 else nxt
             errors.append(_error(
-                f"Unclosed <tool_call> tag (missing </tool_call>): {_snippet(text[body_start:body_end])}. "
+                f"Unclosed <tool_call> tag (missing </tool_call>): {_snippet(_head(text, body_start, body_end))}. "
                 f"{_FORMAT_HINT}",
                 f"call_{n}",
             ))

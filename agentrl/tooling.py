@@ -9,7 +9,9 @@ Does not: parse tool calls out of text (``agentrl.toolcall``), sandbox anything,
 deadlines (the episode manager wraps calls in its own timeout). Mistakes of the *model* (unknown
 tool, bad arguments) raise ``ToolCallError``, whose message is meant to be shown to the model;
 any other exception raised by the tool function propagates unchanged — the env decides whether
-it is the model's fault or an infrastructure failure.
+it is the model's fault or an infrastructure failure. Validation never raises anything else on a
+model's values: an integer string past ``MAX_INT_DIGITS`` is a bad argument, and a value too deep
+to render shows as its type in the message.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from agentrl.errors import ConfigError, ToolCallError
 from agentrl.toolcall import ToolCall
 
 _NONE = type(None)
+#: longest integer string a tool argument may be (Python's default int/str conversion limit)
+MAX_INT_DIGITS = 4300
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -41,7 +45,12 @@ def _json_type(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value, default=str)
+    """A short JSON rendering of a model's value for an error message; never raises (a value too
+    deep or too big to render shows as its type)."""
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, RecursionError):
+        return f"<{_json_type(value)}>"
     return text if len(text) <= 60 else text[:60] + "..."
 
 
@@ -111,6 +120,9 @@ def _coerce(value: Any, tp: Any) -> Any:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+            # int() refuses (ValueError) past this many digits, and is quadratic below it when unset
+            if len(value.strip().lstrip("+-")) > MAX_INT_DIGITS:
+                raise _Bad(f"an integer of at most {MAX_INT_DIGITS} digits")
             return int(value)
         raise _Bad("an integer")
     if tp is float:

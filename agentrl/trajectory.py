@@ -1,7 +1,8 @@
 """The data contract between rollouts and training: one Trajectory per episode.
 
 Owns: the Trajectory/TurnRecord records, the typed Outcome, validation of the per-token
-arrays, and lossless round-trips to JSONL and parquet. Does not build trajectories (the
+arrays, and lossless round-trips to JSONL and parquet (of valid text: strings are written as
+valid UTF-8, lone surrogates replaced; see ``json_text``). Does not build trajectories (the
 episode manager does) nor compute advantages (the learning code does).
 
 Per-token arrays (all of length ``len(token_ids)``):
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -140,12 +142,31 @@ class Trajectory:
 
 # JSON stores repr(float), which round-trips float64 exactly (NaN/inf included, as Python's json
 # extension). Parquet stores the same values as float64 columns plus JSON for nested records.
+# Strings are written as valid UTF-8 (see json_text): the one lossy step, and only for text that
+# has no UTF-8 form at all. Token ids, not text, are the trajectory's exact record.
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (a well-formed pair becomes its character),
+    so it encodes as UTF-8. Model output gets them from JSON ``\\ud83d`` escapes."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def json_text(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps(obj, ensure_ascii=False)`` whose every string is valid UTF-8 (``valid_text``):
+    what every JSON writer of trajectories, logs and eval records uses."""
+    return valid_text(json.dumps(obj, ensure_ascii=False, **kwargs))
+
 
 def write_jsonl(path: str | Path, trajs: Iterable[Trajectory], append: bool = False) -> int:
     n = 0
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for t in trajs:
-            f.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
+            f.write(json_text(t.to_dict()) + "\n")
             n += 1
     return n
 
@@ -172,7 +193,9 @@ def write_parquet(path: str | Path, trajs: Iterable[Trajectory]) -> int:
     for t in trajs:
         d = t.to_dict()
         for k in _NESTED:
-            d[k] = json.dumps(d[k], ensure_ascii=False)
+            d[k] = json_text(d[k])
+        for k in ("episode_id", "group_id", "env_id", "outcome_detail"):
+            d[k] = valid_text(d[k])
         rows.append(d)
     schema = pa.schema(
         [

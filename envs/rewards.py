@@ -11,6 +11,12 @@ or give partial credit for reasoning.
 last ``answer: x`` / ``answer is x`` (case-insensitive), and finally the last number in the text.
 Numbers compare exactly as fractions after normalization (``1,234.50`` == ``1234.5`` == ``2469/2``;
 ``\\frac{1}{2}`` == ``0.5``); anything else compares as a whitespace- and case-normalized string.
+
+Model output is data: every function here is linear (or close) in the text, with no recursion on
+anything the text controls. A number is compared as a number only when that is cheap: at most
+``MAX_DIGITS`` digits and an exponent of at most ``MAX_EXPONENT`` in magnitude. A longer one is not
+a number here (``1e30000000`` is "not equal" to ``42`` at once instead of building a
+30-million-digit integer); two such answers can still match as identical text.
 """
 from __future__ import annotations
 
@@ -23,26 +29,28 @@ _NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 _ANSWER_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
-_BOXED = ("\\boxed", "\\fbox")
+# A box opening (group 1) or one brace: one forward pass over these matches every brace.
+_BRACE_RE = re.compile(r"(\\boxed\{|\\fbox\{)|[{}]")
+MAX_DIGITS = 500
+MAX_EXPONENT = 500
 
 
 def extract_boxed(text: str) -> str | None:
-    """Contents of the last ``\\boxed{...}`` (or ``\\fbox{...}``), nested braces respected."""
-    best: tuple[int, str] | None = None
-    for cmd in _BOXED:
-        start = text.rfind(cmd + "{")
-        while start != -1:
-            i, depth = start + len(cmd) + 1, 1
-            j = i
-            while j < len(text) and depth:
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                j += 1
-            if depth == 0:
-                if best is None or start > best[0]:
-                    best = (start, text[i: j - 1].strip())
-                break
-            start = text.rfind(cmd + "{", 0, start)  # unclosed: try the one before
-    return best[1] if best else None
+    """Contents of the last ``\\boxed{...}`` (or ``\\fbox{...}``) that is closed, nested braces respected."""
+    # One pass with a stack of open braces (True for a box's own): a brace's partner depends only
+    # on the text after it, so this matches what scanning forward from each box would, in linear time.
+    stack: list[int] = []  # content start of an open box, or -1 for a plain brace
+    best: tuple[int, int] | None = None  # (content start, content end) of the box opened last
+    for m in _BRACE_RE.finditer(text):
+        if m.group(1):
+            stack.append(m.end())
+        elif m.group() == "{":
+            stack.append(-1)
+        elif stack:
+            i = stack.pop()
+            if i != -1 and (best is None or i > best[0]):
+                best = (i, m.start())
+    return text[best[0]:best[1]].strip() if best else None
 
 
 def normalize_number(text: str) -> str | None:
@@ -67,20 +75,35 @@ def _clean(text: str) -> str:
 
 
 def _to_fraction(text: str) -> Fraction | None:
+    """The exact value of ``text`` (a number, ``a/b`` or ``\\frac{a}{b}``), or None if it is not one
+    or is too big to compare cheaply. No recursion past one level: ``a`` and ``b`` are plain numbers."""
     s = _clean(text)
     m = _FRAC_RE.match(s)
     if m:
-        num, den = _to_fraction(m.group(1)), _to_fraction(m.group(2))
-        return None if num is None or not den else num / den
+        return _ratio(_plain_number(m.group(1)), _plain_number(m.group(2)))
     s = s.replace(" ", "")
     if "/" in s:
         num_s, _, den_s = s.partition("/")
-        num, den = _to_fraction(num_s), _to_fraction(den_s)
-        return None if num is None or not den else num / den
+        return _ratio(_plain_number(num_s), _plain_number(den_s))
+    return _plain_number(s)
+
+
+def _ratio(num: Fraction | None, den: Fraction | None) -> Fraction | None:
+    return None if num is None or not den else num / den
+
+
+def _plain_number(text: str) -> Fraction | None:
+    """``1,234.5e-3``-style text -> its value, bounded by MAX_DIGITS / MAX_EXPONENT; else None."""
+    s = _clean(text).replace(" ", "")
     if not s or not re.fullmatch(_NUM, s) or not re.search(r"\d", s):
         return None
     if "," in s:
         s = s.replace(",", "")
+    mantissa, _, exponent = s.lower().partition("e")
+    digits = len(mantissa.lstrip("+-").replace(".", "").lstrip("0"))
+    exponent = exponent.lstrip("+-").lstrip("0")
+    if digits > MAX_DIGITS or len(exponent) > len(str(MAX_EXPONENT)) or int(exponent or 0) > MAX_EXPONENT:
+        return None
     try:
         return Fraction(s)
     except (ValueError, ZeroDivisionError):

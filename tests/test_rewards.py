@@ -1,6 +1,8 @@
 """Rule rewards: hand-written cases for extraction, normalization and matching."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from agentrl.envs.rewards import (answers_match, extract_answer, extract_boxed, extract_gsm8k_answer,
@@ -92,3 +94,45 @@ def test_rule_reward():
     assert rule_reward("Answer: 1,024", 1024) == 1.0
     assert rule_reward("Answer: 1023", "1024") == 0.0
     assert rule_reward("", "1") == 0.0
+
+
+# ------------------------------------------------------------------ model output is data (issue 20)
+def _fast(fn, *args, limit_s=2.0):
+    """Run ``fn`` and fail if it took longer than a generous bound (the bugs took 5-90 s)."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    assert time.perf_counter() - t0 < limit_s, f"{fn.__name__} took {time.perf_counter() - t0:.1f} s"
+    return out
+
+
+@pytest.mark.parametrize("text", ["The answer is 1e30000000", "\\boxed{1e-30000000}", "#### 5e999999999",
+                                  "answer: 1" + "0" * 20_000, "\\boxed{\\frac{1e9999999}{3}}"],
+                         ids=["exponent", "boxed-exponent", "gsm8k-exponent", "20k-digits", "frac-exponent"])
+def test_huge_numbers_are_not_equal_and_cheap(text):
+    # Fraction("1e30000000") built a 30-million-digit integer: 86 s on the event loop before
+    assert _fast(rule_reward, text, "42") == 0.0
+
+
+def test_numbers_at_the_bounds_still_compare():
+    assert rule_reward("\\boxed{1e300}", "1" + "0" * 300) == 1.0
+    assert rule_reward("\\boxed{2.5E-3}", "1/400") == 1.0
+    big = "9" * 1000
+    assert rule_reward(f"\\boxed{{{big}}}", big) == 1.0  # too long to compare as a number: same text still matches
+
+
+def test_chained_slashes_do_not_recurse():
+    assert _fast(rule_reward, "\\boxed{" + "1/" * 20_000 + "1}", "1") == 0.0
+    assert normalize_number("1/2/3") is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("\\boxed{" * 4000, None),
+    ("\\boxed{" * 4000 + "x}", "x"),
+    ("\\boxed{" * 4000 + "x" + "}" * 4000, "x"),
+    ("\\boxed{a} " + "\\fbox{" * 4000 + "{}" * 4000, "a"),
+    ("{" * 8000 + "\\boxed{7}" + "}" * 3, "7"),
+], ids=["unclosed", "last-closed", "nested", "fbox-unclosed", "braces-before"])
+def test_extract_boxed_is_linear(text, expected):
+    # every unclosed \boxed{ rescanned to the end of the text: 12.8 s on 4,000 of them before
+    assert _fast(extract_boxed, text) == expected
+    assert _fast(rule_reward, text, "7") == (1.0 if expected == "7" else 0.0)

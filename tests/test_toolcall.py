@@ -1,6 +1,9 @@
 """Tool-call parsers: valid calls, malformed ones reported for the model, content kept."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from agentrl.errors import ConfigError, ToolCallError
@@ -103,3 +106,53 @@ def test_get_parser():
     assert set(PARSERS) == {"hermes", "python_block"}
     with pytest.raises(ConfigError, match=r"'xml'.*hermes, python_block"):
         get_parser("xml")
+
+
+# ------------------------------------------------------------------ model output is data (issue 20)
+def _call_with(arguments_json: str) -> str:
+    return '<tool_call>{"name": "f", "arguments": ' + arguments_json + "}</tool_call>"
+
+
+@pytest.mark.parametrize("depth", [200, 1000, 100_000])
+def test_hermes_deep_arguments_are_a_malformed_call(depth):
+    # json.loads recursed on this (RecursionError) although the parser promises never to raise
+    p = parse_hermes("ok " + _call_with("[" * depth + "]" * depth))
+    assert p.calls == [] and [e.kind for e in p.errors] == ["malformed"]
+    assert "nested" in str(p.errors[0]) and p.content == "ok"
+
+
+def test_hermes_deep_string_arguments_are_a_malformed_call():
+    # "arguments" may be a JSON string holding the object: it is decoded too, under the same bound
+    body = json.dumps({"name": "f", "arguments": '{"a": ' + "[" * 5000 + "]" * 5000 + "}"})
+    p = parse_hermes("<tool_call>" + body + "</tool_call>")
+    assert p.calls == [] and "nested" in str(p.errors[0])
+
+
+def test_hermes_moderate_nesting_and_brackets_in_strings_still_parse():
+    args = {"a": [[[[{"b": [1]}]]]], "code": "x = " + "[" * 500}
+    p = parse_hermes(_call_with(json.dumps(args)))
+    assert p.errors == [] and p.calls[0].arguments == args
+
+
+def test_hermes_huge_integer_is_a_malformed_call():
+    # int() of more than 4,300 digits raised ValueError out of the parser
+    p = parse_hermes(_call_with('{"n": ' + "1" * 4301 + "}"))
+    assert p.calls == [] and p.errors[0].kind == "malformed" and "digits" in str(p.errors[0])
+
+
+def test_hermes_lone_surrogate_name_becomes_valid_text():
+    p = parse_hermes('<tool_call>{"name": "\\ud83d", "arguments": {"k\\udc00": "v\\ud800"}}</tool_call>')
+    assert p.calls[0].name == "\ufffd"
+    p.calls[0].name.encode("utf-8")  # the name reaches tool messages and logs: must be valid UTF-8
+    assert p.calls[0].arguments == {"k\udc00": "v\ud800"}  # arguments stay raw: tools may need them
+
+
+@pytest.mark.parametrize("text", ["<tool_call>" * 32_000, "</tool_call>" * 32_000,
+                                  "<tool_call>{}" * 16_000 + "</tool_call>"], ids=["open", "close", "unclosed"])
+def test_hermes_many_tags_take_linear_time(text):
+    # the tag search rescanned to the end for every tag: 3-6 s here before
+    t0 = time.perf_counter()
+    p = parse_hermes(text)
+    assert time.perf_counter() - t0 < 1.5
+    assert p.n_attempts >= 16_000 and all(e.kind == "malformed" for e in p.errors)
+    assert all(len(str(e)) < 400 for e in p.errors[:3])

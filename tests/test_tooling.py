@@ -166,3 +166,20 @@ def test_schemas_render_in_qwen_template():
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=ToolSet([search, calculator]).schemas(),
                                    add_generation_prompt=True, tokenize=False)
     assert '"name": "calc"' in text and "How many results to return." in text
+
+
+# ------------------------------------------------------------------ model output is data (issue 20)
+def test_huge_integer_strings_are_bad_arguments_not_a_crash():
+    # int("1" * 4301) raised ValueError out of validate
+    with pytest.raises(ToolCallError, match=r"argument 'k' of tool 'search' must be an integer.*4300 digits") as ei:
+        search.validate({"query": "q", "k": "1" * 4301})
+    assert ei.value.kind == "bad_arguments" and len(str(ei.value)) < 400
+    assert search.validate({"query": "q", "k": " -" + "9" * 4300})["k"] == -int("9" * 4300)
+
+
+def test_error_messages_survive_unprintable_values():
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ToolCallError, match="must be a string, got array"):
+        search.validate({"query": deep})

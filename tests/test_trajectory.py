@@ -67,3 +67,17 @@ def test_unknown_field_rejected(tmp_path):
     d["bogus"] = 1
     with pytest.raises(ValueError, match="bogus"):
         Trajectory.from_dict(d)
+
+
+def test_lone_surrogates_are_written_as_valid_utf8(tmp_path):
+    # a tool name "\ud83d" (a JSON escape in model output) made write_jsonl raise UnicodeEncodeError
+    t = _traj(4)
+    t.messages = [{"role": "tool", "name": "\ud83d", "content": "pair \ud83d\ude00 lone \udc00 end"}]
+    t.task["k\ud800"] = "v"
+    path = tmp_path / "t.jsonl"
+    save(path, [t, _traj(5)])
+    raw = path.read_bytes()
+    raw.decode("utf-8")  # strict: every byte sequence valid
+    back = load(path)
+    assert back[0].messages[0] == {"role": "tool", "name": "\ufffd", "content": "pair \U0001F600 lone \ufffd end"}
+    assert "k\ufffd" in back[0].task and back[1].to_dict() == _traj(5).to_dict()

@@ -70,7 +70,7 @@ def rollout(
         base["rollout"] = ro
     try:
         cfg = _load(config, sets, base)
-        trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty())
+        trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty(), note=console.print)
     except AgentRLError as e:
         _fail(e)
     console.print(metrics.table(f"rollout: {cfg.env.id}"))

@@ -3,7 +3,8 @@
 Owns: the turn loop (render -> engine.generate -> env.step -> observation delta), token-exact
 trajectory assembly, groups of G samples per task, max turns, per-turn and per-episode deadlines,
 the context budget (checked before every request), the observation length cap, cancellation, and
-mapping every failure to a typed Outcome so that one failing episode never breaks the others.
+mapping every failure to a typed Outcome so that one failing episode never breaks the others, and
+holding new episodes back while a sandbox is saturated (``agentrl.sandbox.slots.admission``).
 Does not batch model calls (engines do), parse tool calls or run tools (envs do), or train.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from agentrl.config import RolloutConfig
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.errors import EngineError, EpisodeError, EnvError, ToolTimeoutError
 from agentrl.metrics import RolloutMetrics
+from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 
 _TRUNC_MARK = "\n[truncated {n} chars]"
@@ -158,6 +160,7 @@ class EpisodeManager:
 
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
         """Run one episode to its end; never raises (except CancelledError of the caller's task)."""
+        await admission()  # backpressure: a saturated sandbox holds new episodes back
         t0 = time.perf_counter()
         traj = Trajectory(episode_id=f"{spec.group_id}-{spec.sample_index}", group_id=spec.group_id,
                           env_id=self.env_id, prompt_len=0, sample_index=spec.sample_index)

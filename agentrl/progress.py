@@ -1,7 +1,7 @@
 """The live progress display of ``agentrl run``: a rich bar with the headline numbers of the last
 step (reward, solve rate and infrastructure-failure rate of the step's rollouts, the last eval's
 solve and infrastructure-failure rates, tool use, staleness, loss) and notes (monitor alerts) above
-it. Disabled (``-q``), every method is a no-op. Owns nothing else.
+it. Disabled (``-q``, or no terminal), only the notes are printed (to stderr). Owns nothing else.
 """
 from __future__ import annotations
 
@@ -52,8 +52,14 @@ class RunDisplay:
         self.bar.update(self.task, completed=step, status=" ".join(parts))
 
     def note(self, message: str) -> None:
+        """A line above the bar; without a bar (``-q``, not a terminal) still printed, to stderr:
+        notes are what a run must tell (the sandbox's isolation, alerts, a stop)."""
         if self.enabled:
             self.bar.console.print(message)
+        else:
+            from rich.console import Console
+
+            Console(stderr=True).print(message)
 
     def close(self) -> None:
         if self.enabled:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from agentrl.config import RunConfig, save_config, to_dict
 from agentrl.episode import EpisodeManager, make_specs
 from agentrl.metrics import RolloutMetrics
+from agentrl.sandbox import env_isolation_line
 from agentrl.trajectory import Trajectory
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -42,11 +43,29 @@ def build_engine(cfg: RunConfig, model_path: Path):
                                        max_context=cfg.rollout.max_context)
 
 
-def env_factory(cfg: RunConfig):
-    from agentrl.registry import make
+class EnvFactory:
+    """Builds the run's envs (``factory()``). One is built at once and closed, to fail fast on a bad
+    env or kwargs before any engine work, and to read ``isolation``: the ``sandbox: ...`` line of
+    its sandbox (None for an env without one), which ``agentrl run``/``rollout`` print at start."""
 
-    make(cfg.env.id, **cfg.env.kwargs).close()  # fail fast, before any engine work, on a bad env/kwargs
-    return lambda: make(cfg.env.id, **cfg.env.kwargs)
+    def __init__(self, env_id: str, kwargs: dict) -> None:
+        from agentrl.registry import make
+
+        self.env_id, self.kwargs = env_id, dict(kwargs)
+        env = make(env_id, **self.kwargs)
+        try:
+            self.isolation = env_isolation_line(env)
+        finally:
+            env.close()
+
+    def __call__(self) -> Any:
+        from agentrl.registry import make
+
+        return make(self.env_id, **self.kwargs)
+
+
+def env_factory(cfg: RunConfig) -> EnvFactory:
+    return EnvFactory(cfg.env.id, cfg.env.kwargs)
 
 
 async def collect(manager: EpisodeManager, specs, out_file: Path | None, progress: bool = True) -> list[Trajectory]:
@@ -73,7 +92,8 @@ async def collect(manager: EpisodeManager, specs, out_file: Path | None, progres
     return results
 
 
-def run_rollout(cfg: RunConfig, progress: bool = True) -> tuple[list[Trajectory], RolloutMetrics, Path]:
+def run_rollout(cfg: RunConfig, progress: bool = True,
+                note: Callable[[str], None] = print) -> tuple[list[Trajectory], RolloutMetrics, Path]:
     from transformers import AutoTokenizer
 
     from agentrl.default_model import resolve_model_path
@@ -83,6 +103,8 @@ def run_rollout(cfg: RunConfig, progress: bool = True) -> tuple[list[Trajectory]
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     factory = env_factory(cfg)
+    if factory.isolation:
+        note(factory.isolation)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     engine = build_engine(cfg, model_path)

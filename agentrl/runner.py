@@ -31,6 +31,7 @@ from agentrl.monitors import MONITORS, Alert, new_alerts
 from agentrl.progress import RunDisplay
 from agentrl.prompt_stream import PromptStream
 from agentrl.run_log import TrajectoryLog, rollout_extra
+from agentrl.sandbox.slots import queue_summary, take_queue_waits
 from agentrl.staleness import StalenessQueue, dump_ready, load_ready
 from agentrl.trajectory import Trajectory
 
@@ -95,6 +96,7 @@ class Runner:
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.make_env = env_factory(cfg)
+        self.isolation = self.make_env.isolation
         eval_kwargs = {**cfg.env.kwargs, **cfg.eval.env_kwargs}
         from agentrl.registry import make
 
@@ -248,6 +250,9 @@ class Runner:
         manager = self.backend.episodes if self.backend is not None else \
             EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
         display = RunDisplay(self.progress, cfg.train.steps, start=self.step)
+        if self.isolation:
+            display.note(self.isolation)
+        take_queue_waits()  # the first step's queue times are its own
         t_start = time.perf_counter()
         producer = None
         try:
@@ -278,6 +283,7 @@ class Runner:
                                        "train": tm, "credit": sstats,
                                        "staleness": {**queue.metrics(), "rerun_drops": self.stream.redrops,
                                                      "abandoned_prompts": len(self.stream.abandoned)},
+                                       "sandbox": queue_summary(take_queue_waits()),
                                        "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
                                        "weight_push_s": self.last_sync.seconds, "drain_wait_s": self.drain_s,

@@ -24,15 +24,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import ResetNeeded
 
 from agentrl.errors import ConfigError, EpisodeError, EnvError, RewardError, ToolCallError, ToolTimeoutError
+from agentrl.sandbox.slots import WAIT_CLOCK, WaitClock
 from agentrl.toolcall import ParsedTurn, ToolCall, get_parser
 from agentrl.tooling import Tool, ToolSet
 
@@ -314,7 +316,7 @@ class ToolEnv(AgentEnv):
         try:
             if self.tool_timeout_s is None:
                 return CallResult(call, await guarded())
-            return CallResult(call, await asyncio.wait_for(guarded(), self.tool_timeout_s))
+            return CallResult(call, await _run_time_limited(guarded, self.tool_timeout_s))
         except ToolCallError as e:
             return CallResult(call, f"Error: {e}", e.kind if e.kind in STAT_KEYS else "bad_arguments")
         except (asyncio.TimeoutError, TimeoutError):
@@ -342,6 +344,34 @@ class ToolEnv(AgentEnv):
         loop = getattr(self, "_loop", None)
         if loop is not None and not loop.is_closed() and not loop.is_running():
             loop.close()
+
+
+async def _run_time_limited(fn: Callable[[], Awaitable[Any]], limit_s: float) -> Any:
+    """``await fn()`` with a deadline of ``limit_s`` seconds of *running* time: seconds spent waiting
+    for a sandbox slot (``agentrl.sandbox.slots.WaitClock``) do not count, so a busy sandbox delays a
+    call instead of timing it out (the turn deadline still bounds the whole wait). Raises
+    TimeoutError at the deadline, after cancelling the call."""
+    clock = WaitClock()
+    token = WAIT_CLOCK.set(clock)
+    try:
+        task = asyncio.ensure_future(fn())  # copies the context: the call's waits reach this clock
+    finally:
+        WAIT_CLOCK.reset(token)
+    t0 = time.perf_counter()
+    try:
+        while True:
+            left = limit_s - (time.perf_counter() - t0 - clock.waited())
+            if left <= 0:
+                break
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if done:
+                return task.result()
+    except BaseException:
+        task.cancel()
+        raise
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise TimeoutError
 
 
 def _pos(item: Any, fallback: int) -> int:

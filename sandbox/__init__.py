@@ -157,6 +157,16 @@ class Sandbox(abc.ABC):
     async def aclose(self) -> None:
         """Release pooled resources (containers, warm processes). The default holds none."""
 
+    def isolation_summary(self) -> str:
+        """One line for people: which isolation layers are on, and what to install for more."""
+        return f"{self.name}: no isolation described"
+
+
+def env_isolation_line(env: object) -> str | None:
+    """``sandbox: ...`` for the env's sandbox (an env that keeps one in ``.sandbox``), else None."""
+    sb = getattr(getattr(env, "unwrapped", env), "sandbox", None)
+    return f"sandbox: {sb.isolation_summary()}" if isinstance(sb, Sandbox) else None
+
 
 def supports_sessions(sandbox: Sandbox) -> bool:
     """Whether ``sandbox.session()`` is implemented (checked up front by envs asking for sessions)."""
@@ -250,4 +260,4 @@ _SHARED_LOCK = threading.RLock()
 _AUTO: str | None = None
 
 __all__ = ["BACKENDS", "STATUSES", "ExecResult", "Limits", "Sandbox", "SandboxSession", "default_sandbox",
-           "docker_unavailable_reason", "make_sandbox", "shared_sandbox", "supports_sessions"]
+           "docker_unavailable_reason", "env_isolation_line", "make_sandbox", "shared_sandbox", "supports_sessions"]

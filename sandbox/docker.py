@@ -164,6 +164,10 @@ class DockerSandbox(Sandbox):
                 "network_isolated": True, "pids_enforced": True, "dedicated_uid": True, "memory_cgroup": True,
                 "read_only_root": True, "pool_size": self.pool_size, "max_concurrency": self.max_concurrency}
 
+    def isolation_summary(self) -> str:
+        return (f"docker (image {self.image}, runtime {self.runtime or 'runc'}: no network, read-only root, "
+                f"all capabilities dropped, memory/pids cgroups, unprivileged user)")
+
     async def start(self) -> None:
         """Start the warm pool now (otherwise the first runs pay for starting containers)."""
         await self._pool().warm()

@@ -1,11 +1,13 @@
 """What the local backend does to a child between fork and exec, and to a sandbox uid afterwards.
 
-Owns: the rlimits of a run, the ``preexec`` function (rlimits, mount/network namespaces, dropping
-to a dedicated uid, no-new-privs, parent-death signal), the pool of dedicated uids (a block per
-process, claimed with a lock file), killing every process of such a uid, mounting/unmounting
-size-capped tmpfs work dirs, and exporting an unreachable Python prefix for bwrap.
+Owns: the rlimits of a run, the mount plan of a child (``ChildMounts``), the pool of dedicated
+uids (a block per process, claimed with a lock file), killing every process of such a uid,
+mounting/unmounting size-capped tmpfs work dirs, and exporting an unreachable Python prefix for
+bwrap. The child applies the plan (and drops to its uid, sets no-new-privs, the parent-death
+signal and the rlimits) in the executor (``agentrl.sandbox.executor``), never in a fork of the
+trainer.
 
-The child-side namespace work (``ChildMounts``) needs root and exists for two reasons:
+The child-side namespace work needs root and exists for two reasons:
 
 * the trainer's Python may live where the sandbox uid cannot reach (pyenv under a 0700 ``/root``):
   a small tmpfs goes over the first unreachable ancestor (hiding the rest of it, e.g.
@@ -20,7 +22,6 @@ here: that is bwrap's job; without it, ``kill_uid`` after the run catches escape
 from __future__ import annotations
 
 import atexit
-import ctypes
 import fcntl
 import math
 import os
@@ -33,30 +34,9 @@ import tempfile
 import threading
 
 from agentrl.sandbox import Limits
+from agentrl.sandbox.executor import MB, bind, make_private, mount_tmpfs, remount_readonly, unmount
 
-MB = 1 << 20
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-_MNT_DETACH = 2
-INODES_PER_MB = 64  # tmpfs: 8 k inodes for 128 MB stops an inode flood and fits real programs
-_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mount_tmpfs(path: str, size_mb: int, uid: int, mode: str = "0700") -> None:
-    opts = f"size={size_mb}m,nr_inodes={max(256, size_mb * INODES_PER_MB)},mode={mode},uid={uid},gid={uid}"
-    _check(_LIBC.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()), f"tmpfs on {path}")
-
-
-def unmount(path: str) -> None:
-    _LIBC.umount2(path.encode(), _MNT_DETACH)
+__all__ = ["mount_tmpfs", "unmount"]  # re-exported: the backend mounts work dirs with them
 
 
 def rlimits(limits: Limits, timeout_s: float, nproc: int | None) -> list[tuple[int, tuple[int, int]]]:
@@ -65,7 +45,8 @@ def rlimits(limits: Limits, timeout_s: float, nproc: int | None) -> list[tuple[i
            (resource.RLIMIT_NOFILE, (limits.nofile,) * 2), (resource.RLIMIT_CORE, (0, 0))]
     if nproc is not None:
         out.append((resource.RLIMIT_NPROC, (nproc, nproc)))
-    return out + [(resource.RLIMIT_AS, (limits.memory_mb * MB,) * 2)]  # last: see preexec
+    # RLIMIT_AS last: the child is still a copy of the executor until exec and must not need more first
+    return out + [(resource.RLIMIT_AS, (limits.memory_mb * MB,) * 2)]
 
 
 def reachable(path: str, uid: int | None) -> bool:
@@ -112,32 +93,12 @@ class ChildMounts:
     def active(self) -> bool:
         return bool(self.grafts) or self.isolate
 
-    def apply(self, workdir: str, disk_mb: int) -> None:
-        """In the forked child, as root, before dropping privileges (raises OSError on failure)."""
-        flags = _CLONE_NEWNS | (_CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS if self.isolate else 0)
-        _check(_LIBC.unshare(flags), "unshare")
-        # Private first: a new mount must never propagate back to the host's namespace.
-        _check(_LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-        scratch = [d for d in _SCRATCH if self.isolate and os.path.isdir(d) and not os.path.islink(d)]
-        # Open what the new tmpfs mounts will hide, in this namespace (bind sources must be ours).
-        binds = [(p, p, True) for _, p in self.grafts]
-        if any(workdir.startswith(d + "/") for d in scratch):
-            binds.append((workdir, workdir, False))
-        fds = [os.open(src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for src, _, _ in binds]
-        for d in scratch:
-            mount_tmpfs(d, disk_mb, 0, mode="1777")
-        for anchor in dict.fromkeys(a for a, _ in self.grafts):
-            _check(_LIBC.mount(b"tmpfs", anchor.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"),
-                   f"tmpfs over {anchor}")
-        for (_, dst, ro), fd in zip(binds, fds):
-            os.makedirs(dst, exist_ok=True)
-            _check(_LIBC.mount(f"/proc/self/fd/{fd}".encode(), dst.encode(), None, _MS_BIND | _MS_REC, None),
-                   f"bind {dst}")
-            if ro:
-                _check(_LIBC.mount(None, dst.encode(), None,
-                                   _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None), f"ro {dst}")
-            os.close(fd)  # CLOEXEC anyway: a directory fd must never reach the program
-        os.chdir(workdir)  # the cwd set before us now lies under the new /tmp: take the re-bound one
+    def plan(self) -> dict | None:
+        """What the executor's child applies (``agentrl.sandbox.executor.apply_mounts``), or None."""
+        if not self.active:
+            return None
+        # isolate: a pid namespace too, with our own init (agentrl.sandbox.executor.enter_pid_namespace)
+        return {"isolate": self.isolate, "pidns": self.isolate, "grafts": [list(g) for g in self.grafts]}
 
 
 EXPORT_PREFIX = "agentrl-python-"
@@ -155,10 +116,9 @@ def exported_prefix(prefix: str) -> str:
             path = tempfile.mkdtemp(prefix=f"{EXPORT_PREFIX}{os.getpid()}-")
             os.chmod(path, 0o755)
             try:
-                _check(_LIBC.mount(prefix.encode(), path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {prefix}")
-                _LIBC.mount(None, path.encode(), None, _MS_REC | _MS_PRIVATE, None)  # no propagation to peers
-                _check(_LIBC.mount(None, path.encode(), None,
-                                   _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None), f"ro {path}")
+                bind(prefix, path, readonly=False)
+                make_private(path)  # no propagation to peers
+                remount_readonly(path)
             except OSError:
                 unmount(path)
                 os.rmdir(path)
@@ -214,45 +174,6 @@ def _first_unreachable(path: str, uid: int) -> str:
         if not reachable(cur, uid):
             return cur
     return path
-
-
-def preexec(limits: list[tuple[int, tuple[int, int]]], uid: int | None, *, mounts: ChildMounts | None = None,
-            workdir: str = "", disk_mb: int = 0, pdeathsig: bool = True):
-    """The child's setup between fork and exec. Plain syscalls only (no locks, no logging): the
-    trainer is multi-threaded and only this thread exists in the child. The rlimits come last:
-    the child is still a copy of the trainer, whose address space is far over ``memory_mb``, so
-    after RLIMIT_AS it must not need another byte before exec."""
-    def fn() -> None:
-        if mounts is not None and mounts.active:
-            mounts.apply(workdir, disk_mb)
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")  # setuid binaries stay inert
-        if pdeathsig:  # after setuid: a credential change clears it
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        for res, lim in limits:
-            setrlimit(res, lim)
-    setrlimit = resource.setrlimit
-    return fn
-
-
-_PRLIMIT_NAMES = {resource.RLIMIT_AS: "as", resource.RLIMIT_CPU: "cpu", resource.RLIMIT_FSIZE: "fsize",
-                  resource.RLIMIT_NOFILE: "nofile", resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc"}
-_SETPRIV, _PRLIMIT = shutil.which("setpriv"), shutil.which("prlimit")
-
-
-def launcher(limits: list[tuple[int, tuple[int, int]]], uid: int | None) -> list[str] | None:
-    """The same as ``preexec`` without mounts, as a command prefix (util-linux ``setpriv`` and
-    ``prlimit``), or None when those are missing. Two small execs cost ~2 ms; a ``preexec_fn``
-    forces a full fork() of the trainer instead of vfork(), ~10 ms here and far more for a
-    trainer with gigabytes mapped."""
-    if _SETPRIV is None or _PRLIMIT is None:
-        return None
-    ids = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"] if uid is not None else []
-    rl = [f"--{_PRLIMIT_NAMES[res]}={soft}:{hard}" for res, (soft, hard) in limits]
-    return [_SETPRIV, *ids, "--pdeathsig=KILL", "--", _PRLIMIT, *rl, "--"]
 
 
 # ------------------------------------------------------------------------------ dedicated uids

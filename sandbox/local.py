@@ -59,18 +59,20 @@ import json
 import os
 import shutil
 import signal
-import subprocess
+import sys
 import tempfile
 import threading
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import Limits, jail
+from agentrl.sandbox.executor_client import executor
 from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env, killpg
 
 _SANDBOX_UID = 1000  # the uid the program sees inside bwrap (whatever the host uid is)
 _ETC = ["/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
         "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", *sorted(glob.glob("/etc/python3*"))]
 _TOP_LINKS = ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+_STATUS_FD = 3  # where the executor puts bwrap's status pipe in the child
 
 
 # ------------------------------------------------------------------------------ probes (cached)
@@ -96,12 +98,12 @@ def _probe_bwrap(uid: int | None) -> str | None:
         if uid is not None:
             os.chown(workdir, uid, uid)
         argv = _bwrap_argv(exe, workdir, Limits(), None, []) + ["/bin/sh", "-c", "echo ok > /work/probe"]
-        r = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, timeout=20,
-                           preexec_fn=jail.preexec([], uid, pdeathsig=False) if uid is not None else None)
-        if r.returncode != 0 or not os.path.exists(os.path.join(workdir, "probe")):
-            return f"bwrap does not work here (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:300]}"
+        request = {"argv": argv, "env": {"PATH": "/usr/bin:/bin"}, "cwd": workdir, "uid": uid, "pdeathsig": False}
+        code, err = executor().run_sync(request, timeout_s=20)
+        if code != 0 or not os.path.exists(os.path.join(workdir, "probe")):
+            return f"bwrap does not work here (exit {code}): {err.strip()[:300]}"
         return None
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, SandboxError) as e:
         return f"bwrap does not work here: {e}"
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -198,6 +200,28 @@ class LocalSandbox(SubprocessSandbox):
                 "private_tmp": self.bwrap is not None or self.mounts.isolate,
                 "python_prefixes": list(self.prefixes)}
 
+    def isolation_summary(self) -> str:
+        d = self.describe()
+        on = ["rlimits"]
+        if d["dedicated_uid"]:
+            on.append("a dedicated uid per run")
+        if d["bwrap"]:
+            on.append("bubblewrap namespaces (user, pid, network, mount: read-only /usr view)")
+        elif self.mounts.isolate:
+            on.append("private pid, network and mount namespaces (host filesystem readable)")
+        if d["tmpfs_workdir"]:
+            on.append("a size-capped tmpfs work dir")
+        more = []
+        if not d["bwrap"]:
+            more.append(f"bubblewrap would hide the host filesystem: {d['bwrap_reason']}")
+        if not d["dedicated_uid"]:
+            more.append("not root: programs run as you, with your files and network (run as root, or add bubblewrap)")
+        from agentrl.sandbox import docker_unavailable_reason
+
+        if docker_unavailable_reason() is not None:
+            more.append("Docker (apt-get install docker.io; agentrl sandbox build) is the strongest backend")
+        return f"local ({', '.join(on)})" + (f"; for more isolation: {'; '.join(more)}" if more else "")
+
     # ------------------------------------------------------------------------------ hooks
     def _new_workdir(self, limits: Limits) -> Workdir:
         path = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
@@ -226,24 +250,30 @@ class LocalSandbox(SubprocessSandbox):
         uid = wd.owner[0] if wd.owner is not None else None
         # bwrap's two processes (outer + namespace init) run under the same uid and count too.
         nproc = None if uid is None else limits.pids + (2 if self.bwrap else 0)
-        rlimits = jail.rlimits(limits, timeout_s, nproc)
+        rlimits = [[res, soft, hard] for res, (soft, hard) in jail.rlimits(limits, timeout_s, nproc)]
         python_bin = os.path.join(self.prefixes[0], "bin") if self.prefixes else None
-        if self.bwrap is None:  # namespaces of our own need code in the child: a preexec_fn
+        request = {"uid": uid, "rlimits": rlimits, "disk_mb": limits.disk_mb}
+        if self.bwrap is None:  # namespaces of our own: the executor's child makes them
             env = {**base_env(wd.path, wd.path, python_bin), **self.extra_env}
-            pre = jail.preexec(rlimits, uid, mounts=self.mounts, workdir=wd.path, disk_mb=limits.disk_mb)
-            return Spawn(argv, env, wd.path, {"preexec_fn": pre})
+            request.update(mounts=self.mounts.plan(), warm=_is_warm_python(argv, env))
+            return Spawn(argv, env, wd.path, request)
         env = {**base_env("/work", "/tmp", python_bin), **self.extra_env}
-        prefix = jail.launcher(rlimits, uid)
-        popen: dict = {} if prefix is not None else {"preexec_fn": jail.preexec(rlimits, uid)}
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(r, False)
-        popen["pass_fds"] = (w,)
-        bwrap = _bwrap_argv(self.bwrap, wd.path, limits, w, self.mounts.binds)
-        return Spawn((prefix or []) + bwrap + argv, env, wd.path, popen, status_fd=r)
+        bwrap = _bwrap_argv(self.bwrap, wd.path, limits, _STATUS_FD, self.mounts.binds)
+        return Spawn(bwrap + argv, env, wd.path, request, status_fd=r, status_w=w)
+
+    async def _start(self, spawn: Spawn, proto, with_stdin: bool):
+        request = {**(spawn.request or {}), "argv": spawn.argv, "env": spawn.env, "cwd": spawn.cwd}
+        try:
+            return await executor().spawn(request, proto, stdin=with_stdin, status_fd=spawn.status_w)
+        except SandboxError as e:
+            raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
 
     def _kill(self, pid: int, wd: Workdir) -> None:
-        killpg(pid)  # under bwrap: the outer bwrap and the namespace's init; the kernel kills the rest
-        if wd.owner is not None and self.bwrap is None:
+        # With bwrap or our own pid namespace this kills the namespace's init, and the kernel the rest.
+        killpg(pid)
+        if wd.owner is not None and self.bwrap is None and not self.mounts.isolate:
             jail.kill_uid(wd.owner[0])  # setsid orphans left the group but not the uid
 
     def _classify(self, status: str, code: int | None, stderr: str, spawn: Spawn,
@@ -303,3 +333,11 @@ def _remove_stale_mounts() -> None:
             except PermissionError:
                 continue
             jail.remove_mountpoint(path, contents=contents)
+
+
+def _is_warm_python(argv: list[str], env: dict[str, str]) -> bool:
+    """``python3 -`` of this very interpreter: the executor can run it from its warm fork."""
+    if len(argv) != 2 or argv[1] != "-":
+        return False
+    exe = shutil.which(argv[0], path=env.get("PATH"))
+    return exe is not None and os.path.realpath(exe) == os.path.realpath(sys.executable)

@@ -21,7 +21,8 @@ What the mechanics guarantee (both backends):
   local backend catches those); we stop reading its pipes after a short grace instead;
 * stdout and stderr are each capped (``Limits.max_output_bytes``). Going over the cap kills the
   program with status ``output_limit``: reading a 1 GB flood would burn the deadline for nothing;
-* at most ``max_concurrency`` programs run at once (a semaphore per event loop).
+* at most ``max_concurrency`` programs run at once (``agentrl.sandbox.slots``: the wait for a slot is
+  recorded, and does not count against the program's ``timeout_s``).
 
 Of ``Limits`` the plain runner enforces only ``max_output_bytes``; status ``oom`` never occurs.
 """
@@ -41,6 +42,7 @@ from typing import Any, Mapping, Sequence
 from agentrl.errors import SandboxError
 from agentrl.sandbox import ExecResult, Limits, Sandbox, SandboxSession
 from agentrl.sandbox.files import check_relpath, collect_files, write_files
+from agentrl.sandbox.slots import Slots
 
 _PIPE_GRACE_S = 0.5  # how long to wait for pipes held open by escaped (setsid) children
 _EXIT_GRACE_S = 5.0  # after SIGKILL a process is gone in microseconds; this only bounds a wedged kernel
@@ -67,13 +69,14 @@ class Workdir:
 
 @dataclass
 class Spawn:
-    """How to start one program: the host argv, its env and cwd, extra Popen keywords."""
+    """How to start one program: the host argv, its env and cwd, and what a backend adds."""
 
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    popen: dict[str, Any]
+    request: dict[str, Any] | None = None  # backend-specific: what the local executor needs beyond this
     status_fd: int | None = None  # backend-specific: read end of a status pipe, closed after the run
+    status_w: int | None = None  # its write end, given to the child and closed once it started
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -150,29 +153,21 @@ class SubprocessSandbox(Sandbox):
 
     def __init__(self, *, limits: Limits | None = None, max_concurrency: int = 16,
                  max_output_bytes: int | None = None, extra_env: dict[str, str] | None = None) -> None:
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
         limits = limits or Limits()
         if max_output_bytes is not None:  # the older spelling of limits.max_output_bytes
             limits = replace(limits, max_output_bytes=max_output_bytes)
         self.limits = limits
         self.max_concurrency = max_concurrency
         self.extra_env = dict(extra_env or {})
-        # asyncio primitives bind to the loop that first waits on them; keep one per loop so the
-        # same sandbox works from a sync env's private loop and from the trainer's loop.
-        self._sems: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
+        self.slots = Slots(max_concurrency)
 
     @property
     def max_output_bytes(self) -> int:
         return self.limits.max_output_bytes
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        entry = self._sems.get(id(loop))
-        if entry is None or entry[0] is not loop:
-            self._sems = {k: v for k, v in self._sems.items() if not v[0].is_closed()}
-            entry = self._sems[id(loop)] = (loop, asyncio.Semaphore(self.max_concurrency))
-        return entry[1]
+    def isolation_summary(self) -> str:
+        return ("subprocess (NO isolation: programs run as you, with your files and network; for trusted code "
+                "only: use 'local' or 'docker')")
 
     # ------------------------------------------------------------------------------ hooks
     def _new_workdir(self, limits: Limits) -> Workdir:
@@ -183,7 +178,19 @@ class SubprocessSandbox(Sandbox):
 
     def _spawn(self, argv: list[str], wd: Workdir, limits: Limits, timeout_s: float) -> Spawn:
         env = {**base_env(wd.path, wd.path, os.path.dirname(sys.executable)), **self.extra_env}
-        return Spawn(argv, env, wd.path, {})
+        return Spawn(argv, env, wd.path)
+
+    async def _start(self, spawn: Spawn, proto: _Protocol, with_stdin: bool) -> Any:
+        """Start the program; returns an asyncio-subprocess-like transport feeding ``proto``."""
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: proto, *spawn.argv, cwd=spawn.cwd, env=spawn.env, start_new_session=True,
+                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
+        return transport
 
     def _kill(self, pid: int, wd: Workdir) -> None:
         killpg(pid)
@@ -203,7 +210,7 @@ class SubprocessSandbox(Sandbox):
         limits = limits or self.limits
         for name in files or {}:
             check_relpath(name)
-        async with self._semaphore():
+        async with self.slots.hold():
             wd = self._open_workdir(limits)
             try:
                 return await self._execute(argv, wd, limits, stdin, timeout_s, files, collect)
@@ -225,18 +232,13 @@ class SubprocessSandbox(Sandbox):
             write_files(wd.path, files, owner=wd.owner, max_total_bytes=limits.disk_mb * MB)
         spawn = self._spawn(argv, wd, limits, timeout_s)
         try:
-            loop = asyncio.get_running_loop()
             t0 = time.perf_counter()
+            proto = _Protocol(limits.max_output_bytes)
             try:
-                transport, proto = await loop.subprocess_exec(
-                    lambda: _Protocol(limits.max_output_bytes), *spawn.argv, cwd=spawn.cwd, env=spawn.env,
-                    start_new_session=True, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, **spawn.popen)
-            except (OSError, subprocess.SubprocessError) as e:
-                raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
+                transport = await self._start(spawn, proto, stdin is not None)
             finally:
-                for fd in spawn.popen.get("pass_fds", ()):
-                    os.close(fd)  # the child has its copy; ours would keep the pipe open for ever
+                if spawn.status_w is not None:
+                    os.close(spawn.status_w)  # the child has its copy; ours would keep the pipe open for ever
             pid = transport.get_pid()
             try:
                 if stdin is not None:
@@ -287,7 +289,7 @@ class _Session(SandboxSession):
         argv = check_call(argv, timeout_s)
         for name in files or {}:
             check_relpath(name)
-        async with self.sandbox._semaphore():
+        async with self.sandbox.slots.hold():
             if self._closed:
                 raise SandboxError("sandbox session is closed")
             if self._wd is None:

@@ -32,6 +32,7 @@ import time
 import pytest
 
 from agentrl.sandbox import Limits, docker_unavailable_reason, make_sandbox
+from agentrl.sandbox.executor_client import executor
 
 BACKENDS = ["local", "local-plain", "docker"]
 GRACE_S = 5.0  # the contract: "within its deadline plus a few seconds" (shared, loaded machines)
@@ -102,7 +103,9 @@ def host_snapshot(backend: str) -> dict:
     tag = f"agentrl-sbx-{os.getpid()}-"
     snap = {
         "sandbox_uid_procs": sorted(pid for pid, _, uid, _ in procs if any(uid in r for r in ours)),
-        "our_children": sorted(pid for pid, ppid, _, _ in procs if ppid == os.getpid()),
+        # the local backend's executor is a child by design; what it runs are its children
+        "our_children": sorted(pid for pid, ppid, _, _ in procs
+                               if (ppid == os.getpid() and pid != executor().pid) or ppid == executor().pid),
         "workdirs": sorted(glob.glob(os.path.join(tmp, tag + "*"))),
         "mounts": sorted(ln.split()[1] for ln in open("/proc/mounts") if tag in ln),
         "tmp_used_mb": shutil.disk_usage(tmp).used // (1 << 20),

@@ -1,19 +1,23 @@
-"""P3: sandbox exec latency and throughput (GUIDE §4).
+"""P3: sandbox exec latency and throughput.
 
-Measures, with the trivial command ``true`` (no interpreter start-up to hide the sandbox's own cost):
+Per isolation mode of the local backend (``bwrap``: bubblewrap namespaces; ``no-bwrap``: as root
+without it, i.e. a dedicated uid and our own pid/network/mount namespaces; ``not-root``: the bench
+re-runs itself in a user namespace as uid 1000, rlimits only), each against a bare
+``asyncio.create_subprocess_exec`` measured interleaved in the same run (median of pair ratios):
 
-1. local backend (``make_sandbox("local")``) vs a bare ``asyncio.create_subprocess_exec``: p50/p99
-   of each and the median of pair ratios (A and B interleaved, one pair at a time). Target <= 1.5x.
-2. Docker warm pool (``DockerSandbox.run``: acquire an idle container + one run + reset) vs a
-   cold ``docker run --rm --network none IMAGE true`` (the CLI, as a user would). Target >= 30x.
-   Also reported: cold via the SDK (create + start + wait + remove, no CLI start-up).
-3. Throughput at 64 concurrent runs (runs/s), local and docker (64 warm containers; starting them
-   is timed separately and not counted).
+1. exec of ``true`` (no interpreter start-up to hide the sandbox's own cost). Target <= 1.5x.
+2. a ``python`` tool call (``agentrl.tools.python``, the warm executor's fork) of ``pass`` vs a bare
+   ``python3 -c pass``. Target: p50 <= the bare one.
+3. 256 concurrent ``python`` tool calls of a small program (the default run's kind) through the
+   process-wide default sandbox (its default concurrency), while two torch threads do matmuls in
+   this process: p50/p99 of a call (queue included) and timeouts. Target: p99 <= 2 s, 0 timeouts.
 
-Shared machines are noisy, so the ratios are medians of interleaved pairs measured in one run.
+Then, unless ``--no-docker``: the Docker warm pool (acquire + exec) vs a cold ``docker run --rm``
+(target >= 30x) and throughput at 64 concurrent runs, local and docker.
 
     python bench/bench_sandbox.py             # full
     python bench/bench_sandbox.py --quick     # fewer samples
+    python bench/bench_sandbox.py --modes no-bwrap,not-root --no-docker
 """
 from __future__ import annotations
 
@@ -25,10 +29,12 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from agentrl.sandbox import make_sandbox
+from agentrl.tools.python import make_python_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,27 +64,112 @@ async def sandbox_true(sb) -> float:
     return took
 
 
-async def local_vs_bare(n: int) -> dict:
-    sb = make_sandbox("local")
+async def bare_python() -> float:
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass", stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    await proc.communicate()
+    return time.perf_counter() - t0
+
+
+def tool_call(sb, code: str = "pass"):
+    tool = make_python_tool(sb, timeout_s=5)
+
+    async def call() -> float:
+        t0 = time.perf_counter()
+        out = await tool.fn(code=code)
+        took = time.perf_counter() - t0
+        assert "Error" not in out and "exit code" not in out, out
+        return took
+    return call
+
+
+async def pairs(bare, ours, n: int) -> dict:
+    """Interleaved pairs (order alternating); p50/p99 of each and the median of ours/bare."""
     a, b, ratios = [], [], []
+    for _ in range(5):  # warm-up: imports, the executor, the first bwrap start
+        await bare()
+        await ours()
+    for i in range(n):
+        if i % 2:
+            tb, ta = await ours(), await bare()
+        else:
+            ta, tb = await bare(), await ours()
+        a.append(ta)
+        b.append(tb)
+        ratios.append(tb / ta)
+    return {"bare": summary(a), "ours": summary(b), "ratio_median": statistics.median(ratios)}
+
+
+async def loaded_burst(sb, calls: int = 256) -> dict:
+    """``calls`` concurrent python tool calls while two torch threads multiply matrices here."""
+    import threading
+
+    import torch
+
+    stop = threading.Event()
+
+    def busy() -> None:
+        torch.set_num_threads(2)
+        a = torch.randn(512, 512)
+        while not stop.is_set():
+            a @ a
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    code = "print(sum(x for x in range(1, 591) if x % 7 == 0 or x % 8 == 0))"
+    tool = make_python_tool(sb, timeout_s=5)
+
+    async def one() -> tuple[float, bool]:
+        t0 = time.perf_counter()
+        out = await tool.fn(code=code)
+        return time.perf_counter() - t0, "TimeoutError" in out or out.strip() != "38990"
+
     try:
-        for _ in range(5):  # warm-up: imports, first bwrap start
-            await bare_true()
-            await sandbox_true(sb)
-        for i in range(n):
-            if i % 2:  # alternate the order inside a pair too
-                tb, ta = await sandbox_true(sb), await bare_true()
-            else:
-                ta, tb = await bare_true(), await sandbox_true(sb)
-            a.append(ta)
-            b.append(tb)
-            ratios.append(tb / ta)
-        describe = sb.describe() if hasattr(sb, "describe") else {}
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        got = await asyncio.gather(*[one() for _ in range(calls)])
+        wall = time.perf_counter() - t0
+    finally:
+        stop.set()
+        t.join()
+    lat = [x for x, _ in got]
+    return {"calls": calls, "wall_s": wall, **summary(lat), "timeouts_or_wrong": sum(bad for _, bad in got),
+            "max_concurrency": sb.max_concurrency}
+
+
+async def mode_bench(mode: str, n: int) -> dict:
+    bwrap = {"bwrap": True, "no-bwrap": False, "not-root": False}[mode]
+    sb = make_sandbox("local", bwrap=bwrap)
+    try:
+        out = {"describe": {k: v for k, v in sb.describe().items() if isinstance(v, (bool, int, float, str))},
+               "true": await pairs(bare_true, lambda: sandbox_true(sb), n),
+               "python_tool": await pairs(bare_python, tool_call(sb), n)}
     finally:
         await sb.aclose()
-    return {"bare_asyncio": summary(a), "local": summary(b), "ratio_median": statistics.median(ratios),
-            "local_describe": {k: v for k, v in describe.items() if isinstance(v, (bool, int, float, str))},
-            "target": "<= 1.5"}
+    burst = make_sandbox("local", bwrap=bwrap)  # the default options: what a run's shared sandbox has
+    try:
+        out["burst_256_loaded"] = await loaded_burst(burst)
+    finally:
+        await burst.aclose()
+    return out
+
+
+def run_mode(mode: str, n: int) -> dict:
+    if mode == "bwrap":
+        from agentrl.sandbox.local import bwrap_unavailable_reason
+
+        if bwrap_unavailable_reason() is not None:
+            return {"skipped": bwrap_unavailable_reason()}
+    if mode == "not-root" and os.geteuid() == 0:  # re-run this mode as uid 1000 in a user namespace
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            cmd = ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, __file__,
+                   "--child-mode", mode, "--pairs", str(n), "--out", f.name]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                return {"skipped": f"not-root mode failed: {r.stderr.strip()[-500:]}"}
+            return json.loads(Path(f.name).read_text())
+    return asyncio.run(mode_bench(mode, n))
 
 
 def docker_run_cold(image: str) -> float:
@@ -184,11 +275,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--no-docker", action="store_true", help="local backend only")
+    ap.add_argument("--modes", default="bwrap,no-bwrap,not-root", help="local isolation modes to measure")
+    ap.add_argument("--pairs", type=int, default=None, help="interleaved pairs per comparison")
+    ap.add_argument("--child-mode", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "bench/results/sandbox.json"))
     args = ap.parse_args()
     n_pairs, n_cold, total = (40, 10, 640) if args.quick else (200, 40, 2560)
+    n_pairs = args.pairs or n_pairs
+    if args.child_mode:
+        Path(args.out).write_text(json.dumps(asyncio.run(mode_bench(args.child_mode, n_pairs))))
+        return
     out = {"machine": machine(), "quick": args.quick, "command": "python " + " ".join(sys.argv)}
-    out["local_vs_bare"] = asyncio.run(local_vs_bare(n_pairs))
+    out["modes"] = {m: run_mode(m, n_pairs) for m in args.modes.split(",") if m}
     out["throughput_local"] = asyncio.run(throughput_local(args.concurrency, total))
     if not args.no_docker:
         from agentrl.sandbox.docker import unavailable_reason
@@ -207,11 +305,20 @@ def main() -> None:
 
 
 def table(out: dict) -> str:
-    lv = out["local_vs_bare"]
-    rows = [("exec `true`", "p50 ms", "p99 ms", "ratio (median of pairs)", "target"),
-            ("bare asyncio subprocess", f"{lv['bare_asyncio']['p50_ms']:.2f}", f"{lv['bare_asyncio']['p99_ms']:.2f}", "", ""),
-            ("local backend", f"{lv['local']['p50_ms']:.2f}", f"{lv['local']['p99_ms']:.2f}",
-             f"{lv['ratio_median']:.2f}x slower", "<= 1.5x")]
+    rows = [("what", "p50 ms", "p99 ms", "ratio (median of pairs) / result", "target")]
+    for mode, m in out["modes"].items():
+        if "skipped" in m:
+            rows.append((f"[{mode}]", "", "", f"skipped: {m['skipped'][:80]}", ""))
+            continue
+        for key, bare, target in (("true", "bare asyncio exec of true", "<= 1.5x"),
+                                  ("python_tool", "bare python3 -c pass", "<= 1.0x")):
+            r = m[key]
+            rows += [(f"[{mode}] {bare}", f"{r['bare']['p50_ms']:.2f}", f"{r['bare']['p99_ms']:.2f}", "", ""),
+                     (f"[{mode}] local {'exec of true' if key == 'true' else 'python tool call'}",
+                      f"{r['ours']['p50_ms']:.2f}", f"{r['ours']['p99_ms']:.2f}", f"{r['ratio_median']:.2f}x", target)]
+        b = m["burst_256_loaded"]
+        rows.append((f"[{mode}] 256 python calls, 2 torch threads busy", f"{b['p50_ms']:.0f}", f"{b['p99_ms']:.0f}",
+                     f"{b['timeouts_or_wrong']} timeouts/wrong, wall {b['wall_s']:.2f} s", "p99 <= 2000, 0"))
     if "docker_warm_vs_cold" in out:
         d = out["docker_warm_vs_cold"]
         rows += [("docker run --rm (cold, CLI)", f"{d['docker_run_cold_cli']['p50_ms']:.1f}",

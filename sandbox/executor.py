@@ -209,7 +209,8 @@ def enter_pid_namespace(req: dict, err_fd: int) -> int:
 
 
 def run_python(env: dict) -> int:
-    """The warm path: run the program on stdin as ``python3 -`` would; returns the exit code."""
+    """The warm path: run the program on stdin as ``python3 -`` would; returns the exit code (or
+    -signal to die of)."""
     import builtins
     import io
     import types
@@ -239,9 +240,9 @@ def run_python(env: dict) -> int:
         exec(compile(source, "<stdin>", "exec"), main.__dict__)
     except SystemExit as e:
         code = _system_exit_code(e)
-    except BaseException:
+    except BaseException as e:
         sys.excepthook(*sys.exc_info())
-        code = 1
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1  # CPython dies of SIGINT then
     try:
         if "threading" in sys.modules:
             sys.modules["threading"]._shutdown()  # join non-daemon threads, as interpreter exit does
@@ -281,7 +282,7 @@ def _child(req: dict, fds: list[int], err_w: int) -> None:
             drop_privileges(req)
         if req.get("warm"):
             os.close(err_w)  # set up: the client may count it as started
-            os._exit(run_python(req["env"]))
+            _end_like(run_python(req["env"]))
         os.execvpe(req["argv"][0], req["argv"], req["env"])  # err_w is CLOEXEC: closed on success
     except BaseException as e:
         try:

@@ -79,6 +79,7 @@ class ExecProcess:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.abandoned = False
+        self.lost: str | None = None
         self.transports: list[asyncio.BaseTransport] = []
         self.stdin: asyncio.WriteTransport | None = None
 
@@ -90,6 +91,11 @@ class ExecProcess:
                 _killpg(self.pid)
             elif not self.started.done():
                 self.started.set_result(self.pid)
+        elif "lost" in msg:  # the executor died: whatever the child did, its result is unknown
+            self.lost = msg["lost"]
+            if not self.started.done():
+                self.started.set_exception(SandboxError(self.lost))
+            self.proto.process_exited()
         elif "error" in msg:
             if not self.started.done():
                 self.started.set_exception(SandboxError(msg["error"]))
@@ -104,6 +110,9 @@ class ExecProcess:
         return self.pid
 
     def get_returncode(self) -> int | None:
+        """The exit code (-signal); SandboxError if the executor died before it could tell."""
+        if self.lost is not None:
+            raise SandboxError(self.lost)
         return self.returncode
 
     def get_pipe_transport(self, fd: int) -> asyncio.WriteTransport:
@@ -172,10 +181,8 @@ class Executor:
             if self._sock is sock:
                 self._sock = None
             waiting, self._waiting = self._waiting, {}
-        note = {"error": f"the local sandbox executor died (exit code {code})", "exit": -9}
         for p in waiting.values():
-            _call(p.loop, p._note, {"error": note["error"]})
-            _call(p.loop, p._note, {"exit": note["exit"]})
+            _call(p.loop, p._note, {"lost": f"the local sandbox executor died (exit code {code})"})
 
     def close(self) -> None:
         """Stop the executor (it kills what it still runs). The next spawn starts a new one."""

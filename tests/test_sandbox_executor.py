@@ -1,0 +1,184 @@
+"""The local backend's executor (agentrl.sandbox.executor, executor_client): programs are forked by a
+single-threaded executor process, never by the trainer; the warm ``python3 -`` path behaves as a cold
+interpreter; the executor's death is an infrastructure failure and it comes back; it dies with its
+client. Runs in every isolation mode this machine has (bubblewrap, root without it)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from agentrl.errors import SandboxError
+from agentrl.sandbox import make_sandbox
+from agentrl.sandbox.executor_client import executor
+from agentrl.sandbox.local import bwrap_unavailable_reason
+
+MODES = ["bwrap", "no-bwrap"]
+
+
+@pytest.fixture(params=MODES)
+def sb(request):
+    if request.param == "bwrap" and bwrap_unavailable_reason() is not None:
+        pytest.skip(f"bubblewrap mode: {bwrap_unavailable_reason()}")
+    return make_sandbox("local", bwrap=request.param == "bwrap")
+
+
+def run(sb, code: str, **kw):
+    return asyncio.run(sb.run(["python3", "-"], stdin=textwrap.dedent(code).encode(), timeout_s=kw.pop("timeout_s", 10),
+                              **kw))
+
+
+def test_the_trainer_process_never_forks(sb):
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(os.getpid()))
+    r = asyncio.run(sb.run(["sh", "-c", "echo $PPID"], timeout_s=10))
+    r2 = run(sb, "import os; print(os.getppid())")
+    assert r.ok and r2.ok
+    mine = [p for p in forks if p == os.getpid()]
+    assert mine == [], "the trainer forked to start a sandboxed program"
+    assert int(r.stdout) != os.getpid() and int(r2.stdout) != os.getpid()
+
+
+# Programs whose output must be the same from the warm fork and from a cold `python3 -`.
+SAME = {
+    "argv_name_path0": "import sys; print(sys.argv, __name__, repr(sys.path[0]))",
+    "exit_code": "import sys; print('x'); sys.exit(3)",
+    "exit_message": "import sys; sys.exit('bad things')",
+    "exit_none": "raise SystemExit",
+    "traceback": "def f():\n    1/0\nf()",
+    "syntax_error": "def (:",
+    "stdin_eof": "try:\n    input()\nexcept EOFError:\n    print('eof')",
+    "environ": "import os; print(sorted(k for k in os.environ if k != 'PWD'))",
+    "atexit_and_threads": ("import atexit, threading, time\natexit.register(lambda: print('atexit'))\n"
+                           "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\nprint('main')"),
+    "unicode_out": "print('h\\u00e9llo \\u2603'); import sys; sys.stderr.write('\\udcff\\n')",
+    "keyboard_interrupt": "raise KeyboardInterrupt",
+    "file_too_large": "import resource\nopen('big', 'wb').write(b'x' * (1 << 21))\nprint('not reached')",
+    "broken_pipe": "import os\nr, w = os.pipe()\nos.close(r)\ntry:\n    os.write(w, b'x')\nexcept BrokenPipeError:\n    print('EPIPE')",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME))
+def test_warm_python_matches_a_cold_interpreter(name):
+    from agentrl.sandbox import Limits, local
+
+    sb = make_sandbox("local", bwrap=False, limits=Limits(fsize_mb=1))
+    warm = run(sb, SAME[name])
+    real = local._is_warm_python
+    local._is_warm_python = lambda argv, env: False
+    try:
+        cold = run(sb, SAME[name])
+    finally:
+        local._is_warm_python = real
+    assert (warm.status, warm.exit_code, warm.stdout) == (cold.status, cold.exit_code, cold.stdout)
+    # tracebacks: same lines (a cold interpreter may word an exit-by-signal note its own way)
+    assert warm.stderr.splitlines()[-1:] == cold.stderr.splitlines()[-1:]
+
+
+def test_warm_calls_get_fresh_random_state_and_fresh_modules(sb):
+    a = run(sb, "import random; print(random.random())")
+    b = run(sb, "import random; print(random.random())")
+    assert a.ok and b.ok and a.stdout != b.stdout
+    c = run(sb, "import json; json.dumps = None; print('patched')")
+    d = run(sb, "import json; print(json.dumps([1]))")
+    assert c.ok and d.stdout.strip() == "[1]"
+
+
+def test_a_program_sees_only_its_own_descriptors(sb):
+    r = run(sb, "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))")
+    assert r.ok, r
+    fds = eval(r.stdout)
+    assert set(fds) - {0, 1, 2} <= {3, 4}  # the listdir's own fd (and bwrap's status fd under bwrap)
+    r = run(sb, """
+        import os, socket
+        for fd in range(3, 256):
+            try:
+                s = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            print('socket', fd, s.family)
+    """)
+    assert r.ok and "socket" not in r.stdout, r.stdout
+
+
+def test_the_executor_dying_is_an_infrastructure_failure_and_it_comes_back():
+    sb = make_sandbox("local", bwrap=False)
+
+    async def main():
+        task = asyncio.ensure_future(sb.run(["sleep", "30"], timeout_s=60))
+        await asyncio.sleep(0.5)
+        os.kill(executor().pid, signal.SIGKILL)
+        with pytest.raises(SandboxError, match="executor died"):
+            await asyncio.wait_for(task, 20)
+        r = await sb.run(["sh", "-c", "echo again"], timeout_s=10)
+        assert r.ok and r.stdout == "again\n"
+
+    asyncio.run(main())
+
+
+def test_the_executor_and_its_programs_die_with_the_trainer(tmp_path):
+    code = textwrap.dedent("""
+        import asyncio, sys
+        from agentrl.sandbox import make_sandbox
+        from agentrl.sandbox.executor_client import executor
+        sb = make_sandbox("local", bwrap=False)
+        async def main():
+            t = asyncio.ensure_future(sb.run(["sleep", "1000"], timeout_s=2000))
+            await asyncio.sleep(1)
+            print(executor().pid, flush=True)
+            await t
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    ex_pid = int(proc.stdout.readline())
+    sleepers = _pids_running("sleep 1000")
+    assert sleepers, "the program did not start"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (_alive(ex_pid) or _pids_running("sleep 1000") & sleepers):
+        time.sleep(0.1)
+    assert not _alive(ex_pid), "the executor outlived its client"
+    assert not _pids_running("sleep 1000") & sleepers, "a sandboxed program outlived the trainer"
+
+
+def test_without_bwrap_as_root_a_run_has_its_own_pid_namespace():
+    if os.geteuid() != 0:
+        pytest.skip("own pid namespaces need root (or bubblewrap)")
+    sb = make_sandbox("local", bwrap=False)
+    r = run(sb, """
+        import os
+        print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+    """)
+    assert r.ok, r
+    pid, visible = r.stdout.split(" ", 1)
+    assert int(pid) == 2 and eval(visible) == [1, 2]  # our init and the program: no host process
+    r = asyncio.run(sb.run(["sh", "-c", "kill -SEGV $$"], timeout_s=10))
+    assert r.status == "killed" and r.exit_code == -signal.SIGSEGV  # the init relays a death by signal
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
+def _pids_running(cmdline: str) -> set[int]:
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read().replace(b"\0", b" ").strip() == cmdline.encode() and _alive(int(name)):
+                        out.add(int(name))
+            except OSError:
+                pass
+    return out

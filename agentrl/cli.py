@@ -1,7 +1,7 @@
 """The `agentrl` command line: a thin typer shell over plain functions.
 
-Owns argument parsing, turning agentrl errors into one clear red line and exit code 2, and
-printing tables. Everything it runs lives in importable modules (rollout, registry, template_check).
+Owns argument parsing and printing tables; errors become one clear red line and exit code 2
+through ``agentrl.cli_errors`` (``--debug`` shows the traceback). Everything it runs lives in importable modules (rollout, registry, template_check).
 """
 from __future__ import annotations
 
@@ -12,18 +12,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.cli_errors import ErrorGroup, fail, set_debug
 from agentrl.errors import AgentRLError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcement learning for multi-turn tool-calling LLM agents.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=ErrorGroup,
+                  help="Reinforcement learning for multi-turn tool-calling LLM agents.")
 console = Console()
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file(s), merged in order (see configs/).")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config field: --set rollout.group_size=8 (repeatable).")
 
 
-def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}")
-    raise typer.Exit(2)
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
+    set_debug(debug)
+
+
+_fail = fail
 
 
 def _load(config: Optional[List[str]], sets: Optional[List[str]], base: dict):
@@ -70,7 +75,8 @@ def rollout(
         base["rollout"] = ro
     try:
         cfg = _load(config, sets, base)
-        trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty(), note=console.print)
+        trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty(),
+                                              note=lambda line: console.print(line, soft_wrap=True))
     except AgentRLError as e:
         _fail(e)
     console.print(metrics.table(f"rollout: {cfg.env.id}"))

@@ -55,11 +55,11 @@ class RunDisplay:
         """A line above the bar; without a bar (``-q``, not a terminal) still printed, to stderr:
         notes are what a run must tell (the sandbox's isolation, alerts, a stop)."""
         if self.enabled:
-            self.bar.console.print(message)
+            self.bar.console.print(message, soft_wrap=True)  # one line: greppable in logs
         else:
             from rich.console import Console
 
-            Console(stderr=True).print(message)
+            Console(stderr=True).print(message, soft_wrap=True)
 
     def close(self) -> None:
         if self.enabled:

@@ -12,9 +12,10 @@ call becomes a ``ToolCallError(kind="malformed")`` in ``ParsedTurn.errors`` whos
 written to be shown to the model, and the other calls of the same turn are still parsed.
 
 Model output is data: every parser is linear in the text (each tag search moves forward, error
-snippets are cut before they are copied), JSON nested deeper than ``MAX_DEPTH`` is rejected by a
-linear scan before ``json`` would recurse on it, and an integer past Python's digit limit is a
-malformed call like any other. Call names have lone surrogates (``"\\ud83d"`` escapes) replaced,
+snippets are cut before they are copied) and reads at most ``MAX_ATTEMPTS`` call attempts per turn
+(one more error answers for the rest, which stays content); JSON nested deeper than ``MAX_DEPTH``
+is rejected by a linear scan before ``json`` would recurse on it, and an integer past Python's
+digit limit is a malformed call like any other. Call names have lone surrogates (``"\\ud83d"`` escapes) replaced,
 since they reach tool messages and logs; arguments are kept as decoded (a tool may need them raw).
 
 Ids are ``call_<n>`` where ``n`` is the position of the attempt among all call attempts of the
@@ -36,6 +37,9 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _SNIPPET = 80
 #: deepest JSON nesting a call may have; deeper is malformed (real arguments nest a few levels)
 MAX_DEPTH = 64
+#: call attempts read per turn; past it one error answers for the rest (each attempt gets a tool
+#: message, so 1,500 tags in a 16k-character turn would make a 200k-character observation)
+MAX_ATTEMPTS = 64
 # A JSON string (closed or running to the end) or one bracket: scanning these tokens finds the
 # nesting depth json would see, in one pass, without counting brackets inside strings.
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
@@ -63,6 +67,11 @@ class ParsedTurn:
 def _snippet(text: str) -> str:
     text = text.strip()
     return repr(text if len(text) <= _SNIPPET else text[:_SNIPPET] + "...")
+
+
+def _too_many(call_id: str) -> ToolCallError:
+    return _error(f"More than {MAX_ATTEMPTS} tool call attempts in one turn: the rest of the turn was not read. "
+                  f"Make fewer calls per turn.", call_id)
 
 
 def _head(text: str, start: int, end: int) -> str:
@@ -170,6 +179,10 @@ def parse_hermes(text: str) -> ParsedTurn:
     while True:
         nxt_open, nxt_close = after(OPEN, nxt_open, pos), after(CLOSE, nxt_close, pos)
         start, stray = nxt_open, nxt_close
+        if n >= MAX_ATTEMPTS and (start != -1 or stray != -1):
+            errors.append(_too_many(f"call_{n}"))
+            content.append(text[pos:])
+            break
         if stray != -1 and (start == -1 or stray < start):
             # A closing tag with no opening one: almost always a call whose <tool_call> was forgotten.
             content.append(text[pos:stray])
@@ -216,6 +229,10 @@ def parse_python_block(text: str) -> ParsedTurn:
     content: list[str] = []
     pos, n = 0, 0
     for m in _FENCE.finditer(text):
+        if n >= MAX_ATTEMPTS:
+            errors.append(_too_many(f"call_{n}"))
+            content.append(text[pos:])
+            return ParsedTurn(content="".join(content).strip(), calls=calls, errors=errors)
         content.append(text[pos:m.start()])
         calls.append(ToolCall(name="python", arguments={"code": m.group(1).strip("\n")}, id=f"call_{n}"))
         n += 1

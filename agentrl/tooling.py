@@ -26,6 +26,7 @@ from typing import Any, Literal, Union
 
 from agentrl.errors import ConfigError, ToolCallError
 from agentrl.toolcall import ToolCall
+from agentrl.trajectory import json_text, valid_text
 
 _NONE = type(None)
 #: longest integer string a tool argument may be (Python's default int/str conversion limit)
@@ -279,15 +280,17 @@ class Tool:
 
 
 def _to_text(result: Any) -> str:
+    """A tool's result as valid text: it becomes a tool message, is tokenized and logged, and a
+    lone surrogate (a tool echoing a model's ``"\\ud83d"`` argument) would fail all three."""
     if result is None:
         return ""
     if isinstance(result, str):
-        return result
+        return valid_text(result)
     if isinstance(result, bytes):
         return result.decode("utf-8", errors="replace")
     if isinstance(result, (dict, list, tuple, int, float, bool)):
-        return json.dumps(result, ensure_ascii=False, default=str)
-    return str(result)
+        return json_text(result, default=str)
+    return valid_text(str(result))
 
 
 def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None):

@@ -162,11 +162,20 @@ def json_text(obj: Any, **kwargs: Any) -> str:
     return valid_text(json.dumps(obj, ensure_ascii=False, **kwargs))
 
 
+def _fields_view(t: Trajectory) -> dict[str, Any]:
+    """``t.to_dict()`` without its deep copy, for writers that only read it: ``asdict`` copies every
+    per-token list element by element (70 ms for an 8k-token trajectory, most of a written episode)."""
+    d = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    d["turns"] = [dataclasses.asdict(r) for r in t.turns]
+    d["outcome"] = Outcome(t.outcome).value
+    return d
+
+
 def write_jsonl(path: str | Path, trajs: Iterable[Trajectory], append: bool = False) -> int:
     n = 0
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for t in trajs:
-            f.write(json_text(t.to_dict()) + "\n")
+            f.write(json_text(_fields_view(t)) + "\n")
             n += 1
     return n
 
@@ -191,7 +200,7 @@ def write_parquet(path: str | Path, trajs: Iterable[Trajectory]) -> int:
 
     rows = []
     for t in trajs:
-        d = t.to_dict()
+        d = _fields_view(t)
         for k in _NESTED:
             d[k] = json_text(d[k])
         for k in ("episode_id", "group_id", "env_id", "outcome_detail"):

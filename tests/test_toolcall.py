@@ -7,7 +7,8 @@ import time
 import pytest
 
 from agentrl.errors import ConfigError, ToolCallError
-from agentrl.toolcall import PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes, parse_python_block
+from agentrl.toolcall import (MAX_ATTEMPTS, PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes,
+                              parse_python_block)
 
 
 def test_hermes_single_call_and_content():
@@ -154,5 +155,16 @@ def test_hermes_many_tags_take_linear_time(text):
     t0 = time.perf_counter()
     p = parse_hermes(text)
     assert time.perf_counter() - t0 < 1.5
-    assert p.n_attempts >= 16_000 and all(e.kind == "malformed" for e in p.errors)
-    assert all(len(str(e)) < 400 for e in p.errors[:3])
+    assert p.n_attempts == MAX_ATTEMPTS + 1 and all(e.kind == "malformed" for e in p.errors)
+    assert all(len(str(e)) < 400 for e in p.errors) and "More than 64" in str(p.errors[-1])
+
+
+@pytest.mark.parametrize("parse, one", [(parse_hermes, '<tool_call>{"name": "f", "arguments": {}}</tool_call>'),
+                                        (parse_python_block, "```python\nprint(1)\n```\n")])
+def test_call_attempts_per_turn_are_capped(parse, one):
+    # every attempt becomes a tool message: 1,500 of them made a 200k-character observation
+    p = parse(one * MAX_ATTEMPTS)
+    assert len(p.calls) == MAX_ATTEMPTS and p.errors == []
+    p = parse("a " + one * (MAX_ATTEMPTS + 500) + "tail")
+    assert len(p.calls) == MAX_ATTEMPTS and [e.call_id for e in p.errors] == [f"call_{MAX_ATTEMPTS}"]
+    assert "the rest of the turn was not read" in str(p.errors[0]) and p.content.endswith("tail")

@@ -183,3 +183,21 @@ def test_error_messages_survive_unprintable_values():
         deep = [deep]
     with pytest.raises(ToolCallError, match="must be a string, got array"):
         search.validate({"query": deep})
+
+
+def test_tool_output_is_valid_text():
+    # a tool echoing a model's "\ud83d" argument made an observation the tokenizer and the log refuse
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    @tool
+    def echo_json(text: str) -> dict:
+        """Echo as JSON."""
+        return {"text": text}
+
+    for t in (echo, echo_json):
+        out = asyncio.run(t(**t.validate({"text": "a\ud83d b\ud83d\ude00"})))
+        assert "\ufffd" in out and "\U0001F600" in out
+        out.encode("utf-8")

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.cli_errors import fail
 from agentrl.errors import AgentRLError, ConfigError
 
 console = Console()
@@ -77,8 +78,7 @@ def eval_cmd(
                                        episode_timeout_s=episode_timeout_s, score_truncated=score_truncated,
                                        min_reward=min_reward, out=out, on_episode=progress))
     except AgentRLError as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2)
+        fail(e)
     tab = Table(title=f"agentrl eval: {env} / {model}")
     tab.add_column("metric")
     tab.add_column("value", justify="right")

@@ -21,17 +21,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.errors import AgentRLError
+from agentrl.cli_errors import fail as _fail
+from agentrl.errors import AgentRLError, ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Sandboxed execution: run a program, build the Docker image, list/clean containers.")
 console = Console()
-err_console = Console(stderr=True)
-
-
-def _fail(e: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {e}")
-    raise typer.Exit(2)
+#: Longest --timeout: a deadline is a number of seconds the program may run; beyond a day it is a typo
+#: (and an unbounded one overflows the rlimits and timers it becomes).
+MAX_TIMEOUT_S = 86400.0
 
 
 def _docker_client():
@@ -58,6 +56,7 @@ def exec_cmd(
     from agentrl.sandbox import Limits, make_sandbox
 
     try:
+        _check_args(timeout, memory)
         limits = Limits(memory_mb=memory) if memory is not None else Limits()
         options = {"limits": limits}
         if image is not None:
@@ -68,15 +67,13 @@ def exec_cmd(
         if stdin_file == "-":
             stdin = sys.stdin.buffer.read()
         elif stdin_file is not None:
-            with open(stdin_file, "rb") as f:
-                stdin = f.read()
+            stdin = _read_host_file(stdin_file, "--stdin")
         in_files = {}
         for spec in files or []:
             name, sep, path = spec.partition("=")
             if not sep:
                 raise AgentRLError(f"--file takes NAME=PATH, got {spec!r}")
-            with open(path, "rb") as f:
-                in_files[name] = f.read()
+            in_files[name] = _read_host_file(path, f"--file {spec!r}:")
         sandbox = make_sandbox(backend, **options)
     except (AgentRLError, OSError, ValueError) as e:
         _fail(e)
@@ -96,6 +93,23 @@ def exec_cmd(
     out["files"] = {k: base64.b64encode(v).decode() for k, v in res.files.items()}
     out["backend"] = sandbox.name
     typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
+
+
+def _read_host_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:  # a directory, a missing or unreadable file: name the option and the path
+        raise ConfigError(f"{what} {path!r}: {e.strerror or e}") from None
+
+
+def _check_args(timeout: float, memory: Optional[int]) -> None:
+    import math
+
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise ConfigError(f"--timeout {timeout!r}: must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}]")
+    if memory is not None and memory <= 0:
+        raise ConfigError(f"--memory {memory!r}: must be a positive number of MB")
 
 
 @app.command("build")

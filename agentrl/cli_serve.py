@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from agentrl.cli_errors import fail
 from agentrl.errors import AgentRLError
 
 console = Console()
@@ -40,8 +41,7 @@ def serve_cmd(
     try:
         _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose)
     except AgentRLError as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2)
+        fail(e)
     except KeyboardInterrupt:
         pass
     finally:

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.cli_errors import fail
 from agentrl.errors import AgentRLError
 
 console = Console()
@@ -48,8 +49,7 @@ def sft_cmd(
         model_path = base_model_path() if model is None else resolve_model_path(model)
         summary = run_sft(model_path, out, cfg, data=data or [], log=_progress(cfg.steps, not quiet and sys.stderr.isatty()))
     except AgentRLError as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2)
+        fail(e)
     tab = Table(title="sft")
     tab.add_column("")
     tab.add_column("value", justify="right")

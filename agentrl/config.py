@@ -1,8 +1,9 @@
 """One typed config tree for every agentrl command.
 
 Owns: the dataclasses of the tree (every field documented through ``doc()``), loading from YAML
-files in ``configs/``, ``--set a.b=c`` overrides, validation that names the field and the bad value,
-rejection of unknown keys, and dumping the resolved tree. Does not know how the values are used.
+files in ``configs/``, ``--set a.b=c`` overrides, validation that names the field and the bad value
+(every float finite, every int within 64 bits; unreadable, binary or too deeply nested files and
+values rejected through ``agentrl.bounded``), rejection of unknown keys, and dumping the resolved tree. Does not know how the values are used.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from agentrl.bounded import BadText, decode, finite_error, parse_text
 from agentrl.distributed.config import RayConfig
 from agentrl.errors import ConfigError
 from agentrl.fields import doc
@@ -176,18 +178,31 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return _build(tp, value, path)
     base = origin or tp
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if base is float and isinstance(value, str):
-        try:  # YAML 1.1 reads 1e-4 (no dot) as a string
-            return float(value)
-        except ValueError:
-            pass
+    if base is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
+        return _finite(value, path)
     if base is bool and not isinstance(value, bool):
         raise ConfigError(f"{path}: expected true/false, got {value!r}")
     if base in (int, float, str, dict, list) and not isinstance(value, base) or (base is int and isinstance(value, bool)):
         raise ConfigError(f"{path}: expected {_type_name(base)}, got {value!r} ({type(value).__name__})")
+    if base is int and not -2**63 <= value < 2**63:  # numpy seeds, torch sizes and rlimits stop at 64 bits
+        raise ConfigError(f"{path}: {value} is too large (more than 64 bits)")
     return value
+
+
+def _finite(value: int | float | str, path: str) -> float:
+    """A float field's value: ints and YAML 1.1's unquoted "1e-4" (a string) accepted; NaN and
+    infinities rejected, as every float of the tree (rates, temperatures, timeouts) must be finite."""
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"{path}: expected float, got {value!r} (str)") from None
+    except OverflowError:  # an int beyond float range
+        out = float("inf")
+    reason = finite_error(out)
+    if reason:
+        shown = repr(value) if len(str(value)) < 40 else f"a {len(str(value))}-character number"
+        raise ConfigError(f"{path}: {shown} is not a finite number")
+    return out
 
 
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
@@ -223,33 +238,56 @@ def parse_override(item: str) -> dict:
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. rollout.group_size=8")
     key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {key!r}: empty field name in the key (expected e.g. rollout.group_size)")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = parse_text(raw, yaml.safe_load) if raw != "" else ""
+    except BadText as e:
+        raise ConfigError(f"--set {key}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: cannot parse value: {e}") from e
+        raise ConfigError(f"--set {_short(item)!r}: cannot parse value: {_one_line(e)}") from None
     out: dict = {}
     cur = out
-    parts = key.strip().split(".")
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
     return out
 
 
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else f"{text[:n]}... ({len(text)} chars)"
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def _read_file(p: Path) -> dict:
+    """One YAML config file as a mapping; ConfigError naming the file for every way it can be unusable."""
+    where = f"config file {str(p)!r}"
+    if not p.exists():
+        raise ConfigError(f"{where} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"{where} is a directory, not a YAML file")
+    try:
+        loaded = parse_text(decode(p.read_bytes()), yaml.safe_load) or {}
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read: {e.strerror or e}") from None
+    except BadText as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {_one_line(e)}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{where} must hold a mapping at top level")
+    return loaded
+
+
 def load_config(files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> RunConfig:
     """Merge defaults <- ``base`` <- YAML files (in order) <- ``--set`` overrides, then validate."""
     data: dict = dict(base or {})
     for f in files:
-        p = Path(f)
-        if not p.exists():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level")
-        data = _deep_merge(data, loaded)
+        data = _deep_merge(data, _read_file(Path(f)))
     for o in overrides:
         data = _deep_merge(data, parse_override(o))
     cfg = _build(RunConfig, data)

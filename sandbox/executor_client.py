@@ -189,6 +189,10 @@ class Executor:
         with self._lock:
             sock, self._sock = self._sock, None
         if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread's recv (a close would not)
+            except OSError:
+                pass
             sock.close()
         if self._proc is not None:
             try:

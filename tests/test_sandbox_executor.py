@@ -182,3 +182,16 @@ def _pids_running(cmdline: str) -> set[int]:
             except OSError:
                 pass
     return out
+
+
+def test_close_stops_the_executor_and_the_next_run_starts_a_new_one():
+    sb = make_sandbox("local", bwrap=False)
+    assert asyncio.run(sb.run(["true"], timeout_s=10)).ok
+    ex = executor()
+    old = ex.pid
+    ex.close()
+    deadline = time.monotonic() + 10
+    while _alive(old) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(old)
+    assert asyncio.run(sb.run(["true"], timeout_s=10)).ok and ex.pid != old

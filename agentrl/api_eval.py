@@ -75,7 +75,7 @@ def render_action(reply: ChatReply, parser: str) -> str:
         args: Any = c["arguments"]
         try:
             args = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, too deep, an int past the digit limit
             pass  # kept as the raw string: the env's parser answers it as a malformed call
         if parser == "python_block" and c["name"] == "python" and isinstance(args, dict) and isinstance(args.get("code"), str):
             parts.append(f"```python\n{args['code']}\n```")

@@ -31,14 +31,16 @@ _ANSWER_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 # A box opening (group 1) or one brace: one forward pass over these matches every brace.
 _BRACE_RE = re.compile(r"(\\boxed\{|\\fbox\{)|[{}]")
+#: a number is compared as a number only within these bounds (Fraction's cost grows with them;
+#: 1e30000000 took 86 s); past them it is "not a number" here and compares as text
 MAX_DIGITS = 500
 MAX_EXPONENT = 500
 
 
 def extract_boxed(text: str) -> str | None:
     """Contents of the last ``\\boxed{...}`` (or ``\\fbox{...}``) that is closed, nested braces respected."""
-    # One pass with a stack of open braces (True for a box's own): a brace's partner depends only
-    # on the text after it, so this matches what scanning forward from each box would, in linear time.
+    # One pass with a stack of open braces: a brace's partner depends only on the text after it, so
+    # this matches what scanning forward from each box would, in linear time.
     stack: list[int] = []  # content start of an open box, or -1 for a plain brace
     best: tuple[int, int] | None = None  # (content start, content end) of the box opened last
     for m in _BRACE_RE.finditer(text):
@@ -100,7 +102,7 @@ def _plain_number(text: str) -> Fraction | None:
     if "," in s:
         s = s.replace(",", "")
     mantissa, _, exponent = s.lower().partition("e")
-    digits = len(mantissa.lstrip("+-").replace(".", "").lstrip("0"))
+    digits = len(mantissa.lstrip("+-").replace(".", ""))  # leading zeros too: 0.000...1 costs as much
     exponent = exponent.lstrip("+-").lstrip("0")
     if digits > MAX_DIGITS or len(exponent) > len(str(MAX_EXPONENT)) or int(exponent or 0) > MAX_EXPONENT:
         return None

@@ -60,6 +60,17 @@ def test_render_action_for_each_parser():
     assert not parsed.calls and len(parsed.errors) == 1
 
 
+@pytest.mark.parametrize("arguments", ['{"a": ' + "[" * 5000 + "]" * 5000 + "}", '{"n": ' + "1" * 4301 + "}"],
+                         ids=["deep", "huge-int"])
+def test_render_action_of_hostile_api_arguments_is_a_malformed_call(arguments):
+    # json.loads raised RecursionError / ValueError out of the eval (only JSONDecodeError was caught)
+    text = render_action(ChatReply("", [{"id": "a", "name": "python\ud83d", "arguments": arguments}]), "hermes")
+    from agentrl.toolcall import parse_hermes
+
+    parsed = parse_hermes(text)
+    assert not parsed.calls and [e.kind for e in parsed.errors] == ["malformed"]
+
+
 def test_conversation_back_to_the_api_is_openai_shaped():
     reply = ChatReply("", [{"id": "tc-1", "name": "python", "arguments": '{"code": "1"}'}])
     msg, declared = _api_assistant(reply, render_action(reply, "hermes"), "hermes")

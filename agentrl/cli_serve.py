@@ -58,6 +58,9 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
 
         backend = "local" if unavailable_reason() else "sglang"
     target = resolve_target(path, follow=follow)
+    from agentrl.model_dir import check_model_dir
+
+    check_model_dir(target.model_dir, "serve")  # before a server starts on it
     say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
     if backend == "sglang":
         if device != "cpu" or dtype != "float32":

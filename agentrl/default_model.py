@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agentrl.errors import ConfigError
 
 VERSION = "v2"
 #: The randomly initialised model (``agentrl.tiny_model.build_model`` arguments).
@@ -128,10 +127,9 @@ def default_model_path(warm_start: bool = True) -> Path:
 
 
 def resolve_model_path(path: str | None) -> Path:
+    """The built-in model for None, else ``path`` checked by ``agentrl.model_dir`` (ConfigError if unusable)."""
     if path is None:
         return default_model_path()
-    p = Path(path).expanduser()
-    if not (p / "config.json").exists():
-        raise ConfigError(f"model.path: {path!r} is not a local HF model directory (no config.json); "
-                          "models cannot be downloaded here, pass a local directory or leave it null")
-    return p
+    from agentrl.model_dir import check_model_dir
+
+    return check_model_dir(path)

@@ -7,6 +7,9 @@ Hierarchy::
     ├── RegistryError          unknown env id, bad entry point, duplicate registration
     ├── DatasetError           a dataset file or row that cannot be used (names file and row)
     ├── TemplateError          a chat template that breaks token-exact multi-turn rendering
+    ├── CheckpointError        a checkpoint cannot be written (disk full) or none can be resumed from
+    ├── InfraFailureError      every episode of a run's first eval or step failed for the same
+    │                          infrastructure reason: the run stops instead of "finishing"
     └── EpisodeError           something that ends one episode; carries the typed Outcome
         ├── EngineError        the engine failed or is down           -> Outcome.ENGINE_ERROR
         ├── EnvError           the env (or a tool's own code) crashed -> Outcome.ENV_ERROR
@@ -45,6 +48,14 @@ class DatasetError(AgentRLError, ValueError):
 
 class TemplateError(AgentRLError, ValueError):
     """A chat template cannot be used for token-exact multi-turn rendering."""
+
+
+class CheckpointError(AgentRLError):
+    """A checkpoint save failed (out of space: said so) or ``--resume`` found no usable checkpoint."""
+
+
+class InfraFailureError(AgentRLError):
+    """Every episode failed with the same infrastructure outcome; the message names it and an example."""
 
 
 class EpisodeError(AgentRLError):

@@ -25,6 +25,7 @@ from agentrl.engine.drain import weight_update_gate, with_partial_rollouts
 from agentrl.engine.from_config import check_engine_config, cpu_threads, make_engine, make_sync
 from agentrl.episode import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.faults import fault_point
+from agentrl.infra_stop import stop_if_all_failed
 from agentrl.ledger import Ledger, rewind
 from agentrl.metrics import RolloutMetrics, eval_stats, rollout_stats
 from agentrl.monitors import MONITORS, Alert, new_alerts
@@ -33,6 +34,7 @@ from agentrl.prompt_stream import PromptStream
 from agentrl.run_log import TrajectoryLog, rollout_extra
 from agentrl.sandbox.slots import queue_summary, take_queue_waits
 from agentrl.staleness import StalenessQueue, dump_ready, load_ready
+from agentrl.trainer.integrity import pick_resume
 from agentrl.trajectory import Trajectory
 
 
@@ -130,10 +132,8 @@ class Runner:
         self.warnings = warnings + ([f"resumed from {resume} at step {self.step}"] if resume else [])
 
     def _latest_checkpoint(self) -> Path | None:
-        # only step_NNNNNN: a save in progress briefly has step_N.tmp/COMPLETE or step_N.old/COMPLETE
-        ckpts = [p.parent for p in (self.run_dir / "checkpoints").glob("step_*/COMPLETE")
-                 if p.parent.name[5:].isdigit()]
-        return max(ckpts, key=lambda p: int(p.name[5:])) if ckpts else None
+        # the newest that verifies (marker, sizes, checksums); newer broken ones are skipped with a note
+        return pick_resume(self.run_dir / "checkpoints")
 
     # -- loop ----------------------------------------------------------------------------------
     async def _sync_weights(self) -> float:
@@ -145,14 +145,17 @@ class Runner:
             self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
 
-    async def evaluate(self) -> dict[str, float]:
+    async def evaluate(self, first: bool = False) -> dict[str, float]:
         ev = self.cfg.eval
         if ev.num_tasks <= 0:
             return {}
         rcfg = _replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
         mgr = EpisodeManager(self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id)
         specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(ev.num_tasks)]
-        return eval_stats(await mgr.collect(specs))
+        trajs = await mgr.collect(specs)
+        if first:  # an eval where everything failed alike means nothing here can work: stop now
+            stop_if_all_failed(trajs, "the first evaluation")
+        return eval_stats(trajs)
 
     async def _producer(self, queue: StalenessQueue, manager: EpisodeManager) -> None:
         G = self.cfg.rollout.group_size
@@ -253,10 +256,10 @@ class Runner:
         if self.isolation:
             display.note(self.isolation)
         take_queue_waits()  # the first step's queue times are its own
-        t_start = time.perf_counter()
+        t_start, first_step = time.perf_counter(), self.step
         producer = None
         try:
-            self.first_eval = await self.evaluate()
+            self.first_eval = await self.evaluate(first=True)
             self._log({"eval": self.first_eval}, display)
             self._monitor(display)  # an eval's infrastructure failures, before any training
             if self.replay is None:
@@ -267,6 +270,8 @@ class Runner:
                 if got is None:
                     break
                 groups, positions = got
+                if self.step == first_step:
+                    stop_if_all_failed((t for g in groups for t in g), "the first training step")
                 t_wait = time.perf_counter() - t0
                 values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
                 samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,

@@ -9,7 +9,9 @@ Owns: ``load_tasks(path, ...) -> TaskDataset``. Each row becomes a task dict
   "data_source": str, "extra_info": {...}}`` (``answer`` wins over ``ground_truth`` if both exist)
 * unit-test tasks: ``tests`` (list of assert strings) and ``entry_point``; ``answer`` optional.
 
-Numbers as answers become strings. A row that cannot be used raises ``DatasetError`` naming the
+Numbers as answers become strings (NaN and infinities are rejected). Files are UTF-8, a leading
+byte-order mark accepted; binary bytes, rows nested deeper than ``agentrl.bounded.MAX_DEPTH`` and
+integers of more than 4,300 digits are bad rows, not crashes. A row that cannot be used raises ``DatasetError`` naming the
 file and the row (``line N`` for JSONL, 1-based; ``row N`` for parquet/JSON, 0-based), or, with
 ``on_bad_row="skip"``, is dropped and counted in ``TaskDataset.skipped``. Loads are cached by
 (path, mtime, size, options): envs are built per episode and must not re-read a file each time.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.bounded import BadText, decode, finite_error, parse_text
 from agentrl.errors import DatasetError
 
 _ROLES = {"system", "user", "assistant", "tool"}
@@ -86,6 +89,8 @@ def _answer(row: dict) -> Any:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise _BadRow(f"answer must be a string or a number, got {type(value).__name__}")
+    if finite_error(value):
+        raise _BadRow(f"answer {value!r} is not a finite number")
     value = str(value).strip()
     if not value:
         raise _BadRow("answer is empty")
@@ -131,17 +136,22 @@ def _read_rows(path: Path):
     """Yield (label, row) with a human label for error messages."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
+        with open(path, "rb") as f:  # bytes: a binary line is a bad row, not a crash of the reader
+            for n, raw in enumerate(f, 1):
                 try:
-                    yield f"line {n}", json.loads(line)
+                    line = decode(raw)
+                    if not line.strip():
+                        continue
+                    yield f"line {n}", parse_text(line, json.loads)
+                except BadText as e:
+                    yield f"line {n}", _BadRow(str(e))
                 except json.JSONDecodeError as e:
                     yield f"line {n}", _BadRow(f"invalid JSON: {e.msg} at column {e.colno}")
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_text(decode(path.read_bytes()), json.loads)
+        except BadText as e:
+            raise DatasetError(f"{path}: {e}") from None
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path}: invalid JSON: {e}") from e
         if not isinstance(data, list):
@@ -168,6 +178,8 @@ def load_tasks(path: str | os.PathLike, *, on_bad_row: str = "error", limit: int
         st = p.stat()
     except OSError as e:
         raise DatasetError(f"{p}: cannot open dataset: {e.strerror or e}") from e
+    if p.is_dir() and p.suffix.lower() not in (".parquet", ".pq"):  # pyarrow reads a directory of parquet parts
+        raise DatasetError(f"{p}: is a directory, not a dataset file")
     key = (str(p.resolve()), st.st_mtime_ns, st.st_size, on_bad_row, limit)
     if key in _CACHE:
         return _CACHE[key]

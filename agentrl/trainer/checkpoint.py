@@ -8,9 +8,11 @@ Layout of a checkpoint directory::
     rng/rank{r}.pt                      torch (+cuda), numpy and python RNG states of each rank
     trainer_state.json                  version, world size, caller's ``extra`` (data position, ...)
     <caller's files>                    e.g. rollouts.jsonl: the run's finished-but-untrained groups
+    MANIFEST.json                       size and sha256 of every file above (agentrl.trainer.integrity)
     COMPLETE                            written last: a directory without it is not a checkpoint
 
-Atomic: everything is written to ``PATH.tmp`` and renamed into place after the marker. All ranks
+Atomic: everything is written to ``PATH.tmp`` and renamed into place after the marker; a save that
+fails removes its ``PATH.tmp`` (a full disk is reported as such) and leaves earlier checkpoints alone. All ranks
 call save/load (gathering is collective); rank 0 writes, every rank reads (shared filesystem).
 
 Owns: writing/reading that layout and HF export of a full state dict. Does not: decide when to
@@ -37,8 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from agentrl.faults import fault_point
 from agentrl.trainer import dist as D
-
-MARKER = "COMPLETE"
+from agentrl.trainer.integrity import MARKER, failed_save_cleanup, write_manifest
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -127,6 +128,7 @@ def save(trainer, path: str | Path, extra: dict | None, files: dict[str, str] | 
     tmp = path.with_name(path.name + ".tmp")
     model_sd = gather_model(trainer.model)
     optim_sd = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=_FULL)
+    critic_sd = critic_optim_sd = None
     if trainer.critic is not None:
         critic_sd = gather_model(trainer.critic)
         critic_optim_sd = get_optimizer_state_dict(trainer.critic, trainer.critic_optimizer, options=_FULL)
@@ -135,6 +137,22 @@ def save(trainer, path: str | Path, extra: dict | None, files: dict[str, str] | 
         json.dumps(extra or {})  # fail before writing anything if extra is not JSON
         if tmp.exists():
             shutil.rmtree(tmp)
+    with failed_save_cleanup(tmp, path):
+        _write(trainer, tmp, rank, model_sd, optim_sd, critic_sd, critic_optim_sd, extra, files)
+    if rank == 0:
+        old = path.with_name(path.name + ".old")
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        if old.exists():
+            shutil.rmtree(old)
+    D.barrier()
+
+
+def _write(trainer, tmp: Path, rank: int, model_sd, optim_sd, critic_sd, critic_optim_sd, extra, files) -> None:
+    """Everything of one checkpoint into ``tmp``, then its manifest, then (after the crash-test
+    fault point) its marker; nothing outside ``tmp`` is touched."""
+    if rank == 0:
         write_hf(tmp, model_sd, trainer.model, trainer.model_path)
         torch.save(optim_sd, tmp / "optimizer.pt")
         torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
@@ -153,16 +171,11 @@ def save(trainer, path: str | Path, extra: dict | None, files: dict[str, str] | 
     D.barrier()
     torch.save(_rng_state(), tmp / "rng" / f"rank{rank}.pt")
     D.barrier()
+    if rank == 0:
+        write_manifest(tmp)
     fault_point("checkpoint_write")
     if rank == 0:
         (tmp / MARKER).write_text("ok\n")
-        old = path.with_name(path.name + ".old")
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        if old.exists():
-            shutil.rmtree(old)
-    D.barrier()
 
 
 def load(trainer, path: str | Path) -> dict:

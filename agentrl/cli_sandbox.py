@@ -109,7 +109,7 @@ def _check_args(timeout: float, memory: Optional[int]) -> None:
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
         raise ConfigError(f"--timeout {timeout!r}: must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}]")
     if memory is not None and memory <= 0:
-        raise ConfigError(f"--memory {memory!r}: must be a positive number of MB")
+        raise ConfigError(f"--memory {memory!r}: must be a positive number of MB (Limits.memory_mb)")
 
 
 @app.command("build")

@@ -214,3 +214,39 @@ def test_an_unexpected_exception_is_one_line_exit_1_and_debug_shows_it(monkeypat
     assert res.exit_code == 1 and "internal error" in res.output and "planted" in res.output and "--debug" in res.output
     res = runner.invoke(app, ["--debug", "config"])
     assert isinstance(res.exception, ZeroDivisionError)
+
+
+# -- a run that cannot work stops with the reason instead of "finishing" ----------------------------
+def _register_broken_env():
+    import agentrl
+    from agentrl.envs.base import AgentEnv, join_messages
+
+    class AlwaysBrokenSandbox(AgentEnv):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            msgs = [{"role": "user", "content": "Say a number."}]
+            return join_messages(msgs), {"messages": msgs, "tools": [], "task": {"id": seed}}
+
+        def step(self, action):
+            from agentrl.errors import SandboxError
+
+            raise SandboxError("planted: the sandbox is down")
+
+    agentrl.register("test/AlwaysBrokenSandbox-v0", entry_point=AlwaysBrokenSandbox, override=True)
+
+
+@pytest.mark.parametrize("num_eval, what", [(8, "the first evaluation"), (0, "the first training step")])
+def test_a_run_whose_every_episode_fails_alike_stops_with_the_reason(tiny_model_dir, tmp_path, num_eval, what):
+    _register_broken_env()
+    out = tmp_path / "run"
+    sets = ["rollout.max_new_tokens=4", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=4",
+            "train.groups_per_step=2", "train.max_staleness=0", f"eval.num_tasks={num_eval}", "eval.env_kwargs={}",
+            "env.kwargs={}", "logging.tensorboard=false", "train.checkpoint_every=1"]
+    argv = ["run", "--env", "test/AlwaysBrokenSandbox-v0", "--model", str(tiny_model_dir), "--steps", "2", "-o",
+            str(out), "-q"] + [a for s in sets for a in ("--set", s)]
+    res = runner.invoke(app, argv)
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.output
+    assert what in errors[0] and "sandbox_error" in errors[0] and "planted: the sandbox is down" in errors[0]
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())

@@ -197,7 +197,7 @@ def _finite(value: int | float | str, path: str) -> float:
     except ValueError:
         raise ConfigError(f"{path}: expected float, got {value!r} (str)") from None
     except OverflowError:  # an int beyond float range
-        out = float("inf")
+        raise ConfigError(f"{path}: a {len(str(value))}-digit number is out of float range (must be finite)") from None
     reason = finite_error(out)
     if reason:
         shown = repr(value) if len(str(value)) < 40 else f"a {len(str(value))}-character number"

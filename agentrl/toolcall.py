@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,11 +87,11 @@ def json_depth_over(src: str, limit: int = MAX_DEPTH) -> bool:
     depth = 0
     for m in _JSON_TOKEN.finditer(src):
         tok = m.group()
-        if tok in "[{":
+        if tok in ("[", "{"):
             depth += 1
             if depth > limit:
                 return True
-        elif tok in "]}":
+        elif tok in ("]", "}"):
             depth -= 1
     return False
 
@@ -107,8 +108,10 @@ def _decode(src: str, invalid: str, call_id: str) -> tuple[object, int] | ToolCa
         return json.JSONDecoder().raw_decode(src)
     except json.JSONDecodeError as e:
         return bad(f"{e.msg} at char {e.pos}")
-    except (ValueError, RecursionError) as e:  # ValueError: an integer past sys.get_int_max_str_digits()
-        return bad(str(e))
+    except ValueError:  # the one other ValueError json raises: int() past the digit limit
+        return bad(f"an integer of more than {sys.get_int_max_str_digits() or 4300} digits")
+    except RecursionError:  # not reachable past json_depth_over; kept so the parser never raises
+        return bad("nested too deep")
 
 
 def _error(message: str, call_id: str) -> ToolCallError:

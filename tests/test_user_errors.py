@@ -126,8 +126,9 @@ CASES = {
                            ["d.jsonl", "line 1", "finite"]),
     "dataset_directory": (lambda t, m: _dataset(t, m, "d.jsonl", None), ["d.jsonl", "is a directory"]),
     # -- model directories ------------------------------------------------------------------------
-    "model_missing": (lambda t, m: _rollout_with(str(t / "nope")), ["model.path", "nope"]),
-    "model_is_file": (lambda t, m: _rollout_with(_write(t / "m.bin", b"x")), ["model.path", "m.bin"]),
+    "model_missing": (lambda t, m: _rollout_with(str(t / "nope"), f"output_dir={t / 'out'}"), ["model.path", "nope"]),
+    "model_is_file": (lambda t, m: _rollout_with(_write(t / "m.bin", b"x"), f"output_dir={t / 'out'}"),
+                      ["model.path", "m.bin"]),
     "model_no_weights": (_bad_model("rollout", _rm("model.safetensors")), ["model.path", "weights"]),
     "model_empty_weights": (_bad_model("rollout", lambda d: (d / "model.safetensors").write_bytes(b"")),
                             ["model.safetensors", "empty"]),

@@ -16,7 +16,7 @@ from agentrl.config import RunConfig, save_config, to_dict
 from agentrl.episode import EpisodeManager, make_specs
 from agentrl.metrics import RolloutMetrics
 from agentrl.sandbox import env_isolation_line
-from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Trajectory, json_text
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -82,7 +82,7 @@ async def collect(manager: EpisodeManager, specs, out_file: Path | None, progres
             async for t in manager.stream(specs):
                 results.append(t)
                 if fh:
-                    fh.write(json.dumps(t.to_dict(), ensure_ascii=False) + "\n")
+                    fh.write(json_text(t.to_dict()) + "\n")
                     fh.flush()
                 m = manager.metrics
                 bar.update(task, advance=1, status=f"ok={m.outcomes.get('ok', 0)} turns/s={m.summary()['turns_per_s']:.1f}")

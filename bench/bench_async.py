@@ -144,7 +144,7 @@ class LatencyRunner(Runner):
 
         rets = [episode_return(t) for t in trajs if t.trainable]
         se = statistics.stdev(rets) / len(rets) ** 0.5 if len(rets) > 1 else float("nan")
-        return {"reward_mean": s["reward_mean"], "reward_se": se, "solve_rate": s["solve_rate"],
+        return {"reward_mean": s.get("reward_mean", 0.0), "reward_se": se, "solve_rate": s["solve_rate"],
                 "turns_mean": s["turns_mean"], "infra_failures": s["infra_failures"]}
 
 

@@ -37,6 +37,7 @@ from agentrl.errors import ConfigError, EpisodeError, EnvError, RewardError, Too
 from agentrl.sandbox.slots import WAIT_CLOCK, WaitClock
 from agentrl.toolcall import ParsedTurn, ToolCall, get_parser
 from agentrl.tooling import Tool, ToolSet
+from agentrl.trajectory import valid_text
 
 _PRINTABLE = np.array(list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()-+*/=\n"))
 STAT_KEYS = ("calls", "errors", "malformed", "unknown_tool", "bad_arguments", "over_limit", "timeouts", "exceptions")
@@ -248,7 +249,7 @@ class ToolEnv(AgentEnv):
         return value
 
     def _tool_message(self, r: CallResult) -> dict:
-        msg = {"role": "tool", "content": self._cap(r.content)}
+        msg = {"role": "tool", "content": valid_text(self._cap(r.content))}  # a tool's exception text may hold surrogates
         if r.call is not None:
             msg["name"] = r.call.name
         call_id = r.call.id if r.call is not None else r.call_id

@@ -44,7 +44,8 @@ class MonitorConfig:
     enabled: bool = doc(True, "Run the reward-hacking monitors every step (alerts go to the log and metrics).")
     window: int = doc(10, "Steps in the moving window the checks compare against.", min=2)
     kl_spike_factor: float = doc(4.0, "kl_spike: KL above this many times its moving average ...", min=1.0)
-    kl_min: float = doc(1e-3, "... and above this absolute value (ignores spikes of a tiny KL).", min=0.0)
+    kl_min: float = doc(0.01, "... and above this absolute value: the per-step KL of the healthy default run stays "
+                              "under 0.003, and many-fold jumps of such a tiny KL are noise.", min=0.0)
     collapse_ratio: float = doc(0.25, "diversity_collapse: diversity below this fraction of its early level ...",
                                 min=0.0, max=1.0)
     collapse_min_gain: float = doc(0.05, "... while the reward's moving mean is not this much above its early "

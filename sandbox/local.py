@@ -3,8 +3,11 @@
 Owns: ``LocalSandbox`` (the default backend where Docker is absent), its bwrap command line and
 probe, and how its results are classified. The process mechanics (deadline, group kill, output
 caps, work dir, sessions, file copy) are shared with the plain runner in
-``agentrl.sandbox.subprocess_runner``; what happens in the child before exec is in
-``agentrl.sandbox.jail``.
+``agentrl.sandbox.subprocess_runner``; the plan of what happens in the child before exec is in
+``agentrl.sandbox.jail``, and the child is forked and jailed by the executor
+(``agentrl.sandbox.executor``: a small single-threaded process, never a fork of the trainer; for
+``python3 -`` of the trainer's own interpreter without bwrap it runs the program in a fork of its
+warm interpreter instead of exec'ing a new one).
 
 Layers, each on when it can work here (``LocalSandbox.describe()`` says which are on):
 
@@ -18,12 +21,15 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    root. That makes RLIMIT_NPROC (``pids``) effective (the kernel exempts root from it), keeps
    host files, the docker socket, other processes' ``/proc/*/environ`` and ``~/.ssh`` out of reach
    by plain permissions, makes ``kill -9 -1`` reach only the run's own processes, and lets us kill
-   everything of that uid after the run (``setsid`` orphans, daemons). The work dir is a tmpfs of
+   everything of that uid after the run (``setsid`` orphans, daemons; as root without bwrap the
+   run's own pid namespace does that). The work dir is a tmpfs of
    ``disk_mb`` (inodes capped) mounted for the run: filling the disk or the inodes fills only
    that. A Python prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible
    read-only at its own path. Stale mounts of a crashed trainer go at the next LocalSandbox.
-3. As root without bwrap: private mount, network, IPC and UTS namespaces made in the child: no
-   network at all (loopback down), tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm`` of ``disk_mb``.
+3. As root without bwrap: private mount, network, IPC, UTS and pid namespaces made in the child:
+   no network at all (loopback down), tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm`` of ``disk_mb``,
+   an init of ours as pid 1 and a ``/proc`` that shows only the run (when the run ends its init
+   exits and the kernel kills everything left in the namespace).
 4. When ``bwrap`` works (probed once): user, pid, network, ipc, uts and cgroup namespaces, no
    further user namespaces, all capabilities dropped, a new terminal session; the filesystem is a
    read-only root showing only ``/usr`` (+ the ``/bin``-style links, a few ``/etc`` files, the
@@ -34,8 +40,8 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
 What it does NOT isolate:
 
 * Without bwrap: the filesystem view (everything world-readable on the host is readable: /etc,
-  /home dirs with open permissions, /proc of the host: process list, command lines, mounts);
-  the pid namespace (the program sees host processes, though it can signal only its own).
+  /home dirs with open permissions). As root the run's /proc shows only its own processes; not
+  as root, the program sees the host's processes.
 * Without root (no dedicated uid, no namespaces we can make): ``pids`` is not enforced
   (RLIMIT_NPROC would count every process of the trainer's user), the work dir is not size-capped
   (only ``fsize_mb`` per file); without bwrap as well, the network is open and the program can

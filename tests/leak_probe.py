@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-#: fds a process keeps by design until it exits: the local sandbox's uid-block lock (jail.claim_uid_block)
+#: fds a process keeps by design until it exits: the local sandbox's uid-block lock (jail.claim_uid_block);
+#: the executor's socket is recognised by its number (``_executor_fds``)
 PERSISTENT_FDS = ("agentrl-uids-",)
 
 
@@ -21,10 +22,21 @@ def fds() -> dict[str, str]:
     return out
 
 
+def _executor_fds() -> set[str]:
+    """The local sandbox executor's socket: held by design for the life of the process (its
+    child process is ``executor().pid``; what it runs are that process's children)."""
+    import sys
+
+    client = sys.modules.get("agentrl.sandbox.executor_client")
+    sock = getattr(client.executor(), "_sock", None) if client is not None else None
+    return {str(sock.fileno())} if sock is not None else set()
+
+
 def new_fds(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
     """fds open in ``after`` that were not in ``before`` (persistent-by-design ones left out)."""
+    keep = _executor_fds()
     return {fd: t for fd, t in after.items()
-            if before.get(fd) != t and not any(p in t for p in PERSISTENT_FDS)}
+            if before.get(fd) != t and fd not in keep and not any(p in t for p in PERSISTENT_FDS)}
 
 
 def _status(pid: str) -> dict[str, str]:
@@ -33,8 +45,18 @@ def _status(pid: str) -> dict[str, str]:
 
 
 def children(pid: int | None = None) -> set[int]:
-    """Live (not zombie) processes whose parent is ``pid`` (default: this process)."""
-    pid = os.getpid() if pid is None else pid
+    """Live (not zombie) processes whose parent is ``pid`` (default: this process, whose local
+    sandbox executor is left out and its children, the sandboxed programs, counted instead)."""
+    if pid is None:
+        import sys
+
+        client = sys.modules.get("agentrl.sandbox.executor_client")
+        ex = client.executor().pid if client is not None else None
+        return (_children(os.getpid()) - {ex}) | (_children(ex) if ex is not None else set())
+    return _children(pid)
+
+
+def _children(pid: int) -> set[int]:
     out = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():

@@ -118,12 +118,13 @@ async def loaded_burst(sb, calls: int = 256) -> dict:
     t = threading.Thread(target=busy, daemon=True)
     t.start()
     code = "print(sum(x for x in range(1, 591) if x % 7 == 0 or x % 8 == 0))"
+    expected = str(sum(x for x in range(1, 591) if x % 7 == 0 or x % 8 == 0))  # a timeout or error is wrong
     tool = make_python_tool(sb, timeout_s=5)
 
     async def one() -> tuple[float, bool]:
         t0 = time.perf_counter()
         out = await tool.fn(code=code)
-        return time.perf_counter() - t0, "TimeoutError" in out or out.strip() != "38990"
+        return time.perf_counter() - t0, out.strip() != expected
 
     try:
         await asyncio.sleep(0.5)

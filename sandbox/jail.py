@@ -34,7 +34,7 @@ import tempfile
 import threading
 
 from agentrl.sandbox import Limits
-from agentrl.sandbox.executor import MB, bind, make_private, mount_tmpfs, remount_readonly, unmount
+from agentrl.sandbox.child import MB, bind, make_private, mount_tmpfs, remount_readonly, unmount
 
 __all__ = ["mount_tmpfs", "unmount"]  # re-exported: the backend mounts work dirs with them
 

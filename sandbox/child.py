@@ -16,6 +16,7 @@ import ctypes
 import os
 import resource
 import signal
+import socket
 import sys
 
 MB = 1 << 20
@@ -23,7 +24,8 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWNET, _CLONE_NEWPID = (
     0x00020000, 0x04000000, 0x08000000, 0x40000000, 0x20000000)
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 8192, 16384, 1 << 18)
 _MNT_DETACH = 2
 INODES_PER_MB = 64  # tmpfs: 8 k inodes for 128 MB stops an inode flood and fits real programs
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
@@ -61,6 +63,69 @@ def unmount(path: str) -> None:
 
 
 # ------------------------------------------------------------------------------ the child's setup
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def build_root(view: dict, workdir: str, disk_mb: int) -> None:
+    """Make the rest of this process's life see only ``view``, as bubblewrap's root does: a
+    read-only tmpfs root with ``view["ro"]`` directories and ``view["files"]`` bound read-only at
+    their paths, ``view["links"]`` ({path: target}) as symlinks, ``view["binds"]`` ([src, dst]:
+    the Python prefix) read-only, a minimal ``/dev``, a ``/proc`` mount point (the pid namespace's
+    init mounts it), tmpfs ``/tmp`` and ``/dev/shm`` of ``disk_mb``, and the work dir read-write at
+    ``/work``; then ``chroot`` into it (the program, unprivileged and with no-new-privs, cannot
+    chroot back). Needs root in a private mount namespace."""
+    new = "/tmp"  # any directory will do: in our private namespace nothing of the host sees it
+    sources = [workdir, *view["ro"], *view["files"], *(src for src, _ in view["binds"])]
+    fds = {}
+    for src in dict.fromkeys(sources):  # open them before the new tmpfs hides what lies under /tmp
+        try:
+            fds[src] = os.open(src, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+
+    def at(path: str, *, directory: bool = True) -> str:
+        dst = new + path
+        os.makedirs(dst if directory else os.path.dirname(dst), exist_ok=True)
+        if not directory and not os.path.exists(dst):
+            os.close(os.open(dst, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        return dst
+
+    def bind_fd(src: str, dst: str, readonly: bool) -> None:
+        bind(f"/proc/self/fd/{fds[src]}", dst, readonly=readonly)
+
+    check(_LIBC.mount(b"tmpfs", new.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"), "root tmpfs")
+    for d in view["ro"]:
+        if d in fds:
+            bind_fd(d, at(d), True)
+    for link, target in view["links"].items():
+        os.symlink(target, new + link)
+    for f in view["files"]:
+        if f in fds:
+            bind_fd(f, at(f, directory=os.path.isdir(f"/proc/self/fd/{fds[f]}")), True)
+    for src, dst in view["binds"]:
+        bind_fd(src, at(dst), True)
+    dev = at("/dev")
+    check(_LIBC.mount(b"tmpfs", dev.encode(), b"tmpfs", _MS_NOSUID, b"size=64k,mode=0755"), "tmpfs /dev")
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            bind(f"/dev/{name}", at(f"/dev/{name}", directory=False), readonly=False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{dev}/{name}")
+    for scratch in ("/tmp", "/dev/shm"):
+        mount_tmpfs(at(scratch), disk_mb, 0, mode="1777")
+    at("/proc")
+    bind_fd(workdir, at("/work"), False)
+    for fd in fds.values():
+        os.close(fd)
+    remount_readonly(dev)
+    remount_readonly(new)
+    os.chdir(new)
+    check(_LIBC.mount(b".", b"/", None, _MS_MOVE, None), "move the new root to /")
+    check(_LIBC.chroot(b"."), "chroot")
+    os.chdir("/work")
+
+
 def apply_mounts(plan: dict, workdir: str, disk_mb: int) -> None:
     """In the child, as root: private mount namespace (and empty network/IPC/UTS ones when
     ``plan["isolate"]``), tmpfs scratch dirs, and the trainer's Python prefix grafted read-only
@@ -70,6 +135,10 @@ def apply_mounts(plan: dict, workdir: str, disk_mb: int) -> None:
     flags = _CLONE_NEWNS | (_CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS if isolate else 0)
     check(_LIBC.unshare(flags), "unshare")
     make_private("/")  # first: a new mount must never propagate back to the host's namespace
+    if plan.get("root"):
+        if isolate:
+            socket.sethostname("sandbox")
+        return build_root(plan["root"], workdir, disk_mb)
     scratch = [d for d in SCRATCH if isolate and os.path.isdir(d) and not os.path.islink(d)]
     # Open what the new tmpfs mounts will hide, in this namespace (bind sources must be ours).
     binds = [(p, True) for _, p in grafts]

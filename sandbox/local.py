@@ -6,8 +6,8 @@ caps, work dir, sessions, file copy) are shared with the plain runner in
 ``agentrl.sandbox.subprocess_runner``; the plan of what happens in the child before exec is in
 ``agentrl.sandbox.jail``, and the child is forked and jailed by the executor
 (``agentrl.sandbox.executor``: a small single-threaded process, never a fork of the trainer; for
-``python3 -`` of the trainer's own interpreter without bwrap it runs the program in a fork of its
-warm interpreter instead of exec'ing a new one).
+``python3 -`` of the trainer's own interpreter it runs the program in a fork of its warm
+interpreter instead of exec'ing a new one).
 
 Layers, each on when it can work here (``LocalSandbox.describe()`` says which are on):
 
@@ -36,6 +36,11 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    trainer's Python prefix), a private ``/proc``, a minimal read-only ``/dev``, tmpfs ``/tmp``
    and ``/dev/shm`` of ``disk_mb`` each, and the work dir read-write at ``/work``. When the run
    ends the namespace's init dies and the kernel kills everything left in the namespace.
+   As root, a warm ``python3 -`` gets the same view without bwrap: the executor's child builds
+   it (``agentrl.sandbox.child.build_root``: private pid/network/IPC/UTS/mount namespaces, the
+   read-only root, ``chroot``), then drops to its dedicated uid with no-new-privs. Differences
+   from bwrap there: the program sees its host uid (not 1000), and it may still create user
+   namespaces of its own (bwrap's ``--disable-userns``; nothing outside them is reachable).
 
 What it does NOT isolate:
 
@@ -211,7 +216,10 @@ class LocalSandbox(SubprocessSandbox):
         on = ["rlimits"]
         if d["dedicated_uid"]:
             on.append("a dedicated uid per run")
-        if d["bwrap"]:
+        if d["bwrap"] and d["dedicated_uid"]:
+            on.append("a read-only /usr view in its own pid, network and mount namespaces (python calls: built by "
+                      "the executor, warm; other programs: bubblewrap)")
+        elif d["bwrap"]:
             on.append("bubblewrap namespaces (user, pid, network, mount: read-only /usr view)")
         elif self.mounts.isolate:
             on.append("private pid, network and mount namespaces (host filesystem readable)")
@@ -264,10 +272,24 @@ class LocalSandbox(SubprocessSandbox):
             request.update(mounts=self.mounts.plan(), warm=_is_warm_python(argv, env))
             return Spawn(argv, env, wd.path, request)
         env = {**base_env("/work", "/tmp", python_bin), **self.extra_env}
+        if uid is not None and _is_warm_python(argv, env):
+            # As root the executor builds bwrap's view itself, so python3 - runs from its warm fork.
+            request.update(mounts=self._root_view(), warm=True)
+            return Spawn(argv, env, wd.path, request)
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(r, False)
         bwrap = _bwrap_argv(self.bwrap, wd.path, limits, _STATUS_FD, self.mounts.binds)
         return Spawn(bwrap + argv, env, wd.path, request, status_fd=r, status_w=w)
+
+    def _root_view(self) -> dict:
+        """The mount plan giving a warm run what bwrap gives the others (``_bwrap_argv``): its own
+        pid, network, IPC, UTS and mount namespaces and a read-only root of ``/usr``, the
+        ``/bin``-style links, a few ``/etc`` files and the Python prefix (``child.build_root``)."""
+        ro = ["/usr"] + [t for t in _TOP_LINKS if os.path.isdir(t) and not os.path.islink(t)]
+        links = {t: os.readlink(t) for t in _TOP_LINKS if os.path.islink(t)}
+        view = {"ro": ro, "links": links, "files": [f for f in _ETC if os.path.exists(f)],
+                "binds": [[dst, dst] for _, dst in self.mounts.binds]}  # as root we reach the prefix itself
+        return {"isolate": True, "pidns": True, "grafts": [], "root": view}
 
     async def _start(self, spawn: Spawn, proto, with_stdin: bool):
         request = {**(spawn.request or {}), "argv": spawn.argv, "env": spawn.env, "cwd": spawn.cwd}

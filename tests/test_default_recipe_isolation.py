@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 MODES = {
     # name: (command prefix, sandbox options, words the isolation line must have)
-    "bwrap": ([], {"bwrap": True}, "bubblewrap namespaces"),
+    "bwrap": ([], {"bwrap": True}, "read-only /usr view"),
     "root-without-bwrap": ([], {"bwrap": False}, "private pid, network and mount namespaces"),
     "not-root": (["unshare", "--user", "--map-user=1000", "--map-group=1000"], {"bwrap": False},
                  "not root: programs run as you"),

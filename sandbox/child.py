@@ -254,12 +254,17 @@ def enter_pid_namespace(req: dict, err_fd: int) -> int:
     return sig_w
 
 
-def run_python(env: dict) -> int:
+def run_python(env: dict, startup_modules: frozenset = frozenset()) -> int:
     """The warm path: run the program on stdin as ``python3 -`` would; returns the exit code (or
-    -signal to die of)."""
+    -signal to die of). Modules not in ``startup_modules`` (what the interpreter had at start) are
+    forgotten first, so the program's imports resolve as in a cold interpreter (its work dir first)."""
     import builtins
     import io
     import types
+
+    if startup_modules:
+        for name in [m for m in sys.modules if m not in startup_modules]:
+            del sys.modules[name]  # our own references keep working; the program re-imports
 
     # The dispositions a starting interpreter sets (prepare() gave the exec'd programs the defaults).
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -18,9 +18,10 @@ the child does not exec: after the same jail it reads the program from stdin and
 ``__main__`` of its own fresh module, with ``sys.argv == ['-']``, ``''`` first on ``sys.path``, the
 request's environment and UTF-8 standard streams, then exits as ``python3 -`` would (``SystemExit``
 codes, a traceback and exit 1 on an uncaught exception, non-daemon threads joined, atexit run).
-It saves the interpreter start-up of every call. What differs from a cold ``python3 -``: the
-modules this file imports are already in ``sys.modules``, and the str hash seed is the
-executor's, shared by all calls (``random`` is reseeded per call).
+It saves the interpreter start-up of every call. Modules the executor imported after start-up are
+dropped from ``sys.modules`` first, so the program imports them afresh (a ``json.py`` in its work
+dir shadows the standard one, as with a cold interpreter). What still differs from a cold
+``python3 -``: the str hash seed is the executor's, shared by all calls (``random`` is reseeded).
 
 Does not: decide any policy (the client sends the whole plan), pick uids, make work dirs, enforce
 deadlines or read output (the client does those: it holds the other ends of the pipes and kills
@@ -29,7 +30,11 @@ library and its sibling ``child.py``: nothing of agentrl (nor numpy, whose impor
 """
 from __future__ import annotations
 
-import fcntl
+import sys
+
+STARTUP_MODULES = frozenset(sys.modules)  # what any interpreter has at start: the warm run keeps only these
+
+import fcntl  # noqa: E402
 import json
 import os
 import selectors
@@ -59,7 +64,7 @@ def _child(req: dict, fds: list[int], err_w: int) -> None:
             child.drop_privileges(req)
         if req.get("warm"):
             os.close(err_w)  # set up: the client may count it as started
-            child.end_like(child.run_python(req["env"]))
+            child.end_like(child.run_python(req["env"], STARTUP_MODULES))
         os.execvpe(req["argv"][0], req["argv"], req["env"])  # err_w is CLOEXEC: closed on success
     except BaseException as e:
         try:

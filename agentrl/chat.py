@@ -9,7 +9,7 @@ How deltas are made: render a fixed dummy conversation ``[user, assistant]`` onc
 ``dummy + new messages`` with the generation prompt and take the text difference; prepend what
 the template writes after the assistant's end-of-turn token (e.g. ``"\\n"`` after ``<|im_end|>``).
 The real history is never re-rendered, so the cost per turn is flat, and the sampled tokens are
-never re-tokenized (GUIDE §2.4). This is exact for any template with the *prefix property* at
+never re-tokenized (tokens are the source of truth). This is exact for any template with the *prefix property* at
 assistant-turn boundaries; ``agentrl.template_check`` verifies that property on a real multi-turn
 conversation (the dummy here cannot see e.g. reasoning stripped from earlier turns).
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agentrl.errors import ConfigError, EngineError
 
-# litellm downloads a model price map at import unless told to use its bundled copy (GUIDE §3).
+# litellm downloads a model price map at import unless told to use its bundled copy (no network is needed or wanted).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_ID)?$|SECRET", re.IGNORECASE)

@@ -1,4 +1,4 @@
-"""P2: episode-manager throughput with an instant policy and a no-op env (GUIDE §4).
+"""P2: episode-manager throughput with an instant policy and a no-op env.
 
 Measures (1) turns/s per core at several concurrency levels (CPU time of this process, which runs
 the whole asyncio loop on one core) and (2) the per-turn cost deep into an episode (turn ~128) vs

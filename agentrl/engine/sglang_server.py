@@ -1,7 +1,7 @@
 """Launching and supervising one ``sglang.launch_server`` process.
 
 Owns: where SGLang's Python lives (it pins its own torch, so it sits in its own virtualenv), the
-pinned version, the launch flags (the CPU flags in ONE place: GUIDE §3), picking a free port,
+pinned version, the launch flags (the CPU flags in ONE place), picking a free port,
 waiting until the server answers ``/health``, killing (its whole process group) and restarting,
 and the server's log file (its tail goes into every error). Does not send generation requests or
 route between servers (``agentrl.engine.sglang``).
@@ -31,7 +31,7 @@ from agentrl.errors import EngineError
 #: The SGLang release agentrl is tested against (.ci/install_sglang.sh installs it).
 SGLANG_VERSION = "0.5.23"
 
-#: Flags that make SGLang run on a CPU (GUIDE §3): the transformers model implementation (the
+#: Flags that make SGLang run on a CPU (not an officially supported mode, so pinned here): the transformers model implementation (the
 #: default one imports vllm), torch-native attention and sampling, no CUDA graphs, and
 #: ``--sleep-on-idle`` (an idle scheduler otherwise spins a whole core, measured, slowing everything
 #: else on a small machine; it wakes at once on a request).

@@ -10,7 +10,7 @@ B: the requests, in the same order, are cut into static batches of --batch-size,
    each batch runs ``generate`` until its longest request (the tokens past a request's own length
    are wasted and not counted).
 Useful tokens/s = sum of requested tokens / wall time. A and B are interleaved (ABBA...) and the
-reported speedup is the median of the per-pair ratios (GUIDE section 4).
+reported speedup is the median of the per-pair ratios.
 
     python bench/bench_engine.py            # default, ~3-5 min on 2 cores
     python bench/bench_engine.py --quick    # smoke run, ~20 s

@@ -3,7 +3,7 @@ owning the SGLang servers, rollout workers talking HTTP straight to them).
 
 Same config on both sides (the built-in tiny model shape, single-turn episodes, disk weight sync
 after every step, staleness 0). ``--rounds`` rounds, each running both sides once, the order
-flipping every round (shared machines are noisy: GUIDE §4). Reported per side: wall seconds of
+flipping every round (shared machines are noisy). Reported per side: wall seconds of
 the whole run (startup of the server(s) and, for ray, of Ray and its actors included), the median
 ``time/step_s`` over steps 2.. (step 1 includes warm-up) and the median ``time/weight_sync_s``;
 and the median of the per-round ratios ray/in-process. Prints a table; writes --out (JSON).

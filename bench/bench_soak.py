@@ -5,7 +5,7 @@ bounded memory curve (issue 6, deliver 4).
 Real pieces: ``EpisodeManager``, ``CodeExecEnv`` (python + bash tools, one-shot runs and, for every
 4th episode, a sandbox session), the sandbox backends, the Qwen2.5 chat template on the built-in
 tokenizer. Scripted piece: the policy (``FakeEngine``), which picks a program mix per episode from a
-hash of the task prompt: ordinary code (most episodes) and the hostile programs of GUIDE §5 (fork
+hash of the task prompt: ordinary code (most episodes) and the sandbox suite's hostile programs (fork
 bombs, memory bombs, busy loops, 1 GB of output, ``kill -9 -1``, fd exhaustion, orphans, disk
 filling, segfaults, fake passes...), plus malformed calls, direct answers and over-long turns.
 

@@ -13,7 +13,7 @@ C  pad-sorted:  the same padded layout over the batch sorted longest-first (a st
 tokens/s counts real (non-padding) tokens only, per wall second and per CPU second of this process
 (the second is much steadier on a shared, oversubscribed machine). Arms are interleaved (ABC, CBA,
 ...) after one warm-up step each; the headline is the median over repeats of the per-repeat ratio
-A/B (GUIDE §4).
+A/B (shared machines are noisy).
 
     python bench/bench_trainer.py --threads 1   # default workload (~5-10 min on 2 busy cores)
     python bench/bench_trainer.py --quick       # smoke run (~1 min)

@@ -1,4 +1,4 @@
 """``python -m agentrl ...`` runs the ``agentrl`` command line."""
-from agentrl.cli import main
+from agentrl.cli.main import main
 
 main()

@@ -2,10 +2,10 @@
 samples at ``train.max_staleness`` k = 0 (synchronous), 1, 2, 4, on a long-tail workload, with each
 arm's final reward and the analytic bound (issue 6).
 
-What runs: the real ``agentrl.runner.Runner`` (LocalEngine + Trainer + EpisodeManager +
+What runs: the real ``agentrl.jobs.run.Runner`` (LocalEngine + Trainer + EpisodeManager +
 StalenessQueue + in-process weight sync) for ``--steps`` optimizer steps of ``--groups`` groups x
 ``--group-size`` episodes, so every arm trains the same number of samples. Model, tokens, rewards,
-losses and weight updates are real: the ``concise`` env (``envs/concise.py``, ``--turns`` turns,
+losses and weight updates are real: the ``concise`` env (``agentrl/envs/concise.py``, ``--turns`` turns,
 each rewarded for a short reply) from the SFT warm start ``bench_credit.py`` builds (tiny Qwen3,
 hidden 64, 2 layers), GRPO, lr 2e-3, temperature 1. ``--correction``: the loss's off-policy correction, the same in
 every arm: ``behaviour`` (the default config: PPO clip of pi / pi_behaviour) or ``decoupled``
@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench-local modules 
 
 from latency import LatencyEngine, LatencyEnv, SampleCounter
 
-from agentrl.runner import Runner, rollout_stats
+from agentrl.jobs.run import Runner, rollout_stats
 
 ENV_ID = "bench/concise-latency-v0"  # bench-only registration: never part of agentrl/
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,7 +88,7 @@ def register_env(counter: SampleCounter) -> None:
     """(Re-)register the bench env with a fresh sample counter (one per run)."""
     from agentrl.envs.concise import ConciseEnv
 
-    from agentrl.registry import register
+    from agentrl.envs.registry import register
 
     def factory(*, inner_kwargs: dict, tool_mean_s: float, cv: float, seed: int) -> LatencyEnv:
         return LatencyEnv(ConciseEnv(**inner_kwargs), tool_mean_s=tool_mean_s, cv=cv, seed=seed, counter=counter)
@@ -126,7 +126,7 @@ class LatencyRunner(Runner):
         self.trajectory_log = _GroupRecorder(self.trajectory_log, self.group_durations)
 
     async def evaluate(self) -> dict[str, float]:
-        from agentrl.episode import EpisodeManager, EpisodeSpec
+        from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 
         n = self.cfg.eval.num_tasks
         if n <= 0 or (self.step == 0 and not self.eval_at_start):
@@ -140,7 +140,7 @@ class LatencyRunner(Runner):
         finally:
             self.engine.enabled = True
         s = rollout_stats([trajs])
-        from agentrl.credit_assign import episode_return
+        from agentrl.batches.samples import episode_return
 
         rets = [episode_return(t) for t in trajs if t.trainable]
         se = statistics.stdev(rets) / len(rets) ** 0.5 if len(rets) > 1 else float("nan")
@@ -149,7 +149,7 @@ class LatencyRunner(Runner):
 
 
 def make_config(model: Path, k: int, seed: int, args, out: Path):
-    from agentrl.config import load_config
+    from agentrl.config.schema import load_config
 
     inner = {"n_turns": args.turns, "pattern": "same"}
     return load_config(base={

@@ -1,7 +1,7 @@
 """Turn-level credit vs outcome broadcast: does ``algo.credit=turn_return`` learn faster than
 ``algo.credit=outcome`` on an env where credit per turn matters (issue 4)?
 
-Env: ``concise`` (``envs/concise.py``), ``--turns`` requests per episode, each turn paid for its
+Env: ``concise`` (``agentrl/envs/concise.py``), ``--turns`` requests per episode, each turn paid for its
 own reply's length c = min(chars, 40)/40; the episode return is in [0, 1]. ``--pattern``:
 
 * ``same``: every turn asks for "one short word", pays ``(1 - c) / turns``. Every turn wants the
@@ -10,7 +10,7 @@ own reply's length c = min(chars, 40)/40; the episode return is in [0, 1]. ``--p
   sentence" (``c / turns``): opposite behaviours, where per-turn credit should matter most. A
   policy blind to the request earns at most 0.5 (a fixed length pays (1 - c) + c per turn pair).
 
-Every arm runs the real ``agentrl.runner.Runner`` (LocalEngine + Trainer, on-policy: staleness 0,
+Every arm runs the real ``agentrl.jobs.run.Runner`` (LocalEngine + Trainer, on-policy: staleness 0,
 temperature 1, token-mean loss, ``--group-size`` samples x ``--groups`` prompts per step, ``--lr``)
 for ``--steps`` steps, over the same seeds (rollout seed = trainer seed = s), from the same start
 model. Only the advantage differs:
@@ -29,7 +29,7 @@ the policies collapsed to empty or run-on replies).
 
 Start model: a random tiny Qwen3 (``--hidden`` 64, 2 layers) cannot end a turn, and the episode
 manager ends an episode at a turn cut by ``max_new_tokens``, so the arms could not differ. So it
-is warm-started by a short SFT (``agentrl.sft.run_sft``, ~30 s, cached under the temp dir or
+is warm-started by a short SFT (``agentrl.warmstart.sft.run_sft``, ~30 s, cached under the temp dir or
 ``--model-dir``) on the pattern's own conversations whose replies are 1 to ``max_words`` random
 words, the count drawn whatever the turn asks for: the start policy ends its turns at varied
 lengths but has seen no link between request and length. ``same``: 1-6 words, 8 tokens per turn
@@ -77,7 +77,7 @@ def warm_start_examples(tok, n: int, turns: int, seed: int, pattern: str = "same
     """Concise conversations (real env prompts) whose replies are 1 to max_words random words,
     whatever the turn asks for."""
     from agentrl.envs.concise import ConciseEnv
-    from agentrl.sft import chat_example
+    from agentrl.warmstart.sft import chat_example
 
     rng, env, out = random.Random(seed), ConciseEnv(n_turns=turns, pattern=pattern), []
     for i in range(n):
@@ -95,8 +95,8 @@ def warm_start_examples(tok, n: int, turns: int, seed: int, pattern: str = "same
 def start_model(args) -> Path:
     from transformers import AutoTokenizer
 
-    from agentrl.sft import SFTConfig, run_sft
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.sft import SFTConfig, run_sft
+    from agentrl.warmstart.tiny_model import build_model
 
     tag = "v2" if args.pattern == "same" else f"v2-{args.pattern}"  # bump the tag when the data changes
     key = f"{tag}-h{args.hidden}-l{args.layers}-t{args.turns}-sft{args.sft_steps}"
@@ -131,8 +131,8 @@ def turn_scores(groups, env) -> dict[str, float]:
 
 def run_one(model: Path, mode: str, seed: int, args, out_root: Path) -> dict:
     """One training run of arm ``mode``; its per-step rollout reward, turns per episode and turn scores."""
-    import agentrl.runner as runner_mod
-    from agentrl.config import load_config
+    import agentrl.jobs.run as runner_mod
+    from agentrl.config.schema import load_config
     from agentrl.envs.concise import ConciseEnv
 
     out = out_root / f"{mode}-s{seed}"

@@ -228,7 +228,7 @@ def main(argv=None) -> dict:
 
     from transformers import AutoModelForCausalLM
 
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.tiny_model import build_model
 
     torch.manual_seed(args.seed)
     reqs = workload(args)

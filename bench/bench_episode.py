@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from agentrl.config import RolloutConfig
+from agentrl.config.schema import RolloutConfig
 from agentrl.engine.fake import FakeEngine
 from agentrl.envs.noop import NoopEnv
-from agentrl.episode import EpisodeManager, EpisodeSpec
-from agentrl.rollout import tune_gc
-from agentrl.tiny_model import build_tokenizer
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+from agentrl.jobs.rollout import tune_gc
+from agentrl.warmstart.tiny_model import build_tokenizer
 
 TURN_TEXT = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
 

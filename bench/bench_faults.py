@@ -1,6 +1,6 @@
 """Crash test at full count (issue 6): ``agentrl run`` SIGKILLed 20 times, resumed each time.
 
-Two runs on the small crash-test config (``agentrl.crash_harness.small_run_cmd``: tiny model,
+Two runs on the small crash-test config (``agentrl.jobs.crash_harness.small_run_cmd``: tiny model,
 ``concise``, 3 groups x 4 samples per step, a checkpoint every step):
 
 1. live rollouts at ``train.max_staleness=2``: after the last resume, the ledger must show every
@@ -11,7 +11,7 @@ Two runs on the small crash-test config (``agentrl.crash_harness.small_run_cmd``
 
 Kills alternate between a random step and the inside of a checkpoint write
 (``AGENTRL_FAULT_KILL=checkpoint_write:N``). Prints each kill and the checks; exits 1 if a check
-fails. ``tests/test_resume.py`` runs the same with 4 kills in CI.
+fails. ``tests/jobs/test_resume.py`` runs the same with 4 kills in CI.
 
     python bench/bench_faults.py [--kills 20] [--seed 0] [--keep DIR]
 """
@@ -25,15 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl.crash_harness import (
+from agentrl.jobs.crash_harness import (
     final_checkpoint,
     ledger_check,
     run_with_kills,
     same_weights,
     small_run_cmd,
 )
-from agentrl.ledger import read_ledger
-from agentrl.tiny_model import build_model
+from agentrl.batches.ledger import read_ledger
+from agentrl.warmstart.tiny_model import build_model
 
 
 def main() -> int:

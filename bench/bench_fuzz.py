@@ -10,7 +10,7 @@ hangs (an input over ``--hang-s``; a SIGALRM interrupts it where Python code is 
 slowest single input with its size. The env step runs on the echo sandbox (no programs run);
 episodes render and tokenize with the built-in tokenizer and Qwen2.5's chat template, and every
 trajectory goes through ``write_jsonl``. Prints a table, writes JSON, exits 1 on any crash, wrong
-outcome or hang. ``tests/test_fuzz.py`` is the short CI version (hypothesis, fixed budget).
+outcome or hang. ``tests/tools/test_fuzz.py`` is the short CI version (hypothesis, fixed budget).
 
     python bench/bench_fuzz.py                      # 100,000 texts
     python bench/bench_fuzz.py --n 5000 --episode-every 4
@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fuzz_texts import (MAX_CHARS, ScriptedPolicy, Wrong, check_env_step, check_episode,  # noqa: E402
                         check_parsers, check_scorers, episode_manager, hostile_text, make_env)
 
-from agentrl.rollout import tune_gc  # noqa: E402
-from agentrl.tiny_model import build_tokenizer  # noqa: E402
+from agentrl.jobs.rollout import tune_gc  # noqa: E402
+from agentrl.warmstart.tiny_model import build_tokenizer  # noqa: E402
 from agentrl.trajectory import valid_text  # noqa: E402
 
 STAGES = ("parser", "scorer", "env_step", "episode")

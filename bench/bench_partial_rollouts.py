@@ -35,9 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.drain import weight_update_gate, with_partial_rollouts
+from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.weight_sync import InProcessSync
+from agentrl.weights.sync import InProcessSync
 
 NO_STOP = (10**9,)  # no model samples it: every turn runs to its drawn length
 
@@ -110,7 +110,7 @@ def main(argv=None) -> dict:
         args.pairs, args.updates = 1, 3
     from transformers import AutoModelForCausalLM
 
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.tiny_model import build_model
 
     with tempfile.TemporaryDirectory() as d:
         model_dir = build_model(Path(d) / "m")

@@ -84,12 +84,12 @@ async def step(side: dict, specs, samples_in, version: int) -> tuple[dict[str, f
 async def main_async(args) -> dict:
     import torch
 
-    from agentrl.config import load_config
+    from agentrl.config.schema import load_config
     from agentrl.distributed import RayBackend, RayConfig
     from agentrl.distributed.cluster import RayCluster
     from agentrl.engine.local import LocalEngine
-    from agentrl.episode import EpisodeManager, make_specs
-    from agentrl.tiny_model import build_model
+    from agentrl.episodes.manager import EpisodeManager, make_specs
+    from agentrl.warmstart.tiny_model import build_model
     from agentrl.trainer import Trainer
     from transformers import AutoTokenizer
 
@@ -106,7 +106,7 @@ async def main_async(args) -> dict:
     startup = {"ray_init_s": cluster.connect_s, **{k: v for k, v in backend.timings.items() if k != "connect_s"}}
     local_engine = LocalEngine.from_pretrained(model, max_context=cfg.rollout.max_context,
                                                max_batch_size=cfg.engine.max_batch_size)
-    from agentrl.registry import make
+    from agentrl.envs.registry import make
 
     local = {"engine": local_engine, "trainer": Trainer(model, cfg.trainer),
              "episodes": EpisodeManager(local_engine, lambda: make("bench/RayCount-v0"),
@@ -149,9 +149,9 @@ async def main_async(args) -> dict:
 def runner_compare(args) -> dict:
     """``agentrl run`` (Runner) with distributed local vs ray on the same config: wall time and the
     median of the per-step ``time/step_s`` (steps 2.. : step 1 includes warm-up)."""
-    from agentrl.config import load_config
-    from agentrl.runner import Runner
-    from agentrl.tiny_model import build_model
+    from agentrl.config.schema import load_config
+    from agentrl.jobs.run import Runner
+    from agentrl.warmstart.tiny_model import build_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-run-"))
     model = str(build_model(tmp / "model"))

@@ -32,8 +32,8 @@ SIDES = ("inprocess", "ray")
 
 
 def one_run(side: str, model: str, out: Path, steps: int, num_cpus: int) -> dict:
-    from agentrl.config import load_config
-    from agentrl.runner import Runner
+    from agentrl.config.schema import load_config
+    from agentrl.jobs.run import Runner
 
     cfg = load_config([], [
         f"output_dir={out}", f"model.path={model}", "env.id=bench/RayCount-v0", "env.kwargs={}",
@@ -62,9 +62,9 @@ def main() -> None:
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (step 1 is warm-up), got {args.steps}")
 
-    from agentrl.default_model import BASE
+    from agentrl.warmstart.default_model import BASE
     from agentrl.engine.sglang_server import unavailable_reason
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.tiny_model import build_model
 
     reason = unavailable_reason()
     if reason:

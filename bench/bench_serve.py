@@ -37,8 +37,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from agentrl.engine.base import SamplingParams
-    from agentrl.serve import LocalServer, resolve_target
-    from agentrl.tiny_model import build_model
+    from agentrl.jobs.serve import LocalServer, resolve_target
+    from agentrl.warmstart.tiny_model import build_model
     from agentrl.trainer.checkpoint import read_hf
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))

@@ -12,7 +12,7 @@ filling, segfaults, fake passes...), plus malformed calls, direct answers and ov
 Reported per backend: episodes/s, outcome counts, the tool result status per program kind (and
 how many fell outside the statuses that kind may have), and the leak check: our labelled docker
 containers, processes of the sandbox uids and children of this process, sandbox work dirs and
-mounts (``host_snapshot`` of tests/test_sandbox_hostile.py), this process's open fds
+mounts (``host_snapshot`` of tests/sandbox/test_sandbox_hostile.py), this process's open fds
 (``/proc/self/fd``, before the sandbox exists vs after it is closed), and RSS sampled every
 ``--sample-every`` episodes with the slope of its second half (MB per 1k episodes) and the peak.
 
@@ -35,15 +35,16 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+_TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path[:0] = [str(_TESTS), str(_TESTS / "sandbox")]
 
 from leak_probe import fds as _fds, new_fds, rss_mb as _rss_mb  # noqa: E402
 from test_sandbox_hostile import host_snapshot  # noqa: E402  (the hostile suite's host-state probe)
 
-from agentrl.config import RolloutConfig  # noqa: E402
+from agentrl.config.schema import RolloutConfig  # noqa: E402
 from agentrl.engine.fake import FakeEngine  # noqa: E402
-from agentrl.episode import EpisodeManager, EpisodeSpec  # noqa: E402
-from agentrl.rollout import tune_gc  # noqa: E402
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec  # noqa: E402
+from agentrl.jobs.rollout import tune_gc  # noqa: E402
 
 CODE_TIMEOUT_S = 5.0  # CodeExecEnv's default; the hostile suite gives memory/disk cases 10 s
 
@@ -232,7 +233,7 @@ async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sampl
 def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: int = 100, verbose: bool = False) -> dict:
     """Run the soak on one backend; the report dict (see the module docstring). ``skipped`` says why
     when the backend cannot run here."""
-    from agentrl.tiny_model import build_tokenizer
+    from agentrl.warmstart.tiny_model import build_tokenizer
 
     tok = build_tokenizer()
     tune_gc()  # as in `agentrl run` / `agentrl rollout`

@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
 
     from transformers.utils import logging as hf_logging
 
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.tiny_model import build_model
     from agentrl.trainer import Trainer, TrainerConfig
 
     hf_logging.disable_progress_bar()

@@ -1,4 +1,4 @@
-"""P6: weight sync time per path (agentrl.engine.weight_sync), on this machine.
+"""P6: weight sync time per path (agentrl.weights.sync), on this machine.
 
 For each model (the built-in tiny shape, and a bigger one: --big-hidden x --big-layers), the same
 perturbed state dict (fp32, fixed by seed) is pushed --repeats times through every path:
@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl.engine.weight_dist import DistributedSync
-from agentrl.engine.weight_sync import DiskSync, InProcessSync, TensorSync
+from agentrl.weights.distributed import DistributedSync
+from agentrl.weights.sync import DiskSync, InProcessSync, TensorSync
 
 SGLANG_PATHS = ("disk", "tensor", "distributed")
 
@@ -116,9 +116,9 @@ def main() -> None:
     if args.quick:
         args.repeats = 2
 
-    from agentrl.default_model import BASE
+    from agentrl.warmstart.default_model import BASE
     from agentrl.engine.sglang_server import unavailable_reason
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.tiny_model import build_model
 
     reason = unavailable_reason()
     if reason:

@@ -4,14 +4,14 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The locally built byte-level BPE tokenizer carrying Qwen2.5's real chat template."""
-    from agentrl.tiny_model import build_tokenizer
+    from agentrl.warmstart.tiny_model import build_tokenizer
 
     return build_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.tiny_model import build_model
 
     return build_model(tmp_path_factory.mktemp("tiny-model"))
 
@@ -19,8 +19,8 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sglang_model_dir(tmp_path_factory):
     """A tiny Qwen3 (head_dim 32, the built-in model's shape) for SGLang servers and their references."""
-    from agentrl.default_model import BASE
-    from agentrl.tiny_model import build_model
+    from agentrl.warmstart.default_model import BASE
+    from agentrl.warmstart.tiny_model import build_model
 
     return build_model(tmp_path_factory.mktemp("sglang-model"), **BASE)
 

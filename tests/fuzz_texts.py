@@ -1,4 +1,4 @@
-"""Hostile model output for the fuzz suite (``tests/test_fuzz.py``) and its long run (``bench/bench_fuzz.py``).
+"""Hostile model output for the fuzz suite (``tests/tools/test_fuzz.py``) and its long run (``bench/bench_fuzz.py``).
 
 Owns: the generator of adversarial assistant-turn texts (``hostile_text``: deep nesting, huge
 numbers, many tags, unclosed boxes, surrogates, NUL, ANSI, random unicode, valid calls mixed in),
@@ -19,13 +19,13 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from agentrl.config import RolloutConfig
+from agentrl.config.schema import RolloutConfig
 from agentrl.envs import rewards
 from agentrl.envs.code_exec import CodeExecEnv
-from agentrl.episode import EpisodeManager, EpisodeSpec
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 from agentrl.errors import EpisodeError, ToolCallError
 from agentrl.sandbox import ExecResult, Sandbox
-from agentrl.toolcall import PARSERS, ParsedTurn
+from agentrl.tools.calls import PARSERS, ParsedTurn
 from agentrl.trajectory import Outcome, Trajectory, write_jsonl
 
 #: ~ a max_new_tokens-sized turn (4,096 tokens of about 4 characters)

@@ -87,40 +87,14 @@ Composing one micro-batch (what the trainer does; every term is per token, then 
 """
 from __future__ import annotations
 
-import difflib
-from typing import Callable
-
-from agentrl.errors import ConfigError
-
-from .advantages import (ADVANTAGES, dr_grpo, gae, group_index, grpo, masked_whiten, reinforce_pp,
+from agentrl.algos.advantages import (ADVANTAGES, dr_grpo, gae, group_index, grpo, masked_whiten, reinforce_pp,
                          reinforce_pp_baseline, rloo)
-from .credit import (CREDIT, apply_kl_in_reward, outcome_broadcast, turn_boundaries, turn_gae,
+from agentrl.algos.credit import (CREDIT, apply_kl_in_reward, outcome_broadcast, turn_boundaries, turn_gae,
                      turn_returns_group_baseline, turn_rewards_to_tokens)
-from .losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_from_logits, k1, k2, k3,
+from agentrl.algos.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_from_logits, k1, k2, k3,
                      logprobs_from_logits, mismatch_metrics, ppo_clip, sft, tokens_per_sequence,
                      truncated_is_weights, value_loss, vanilla_pg)
-
-REGISTRIES: dict[str, dict[str, Callable]] = {
-    "advantage": ADVANTAGES,
-    "credit": CREDIT,
-    "policy_loss": POLICY_LOSSES,
-    "aggregation": AGGREGATIONS,
-    "kl": KL_ESTIMATORS,
-}
-
-
-def lookup(kind: str, name: str) -> Callable:
-    """``REGISTRIES[kind][name]``; an unknown kind or name raises ConfigError naming the choices."""
-    reg = REGISTRIES.get(kind)
-    if reg is None:
-        raise ConfigError(f"unknown algorithm registry {kind!r}; choose one of {sorted(REGISTRIES)}")
-    fn = reg.get(name)
-    if fn is None:
-        close = difflib.get_close_matches(name, list(reg), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown {kind} {name!r}{hint}; choose one of {sorted(reg)}")
-    return fn
-
+from agentrl.algos.registry import REGISTRIES, lookup
 
 __all__ = [
     "REGISTRIES", "lookup",

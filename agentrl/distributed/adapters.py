@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.errors import EngineError
-from agentrl.metrics import RolloutMetrics
+from agentrl.observe.metrics import RolloutMetrics
 from agentrl.trajectory import Outcome, Trajectory
 
 
@@ -189,7 +189,7 @@ class RayEpisodes:
         return list(await asyncio.gather(*(self.run_episode(s) for s in specs)))
 
     def gates(self) -> list["WorkerGate"]:
-        """One drain gate per worker (``agentrl.engine.drain.drained_together``; partial_rollouts=false)."""
+        """One drain gate per worker (``agentrl.weights.drain.drained_together``; partial_rollouts=false)."""
         return [WorkerGate(w, i) for i, w in enumerate(self.workers)]
 
     def cancel(self) -> None:

@@ -20,7 +20,7 @@ of them attach to those servers. Weight pushes run in the driver (trainer rank 0
 weights -> driver -> WeightSync): with the disk path every server must be able to read
 ``engine.weights_dir`` (default output_dir/weights), i.e. a shared filesystem on a cluster.
 
-Does not own the training loop (``agentrl.runner`` drives these objects exactly as it drives the
+Does not own the training loop (``agentrl.jobs.run`` drives these objects exactly as it drives the
 in-process ones) or the behaviour of any actor.
 """
 from __future__ import annotations
@@ -139,7 +139,7 @@ class RayBackend:
         import ray
 
         from agentrl.distributed.ray_actors import RolloutWorker, TrainerRank
-        from agentrl.registry import spec
+        from agentrl.envs.registry import spec
 
         t0 = time.perf_counter()
         self.cluster.connect()

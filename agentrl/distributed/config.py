@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agentrl.errors import ConfigError
-from agentrl.fields import doc
+from agentrl.common.fields import doc
 
 
 @dataclass

@@ -67,15 +67,15 @@ class RolloutWorker(_Placed):
                  env_kwargs: dict) -> None:
         from transformers import AutoTokenizer
 
-        from agentrl import registry
-        from agentrl.episode import EpisodeManager
+        from agentrl.envs import registry
+        from agentrl.episodes.manager import EpisodeManager
 
         if env_spec.source == "register":  # registered by the driver's code, not by a package
             registry.register(env_spec.id, env_spec.entry_point, max_turns=env_spec.max_turns, override=True,
                               **env_spec.kwargs)
         env_id = env_spec.id
         registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
-        from agentrl.engine.drain import with_partial_rollouts
+        from agentrl.weights.drain import with_partial_rollouts
 
         # partial_rollouts=false: the driver drains every worker around a weight push (hold/release)
         self.engine = with_partial_rollouts(make_engine(), rollout_cfg.partial_rollouts)

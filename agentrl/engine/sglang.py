@@ -6,7 +6,7 @@ a dead one), one shared ``httpx.AsyncClient`` sized for thousands of requests in
 mapping of their answers to :class:`Generation`, crash recovery (the :class:`Supervision` mixin in
 :mod:`agentrl.engine.sglang_supervision`), pause/resume/flush around weight
 updates, admin calls to every server, and server stats for metrics. Does not: launch flags (the
-launcher, ``agentrl.engine.sglang_server``), move weights (``agentrl.engine.weight_sync``), render chat.
+launcher, ``agentrl.engine.sglang_server``), move weights (``agentrl.weights.sync``), render chat.
 
 Conventions (match :class:`agentrl.engine.local.LocalEngine` where SGLang allows):
 
@@ -375,7 +375,7 @@ class SGLangEngine(Supervision, Engine):
         await self.post_all("/flush_cache", {})
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        from agentrl.engine.weight_sync import DiskSync
+        from agentrl.weights.sync import DiskSync
 
         await DiskSync(self).push(state_dict, version)
 

@@ -44,7 +44,7 @@ def sglang_python() -> str | None:
     env = os.environ.get("AGENTRL_SGLANG_PYTHON")
     if env:
         return env
-    from agentrl.default_model import cache_dir
+    from agentrl.warmstart.default_model import cache_dir
 
     venv = cache_dir() / "sglang-venv" / "bin" / "python"
     if venv.exists():
@@ -79,7 +79,7 @@ class SGLangServer:
     default (None) is ``float32`` on CPU, where SGLang's own default would serve an fp32 checkpoint in
     fp16 (behaviour logprobs then differ from an fp32 trainer's by ~2e-2 instead of ~1e-5), and
     SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim. ``reap_with_owner``: a
-    watchdog (:class:`agentrl.reaper.Reaper`) kills the server when this process dies without
+    watchdog (:class:`agentrl.common.reaper.Reaper`) kills the server when this process dies without
     stopping it (SIGKILL, a crash): the server runs in a session of its own and would outlive it.
     Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
@@ -141,14 +141,14 @@ class SGLangServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== agentrl: starting {' '.join(self.command())}\n".encode())
             log.flush()
-            from agentrl.llm_api import without_secrets
+            from agentrl.common.llm_api import without_secrets
 
             # SGLang needs no API key: none reaches it, its log or its children
             env = {**without_secrets(), "PYTHONUNBUFFERED": "1"}
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         if self.reap_with_owner:
-            from agentrl.reaper import Reaper
+            from agentrl.common.reaper import Reaper
 
             self._reaper = self._reaper or Reaper()
             self._reaper.watch(self.proc.pid)  # its own session: pid == process group id

@@ -8,7 +8,7 @@ Modules: ``config`` (TrainerConfig), ``packing`` (samples -> micro-batches), ``a
 varlen_sdpa backend for packed rows), ``models`` (loading, FSDP2 sharding, per-token forwards),
 ``dist`` (process group, rank slices, collectives), ``checkpoint`` (HF export, save/load),
 ``trainer`` (the Trainer). Losses live in ``agentrl.algos``; advantages are computed by the run loop.
-Names are loaded lazily so that ``agentrl.config`` can import TrainerConfig without torch.
+Names are loaded lazily so that ``agentrl.config.schema`` can import TrainerConfig without torch.
 """
 from agentrl.trainer.config import TrainerConfig
 

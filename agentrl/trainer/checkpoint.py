@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from agentrl.faults import fault_point
+from agentrl.common.faults import fault_point
 from agentrl.trainer import dist as D
 from agentrl.trainer.integrity import MARKER, failed_save_cleanup, write_manifest
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -1,6 +1,6 @@
 """TrainerConfig: every knob of the FSDP2 trainer, one documented field each.
 
-Owns: the field list, defaults and ranges (checked by agentrl.config when the tree is loaded) and
+Owns: the field list, defaults and ranges (checked by agentrl.config.schema when the tree is loaded) and
 ``check()``, the cross-field rules a single field cannot express. Does not know which algorithm
 runs: loss, aggregation and KL estimator are registry names looked up in ``agentrl.algos``.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agentrl.fields import doc
+from agentrl.common.fields import doc
 from agentrl.errors import ConfigError
 
 
 #: The policy learning rate when trainer.lr is null and nothing else chose one.
 DEFAULT_LR = 1e-6
 #: What the null ("auto") optimisation fields mean for the Trainer API and for `agentrl run` with a
-#: --model (`agentrl run` with the built-in model uses ``agentrl.default_model.BUILTIN_RL``;
+#: --model (`agentrl run` with the built-in model uses ``agentrl.warmstart.default_model.BUILTIN_RL``;
 #: ``total_steps`` there is the run's optimizer steps).
 AUTO = dict(lr=DEFAULT_LR, norm_lr_scale=1.0, lr_schedule="constant", min_lr_ratio=0.0, total_steps=1000)
 
@@ -46,7 +46,7 @@ class TrainerConfig:
               "e.g. the final RMSNorm; the critic's keep its lr). RL sharpens the policy largely by raising "
               "these gains (~1), while Adam moves every parameter at most ~lr per step: gains move ~30x slower "
               "in relative terms than weights (~0.03). null: `agentrl run` picks 300 for the built-in tiny model "
-              "(agentrl.default_model.BUILTIN_RL) and 1 for a --model; the Trainer API alone uses 1.", min=0.0)
+              "(agentrl.warmstart.default_model.BUILTIN_RL) and 1 for a --model; the Trainer API alone uses 1.", min=0.0)
     max_grad_norm: float = doc(
         1.0, "Clip the global gradient norm to this (0 = no clipping, norm still reported).", min=0.0)
     ppo_epochs: int = doc(1, "Passes over each train_step's samples (PPO epochs); each pass is mini_batches "

@@ -9,7 +9,7 @@ every checkpoint is broken stops instead of silently starting over) and :func:`f
 is reported as such, whatever the writer's own message, e.g. torch's ``unexpected pos``).
 
 Does not: write or load the trainer state (``agentrl.trainer.checkpoint``), decide when to save
-(the run loop), or rewind the run's logs (``agentrl.ledger.rewind``, called with the chosen step).
+(the run loop), or rewind the run's logs (``agentrl.batches.ledger.rewind``, called with the chosen step).
 Torch-free, so a reader of run directories can use it cheaply.
 """
 from __future__ import annotations

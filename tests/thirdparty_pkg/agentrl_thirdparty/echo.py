@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agentrl.envs.base import ToolEnv
-from agentrl.tooling import tool
+from agentrl.tools.base import tool
 
 WORDS = ["apple", "river", "cobalt", "meadow", "lantern", "quartz"]
 

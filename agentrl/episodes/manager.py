@@ -1,0 +1,318 @@
+"""The async episode manager: runs many multi-turn episodes at once and streams Trajectories.
+
+Owns: the turn loop (render -> engine.generate -> env.step -> observation delta), token-exact
+trajectory assembly, groups of G samples per task, max turns, per-turn and per-episode deadlines,
+the context budget (checked before every request), the observation length cap, cancellation, and
+mapping every failure to a typed Outcome so that one failing episode never breaks the others, and
+holding new episodes back while a sandbox is saturated (``agentrl.sandbox.slots.admission``).
+Does not batch model calls (engines do), parse tool calls or run tools (envs do), or train.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, Iterable
+
+from agentrl.episodes.chat import ChatRenderer
+from agentrl.config.schema import RolloutConfig
+from agentrl.engine.base import Engine, SamplingParams
+from agentrl.errors import EngineError, EpisodeError, EnvError, ToolTimeoutError
+from agentrl.observe.metrics import RolloutMetrics
+from agentrl.sandbox.slots import admission
+from agentrl.trajectory import Outcome, Trajectory, TurnRecord
+
+_TRUNC_MARK = "\n[truncated {n} chars]"
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to run. All samples of a group share ``task_seed`` (hence the task)."""
+
+    group_id: str
+    sample_index: int
+    task_seed: int
+    sampling_seed: int | None = None
+    options: dict | None = None
+
+
+def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0,
+               attempt: int = 0) -> list[EpisodeSpec]:
+    """Specs for ``num_prompts`` tasks x ``group_size`` samples; a group's samples are adjacent so
+    they run together (prefix caching in engines that have it). ``attempt`` (how many times the
+    staleness bound dropped this prompt's group) keeps the tasks and changes the sampling seeds: a
+    rerun is a new attempt, with new samples."""
+    specs = []
+    for i in range(start, start + num_prompts):
+        task_seed = (seed * 1_000_003 + i) % (2**31)
+        for g in range(group_size):
+            specs.append(EpisodeSpec(f"s{seed}-p{i}", g, task_seed,
+                                     (task_seed * 131 + g + 999_983 * attempt) % (2**31)))
+    return specs
+
+
+def _cap(messages: list[dict], max_chars: int) -> list[dict]:
+    out = []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, str) and len(c) > max_chars:
+            m = {**m, "content": c[:max_chars] + _TRUNC_MARK.format(n=len(c) - max_chars)}
+        out.append(m)
+    return out
+
+
+class _Episode:
+    """Mutable token buffers of one running episode."""
+
+    __slots__ = ("ids", "mask", "logprobs", "turn_ids", "versions", "turns", "messages")
+
+    def __init__(self, prompt: list[int], messages: list[dict]) -> None:
+        n = len(prompt)
+        self.ids, self.mask, self.logprobs = list(prompt), [0] * n, [0.0] * n
+        self.turn_ids, self.versions = [-1] * n, [-1] * n
+        self.turns: list[TurnRecord] = []
+        self.messages = list(messages)
+
+    def add_sampled(self, ids: list[int], logprobs: list[float], versions: list[int], turn: int) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([1] * len(ids))
+        self.logprobs.extend(logprobs)
+        self.turn_ids.extend([turn] * len(ids))
+        self.versions.extend(versions)
+
+    def add_observation(self, ids: list[int], turn: int) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.turn_ids.extend([turn] * len(ids))
+        self.versions.extend([-1] * len(ids))
+
+
+class EpisodeManager:
+    """Runs episodes of one env against one engine.
+
+    ``env_factory()`` returns a fresh env per episode (Gymnasium-style, with ``areset``/``astep``
+    preferred over ``reset``/``step``); ``tokenizer`` is the model's HF tokenizer (its chat
+    template renders prompts and observation deltas). The engine receives the episode's live id
+    list as the prompt (no copy, so per-turn cost stays flat): engines must treat it as read-only
+    and copy what they keep past the call.
+    """
+
+    def __init__(self, engine: Engine, env_factory: Callable[[], Any], tokenizer: Any,
+                 cfg: RolloutConfig | None = None, env_id: str = "") -> None:
+        self.engine, self.env_factory, self.tokenizer = engine, env_factory, tokenizer
+        self.cfg = cfg or RolloutConfig()
+        self.env_id = env_id
+        self.metrics = RolloutMetrics()
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._cancelled = asyncio.Event()
+        self._inflight: set[asyncio.Future] = set()
+
+    # -- public -------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop starting episodes; running ones end now as ``cancelled`` and are still yielded."""
+        self._cancelled.set()
+        for t in list(self._inflight):
+            t.cancel()
+
+    async def stream(self, specs: Iterable[EpisodeSpec]) -> AsyncIterator[Trajectory]:
+        """Run ``specs`` with at most ``cfg.max_concurrency`` in flight; yield each Trajectory as it
+        finishes. Every spec yields exactly one Trajectory (failures included), unless cancelled
+        before it started."""
+        it = iter(specs)
+        out: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def worker() -> None:
+            try:
+                while not self._cancelled.is_set():
+                    spec = next(it, None)
+                    if spec is None:
+                        break
+                    await out.put(await self.run_episode(spec))
+            finally:
+                await out.put(done)
+
+        n_workers = self.cfg.max_concurrency
+        workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
+        finished = 0
+        try:
+            while finished < n_workers:
+                item = await out.get()
+                if item is done:
+                    finished += 1
+                    continue
+                yield item
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def collect(self, specs: Iterable[EpisodeSpec], on_result: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        results = []
+        async for t in self.stream(specs):
+            results.append(t)
+            if on_result:
+                on_result(t)
+        return results
+
+    async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
+        """Run one episode to its end; never raises (except CancelledError of the caller's task)."""
+        await admission()  # backpressure: a saturated sandbox holds new episodes back
+        t0 = time.perf_counter()
+        traj = Trajectory(episode_id=f"{spec.group_id}-{spec.sample_index}", group_id=spec.group_id,
+                          env_id=self.env_id, prompt_len=0, sample_index=spec.sample_index)
+        state: dict[str, Any] = {}
+        inner = asyncio.ensure_future(self._run(spec, traj, state))
+        self._inflight.add(inner)
+        try:
+            if self._cancelled.is_set():
+                inner.cancel()
+            async with asyncio.timeout(self.cfg.episode_timeout_s):
+                await inner
+        except TimeoutError:
+            self._fail(traj, Outcome.DEADLINE, f"episode passed its {self.cfg.episode_timeout_s}s deadline")
+        except EpisodeError as e:
+            self._fail(traj, Outcome(e.outcome), f"{type(e).__name__}: {e}")
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if not self._cancelled.is_set() or (me is not None and me.cancelling()):
+                raise  # our caller is being cancelled, not just this episode
+            self._fail(traj, Outcome.CANCELLED, "cancelled")
+        except Exception as e:  # a bug in an env or renderer must not take the batch down
+            self._fail(traj, Outcome.ENV_ERROR, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+        finally:
+            self._inflight.discard(inner)
+            env = state.get("env")
+            if env is not None:
+                try:
+                    env.close()
+                except Exception:
+                    pass
+            ep: _Episode | None = state.get("ep")
+            if ep is not None:
+                traj.token_ids, traj.loss_mask, traj.logprobs = ep.ids, ep.mask, ep.logprobs
+                traj.turn_ids, traj.versions, traj.turns, traj.messages = ep.turn_ids, ep.versions, ep.turns, ep.messages
+            traj.info["tool_stats"] = state.get("tool_stats", {})
+            traj.wall_s = time.perf_counter() - t0
+            self.metrics.add(traj)
+        return traj
+
+    # -- internals ----------------------------------------------------------------------------
+    @staticmethod
+    def _fail(traj: Trajectory, outcome: Outcome, detail: str) -> None:
+        traj.outcome, traj.outcome_detail, traj.reward = outcome, detail, 0.0
+
+    def _renderer(self, tools: list[dict] | None) -> ChatRenderer:
+        key = json.dumps(tools or [], sort_keys=True)
+        r = self._renderers.get(key)
+        if r is None:
+            if len(self._renderers) > 32:
+                self._renderers.clear()
+            r = self._renderers[key] = ChatRenderer(self.tokenizer, tools=tools or None)
+        return r
+
+    async def _env_call(self, env: Any, name: str, *args: Any, **kw: Any) -> Any:
+        afn = getattr(env, "a" + name, None)
+        if afn is not None:
+            return await afn(*args, **kw)
+        return await asyncio.to_thread(getattr(env, name), *args, **kw)
+
+    async def _run(self, spec: EpisodeSpec, traj: Trajectory, state: dict) -> None:
+        cfg = self.cfg
+        try:
+            env = state["env"] = self.env_factory()
+            _, info = await self._env_call(env, "reset", seed=spec.task_seed, options=spec.options)
+        except EpisodeError:
+            raise
+        except Exception as e:
+            raise EnvError(f"env reset failed: {type(e).__name__}: {e}") from e
+        traj.task = info.get("task", {})
+        renderer = self._renderer(info.get("tools"))
+        ep = state["ep"] = _Episode(renderer.prompt_ids(info["messages"]), info["messages"])
+        traj.prompt_len = len(ep.ids)
+        stats = state["tool_stats"] = {}
+        base = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                              top_k=cfg.top_k, stop_token_ids=tuple(renderer.stop_token_ids), seed=spec.sampling_seed)
+        for turn in range(cfg.max_turns):
+            budget = cfg.max_context - len(ep.ids)
+            if budget < cfg.min_turn_tokens:
+                self._end(traj, Outcome.CONTEXT_OVERFLOW, f"{len(ep.ids)} tokens leave {budget} < min_turn_tokens")
+                return
+            params = replace(base, max_new_tokens=min(cfg.max_new_tokens, budget),
+                             seed=None if base.seed is None else (base.seed + 7919 * turn) % (2**31))
+            t_gen = time.perf_counter()
+            gen = await self._generate(ep.ids, params, traj.episode_id)
+            t_env = time.perf_counter()
+            rec = TurnRecord(index=turn, start=len(ep.ids), n_sampled=len(gen.token_ids), n_observation=0,
+                             finish_reason=gen.finish_reason, gen_s=t_env - t_gen)
+            ep.turns.append(rec)
+            versions = gen.versions or [self.engine.policy_version] * len(gen.token_ids)
+            ep.add_sampled(gen.token_ids, gen.logprobs, versions, turn)
+            text = renderer.decode(gen.token_ids)
+            ep.messages.append({"role": "assistant", "content": text})
+            if gen.finish_reason != "stop":
+                if cfg.score_truncated:  # the cut text is scored as the final answer (it rarely holds one)
+                    _, reward, terminated, _, _ = await self._step(env, text)
+                    rec.env_s, rec.reward = time.perf_counter() - t_env, float(reward)
+                    traj.reward = float(reward) if terminated else 0.0
+                self._end(traj, Outcome.TRUNCATED_LENGTH, f"turn {turn} hit its token limit ({params.max_new_tokens})")
+                return
+            _, reward, terminated, truncated, sinfo = await self._step(env, text)
+            rec.env_s = time.perf_counter() - t_env
+            rec.reward = float(reward)
+            ts = sinfo.get("tool_stats", {})
+            for k, v in ts.items():
+                stats[k] = stats.get(k, 0) + v
+            rec.tool_calls, rec.tool_errors = ts.get("calls", 0), ts.get("errors", 0)
+            if terminated:
+                traj.reward = float(reward)
+                self._end(traj, Outcome.OK, "")
+                return
+            if truncated:
+                self._end(traj, Outcome.TRUNCATED_TURNS, "env truncated the episode")
+                return
+            new_msgs = _cap(sinfo.get("messages", []), cfg.max_obs_chars)
+            delta = renderer.observation_ids(new_msgs)
+            if gen.token_ids[-1] != renderer.end_of_turn_id:
+                # stopped on another stop id (e.g. <|endoftext|>): close the turn the way the template
+                # does, as glue (mask 0), so the observation delta lines up with the template again
+                delta = renderer.close_ids([]) + delta
+            if len(ep.ids) + len(delta) + cfg.min_turn_tokens > cfg.max_context:
+                self._end(traj, Outcome.CONTEXT_OVERFLOW,
+                          f"observation of {len(delta)} tokens would leave no room under max_context={cfg.max_context}")
+                return
+            ep.add_observation(delta, turn)
+            ep.messages.extend(new_msgs)
+            rec.n_observation = len(delta)
+        self._end(traj, Outcome.TRUNCATED_TURNS, f"reached max_turns={cfg.max_turns}")
+
+    @staticmethod
+    def _end(traj: Trajectory, outcome: Outcome, detail: str) -> None:
+        traj.outcome, traj.outcome_detail = outcome, detail
+
+    async def _guarded(self, coro, what: str, on_timeout: type[EpisodeError], on_error: type[EpisodeError]):
+        """Await ``coro`` under the turn deadline; map a timeout or a foreign exception to an EpisodeError."""
+        try:
+            async with asyncio.timeout(self.cfg.turn_timeout_s):
+                return await coro
+        except TimeoutError as e:
+            raise on_timeout(f"{what} passed the {self.cfg.turn_timeout_s}s turn deadline") from e
+        except EpisodeError:
+            raise
+        except Exception as e:
+            raise on_error(f"{what} failed: {type(e).__name__}: {e}") from e
+
+    async def _generate(self, ids: list[int], params: SamplingParams, session: str):
+        gen = await self._guarded(self.engine.generate(ids, params, session=session), "generation",
+                                  EngineError, EngineError)
+        if len(gen.logprobs) != len(gen.token_ids) or (gen.versions and len(gen.versions) != len(gen.token_ids)):
+            raise EngineError(f"engine returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
+        if not gen.token_ids:
+            raise EngineError("engine returned no tokens")
+        return gen
+
+    async def _step(self, env: Any, text: str):
+        return await self._guarded(self._env_call(env, "step", text), "env step", ToolTimeoutError, EnvError)

@@ -1,0 +1,276 @@
+"""Episodes with an API model at text level: baselines, and chat data for ``agentrl sft``.
+
+Owns: the text-level turn loop (chat messages and the env's tool schemas to
+``agentrl.common.llm_api.ApiClient``; the reply turned into the env's action text; the env's answer back
+into the chat), running N episodes concurrently (one failing episode never breaks the others:
+each ends with a typed ``Outcome``), streaming results to disk as they finish, and the summary.
+
+Turning replies into actions: structured ``tool_calls`` are written the way the env's parser reads
+them (``hermes``: ``<tool_call>{"name", "arguments"}</tool_call>`` blocks after the content;
+``python_block``: a ```` ```python ```` block per ``python`` call). A reply that writes its calls in
+the text (an endpoint without a tool parser) goes to the env as is; it is parsed with the env's
+parser (``agentrl.tools.calls``) only to send the conversation back to the API in OpenAI form
+(assistant ``tool_calls`` + ``tool`` answers; an answer to a malformed call goes as a user message).
+
+Files (``out`` = ``X.jsonl``):
+
+* ``X.jsonl`` — chat rows ``{"messages", "tools"}`` that ``agentrl sft --data`` loads: episodes
+  that ended ``ok`` with reward >= ``min_reward``; assistant messages hold the action text exactly
+  as the env saw it;
+* ``X.episodes.jsonl`` — every episode: task, outcome, detail, reward, turns, usage, messages;
+* ``X.summary.json`` — the summary ``run_eval`` returns (model, endpoint without credentials).
+
+Every line is passed through ``llm_api.redact`` before it is written (no environment secret lands
+in these files even if an env or tool were to echo one).
+
+Does not: tokenize (the API does), train, or compare tokens with a local model.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agentrl.errors import ConfigError, EpisodeError
+from agentrl.common.llm_api import ApiClient, ChatReply, public_url, redact
+from agentrl.observe.metrics import episode_rates
+from agentrl.tools.calls import get_parser
+from agentrl.trajectory import Outcome, json_text
+
+
+@dataclass
+class ApiEpisode:
+    """One finished episode (what ``X.episodes.jsonl`` holds, one per line)."""
+
+    index: int
+    task_seed: int
+    task: dict = field(default_factory=dict)
+    outcome: str = Outcome.OK.value
+    detail: str = ""
+    reward: float = 0.0
+    turns: int = 0
+    tool_calls: int = 0
+    usage: dict = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
+    wall_s: float = 0.0
+    messages: list[dict] = field(default_factory=list)
+    tools: list[dict] = field(default_factory=list)
+
+    def chat_row(self) -> dict:
+        row: dict[str, Any] = {"messages": self.messages}
+        if self.tools:
+            row["tools"] = self.tools
+        return row
+
+
+def render_action(reply: ChatReply, parser: str) -> str:
+    """The reply as the text the env parses (see the module docstring)."""
+    if not reply.tool_calls:
+        return reply.content
+    parts = [reply.content.strip()] if reply.content.strip() else []
+    for c in reply.tool_calls:
+        args: Any = c["arguments"]
+        try:
+            args = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
+        except (ValueError, RecursionError):  # bad JSON, too deep, an int past the digit limit
+            pass  # kept as the raw string: the env's parser answers it as a malformed call
+        if parser == "python_block" and c["name"] == "python" and isinstance(args, dict) and isinstance(args.get("code"), str):
+            parts.append(f"```python\n{args['code']}\n```")
+        else:
+            parts.append("<tool_call>\n" + json.dumps({"name": c["name"], "arguments": args}, ensure_ascii=False)
+                         + "\n</tool_call>")
+    return "\n".join(parts)
+
+
+def _api_assistant(reply: ChatReply, action: str, parser: str) -> tuple[dict, list[str]]:
+    """The assistant message sent back to the API and the ids of the calls it declares."""
+    if reply.tool_calls:
+        calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]
+                  if isinstance(c["arguments"], str) else json.dumps(c["arguments"])}} for c in reply.tool_calls]
+        return {"role": "assistant", "content": reply.content or None, "tool_calls": calls}, [c["id"] for c in calls]
+    parsed = get_parser(parser)(action)
+    if not parsed.calls:
+        return {"role": "assistant", "content": action}, []
+    calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+             for c in parsed.calls]
+    return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, [c.id for c in parsed.calls]
+
+
+def _api_answers(messages: list[dict], declared: list[str], structured: bool) -> list[dict]:
+    """The env's answers in OpenAI form: each ``tool`` message tied to a declared call id (by
+    position when the calls came structured, since the env numbers them ``call_<n>``)."""
+    out, k = [], 0
+    for m in messages:
+        if m.get("role") != "tool":
+            out.append({"role": m.get("role", "user"), "content": m.get("content") or ""})
+            continue
+        cid = m.get("tool_call_id")
+        if structured and k < len(declared):
+            cid, k = declared[k], k + 1
+        if cid in declared:
+            out.append({"role": "tool", "tool_call_id": cid, "content": m.get("content") or ""})
+        else:
+            out.append({"role": "user", "content": m.get("content") or ""})
+    return out
+
+
+async def _env_call(env: Any, name: str, *args: Any, **kw: Any) -> Any:
+    afn = getattr(env, "a" + name, None)
+    if afn is not None:
+        return await afn(*args, **kw)
+    return await asyncio.to_thread(getattr(env, name), *args, **kw)
+
+
+async def run_api_episode(client: ApiClient, make_env: Callable[[], Any], index: int, task_seed: int, *,
+                          max_turns: int = 8, score_truncated: bool = False, options: dict | None = None) -> ApiEpisode:
+    """One episode; never raises (but the caller's cancellation). The outcome says how it ended."""
+    ep = ApiEpisode(index=index, task_seed=task_seed)
+    env = None
+    t0 = time.perf_counter()
+    try:
+        env = make_env()
+        parser = getattr(env, "parser", "hermes")
+        _, info = await _env_call(env, "reset", seed=task_seed, options=options)
+        ep.task, ep.tools = copy.deepcopy(info.get("task", {})), copy.deepcopy(info.get("tools") or [])
+        ep.messages = copy.deepcopy(info["messages"])
+        api_messages = [{"role": m["role"], "content": m.get("content") or ""} for m in info["messages"]]
+        for turn in range(max_turns):
+            reply = await client.chat(api_messages, ep.tools or None)
+            ep.turns = turn + 1
+            ep.usage = {k: ep.usage.get(k, 0) + v for k, v in reply.usage.items()}
+            action = render_action(reply, parser)
+            ep.messages.append({"role": "assistant", "content": action})
+            if reply.finish_reason == "length":
+                if score_truncated:
+                    _, reward, terminated, _, _ = await _env_call(env, "step", action)
+                    ep.reward = float(reward) if terminated else 0.0
+                ep.outcome, ep.detail = Outcome.TRUNCATED_LENGTH.value, f"turn {turn} hit the token limit"
+                return ep
+            _, reward, terminated, truncated, sinfo = await _env_call(env, "step", action)
+            ep.tool_calls += int(sinfo.get("tool_stats", {}).get("calls", 0))
+            if terminated:
+                ep.reward = float(reward)
+                return ep
+            if truncated:
+                ep.outcome, ep.detail = Outcome.TRUNCATED_TURNS.value, "env truncated the episode"
+                return ep
+            answers = copy.deepcopy(sinfo.get("messages", []))
+            assistant, declared = _api_assistant(reply, action, parser)
+            api_messages += [assistant, *_api_answers(answers, declared, bool(reply.tool_calls))]
+            ep.messages.extend(answers)
+        ep.outcome, ep.detail = Outcome.TRUNCATED_TURNS.value, f"reached max_turns={max_turns}"
+    except EpisodeError as e:
+        ep.outcome, ep.detail, ep.reward = e.outcome, redact(f"{type(e).__name__}: {e}"), 0.0
+    except Exception as e:  # a bug in an env must not take the batch down
+        ep.outcome, ep.detail, ep.reward = Outcome.ENV_ERROR.value, redact(f"{type(e).__name__}: {e}"), 0.0
+    finally:
+        if env is not None:
+            try:
+                env.close()
+            except Exception:
+                pass
+        ep.wall_s = time.perf_counter() - t0
+    return ep
+
+
+def summarize(episodes: list[ApiEpisode]) -> dict[str, Any]:
+    """Solve rate and infrastructure-failure rate over every episode, as ``agentrl run`` counts them
+    (``agentrl.observe.metrics.episode_rates``: an infrastructure failure is an unsolved task); reward mean and
+    tool use over the trainable outcomes."""
+    outcomes: dict[str, int] = {}
+    for e in episodes:
+        outcomes[e.outcome] = outcomes.get(e.outcome, 0) + 1
+    ok = [e for e in episodes if Outcome(e.outcome).trainable]
+    n = len(episodes)
+    return {
+        **episode_rates((e.outcome, e.reward) for e in episodes), "outcomes": outcomes,
+        "reward_mean": sum(e.reward for e in ok) / len(ok) if ok else 0.0,
+        "tool_use_rate": sum(e.tool_calls > 0 for e in ok) / len(ok) if ok else 0.0,
+        "turns_mean": sum(e.turns for e in episodes) / n if n else 0.0,
+        "prompt_tokens": sum(e.usage.get("prompt_tokens", 0) for e in episodes),
+        "completion_tokens": sum(e.usage.get("completion_tokens", 0) for e in episodes),
+    }
+
+
+def _public(obj: Any) -> Any:
+    """``obj`` with every ``api_base`` (a judge's, in env kwargs) stripped of credentials."""
+    if isinstance(obj, dict):
+        return {k: public_url(v) if k == "api_base" and isinstance(v, str) else _public(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_public(v) for v in obj]
+    return obj
+
+
+def output_paths(out: str | Path) -> tuple[Path, Path, Path]:
+    """``X.jsonl`` -> (chat rows, ``X.episodes.jsonl``, ``X.summary.json``)."""
+    out = Path(out)
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+    return out, out.with_name(stem + ".episodes.jsonl"), out.with_name(stem + ".summary.json")
+
+
+async def run_eval(env_id: str, client: ApiClient, *, n: int = 8, env_kwargs: dict | None = None, seed: int = 0,
+                   max_turns: int | None = None, concurrency: int = 8, episode_timeout_s: float = 1800.0,
+                   score_truncated: bool = False, min_reward: float | None = None, out: str | Path | None = None,
+                   on_episode: Callable[[ApiEpisode], None] | None = None) -> dict[str, Any]:
+    """Run ``n`` episodes of ``env_id`` (tasks chosen by ``seed`` as ``agentrl rollout`` chooses them)
+    with at most ``concurrency`` in flight; write the files (module docstring) as episodes finish."""
+    from agentrl.episodes.manager import make_specs
+    from agentrl.envs.registry import make, spec
+
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n (episodes) must be an int >= 1, got {n!r}")
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    env_kwargs = dict(env_kwargs or {})
+    max_turns = max_turns or spec(env_id).max_turns or 8
+    make(env_id, **env_kwargs).close()  # a bad env id or kwargs fails here, before any API call
+    specs = make_specs(n, 1, seed)
+    paths = output_paths(out) if out is not None else None
+    files = []
+    if paths:
+        paths[0].parent.mkdir(parents=True, exist_ok=True)
+        files = [open(paths[0], "w", encoding="utf-8"), open(paths[1], "w", encoding="utf-8")]
+    episodes: list[ApiEpisode] = []
+    queue = iter(enumerate(specs))
+    t0 = time.perf_counter()
+
+    async def one(i: int, task_seed: int) -> ApiEpisode:
+        try:
+            async with asyncio.timeout(episode_timeout_s):
+                return await run_api_episode(client, lambda: make(env_id, **env_kwargs), i, task_seed,
+                                             max_turns=max_turns, score_truncated=score_truncated)
+        except TimeoutError:
+            return ApiEpisode(index=i, task_seed=task_seed, outcome=Outcome.DEADLINE.value,
+                              detail=f"episode passed its {episode_timeout_s:g} s deadline")
+
+    async def worker() -> None:
+        for i, s in queue:
+            ep = await one(i, s.task_seed)
+            episodes.append(ep)
+            if files:
+                keep = ep.outcome == Outcome.OK.value and (min_reward is None or ep.reward >= min_reward)
+                if keep:
+                    files[0].write(redact(json_text(ep.chat_row())) + "\n")
+                    files[0].flush()
+                files[1].write(redact(json_text(ep.__dict__, default=str)) + "\n")
+                files[1].flush()
+            if on_episode:
+                on_episode(ep)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
+    finally:
+        for fh in files:
+            fh.close()
+    episodes.sort(key=lambda e: e.index)
+    summary = {"env": env_id, "env_kwargs": _public(env_kwargs), **client.describe(), "seed": seed, "max_turns": max_turns,
+               **summarize(episodes), "wall_s": time.perf_counter() - t0,
+               "chat_rows": sum(e.outcome == Outcome.OK.value and (min_reward is None or e.reward >= min_reward)
+                                for e in episodes)}
+    if paths:
+        summary["files"] = {"chat": str(paths[0]), "episodes": str(paths[1]), "summary": str(paths[2])}
+        paths[2].write_text(redact(json.dumps(summary, indent=2, default=str)))
+    return summary

@@ -1,0 +1,400 @@
+"""The main job: ``agentrl run`` — rollout -> reward -> credit -> update -> weight sync -> next.
+
+Owns the in-process training loop: building the pieces from the config (model, LocalEngine,
+Trainer, env factory, EpisodeManager, StalenessQueue, sinks), the producer that admits and runs
+groups of episodes, the trainer loop (batch -> samples -> train_step -> weight sync -> version),
+held-out evaluation, checkpoints for an exactly-once ``--resume`` (the prompt stream's position,
+the prompts in flight, which run again, and the finished-but-untrained groups, which are kept:
+``rollouts.jsonl`` in the checkpoint; the ledger and logs are rewound to the checkpoint's step),
+replaying another run's recorded batches (``train.replay``), the live progress
+display, the final summary table and the curve PNG. With ``distributed: ray`` the same loop drives Ray-backed
+trainer/engine/episode objects (agentrl.distributed.RayBackend) instead. Does not implement any
+of those pieces.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.config.schema import RunConfig, save_config, to_dict
+from agentrl.batches.samples import ALGOS, build_samples, resolve_trainer, trainable
+from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
+from agentrl.jobs.build import check_engine_config, cpu_threads, make_engine, make_sync
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec, make_specs
+from agentrl.common.faults import fault_point
+from agentrl.jobs.infra_stop import stop_if_all_failed
+from agentrl.batches.ledger import Ledger, rewind
+from agentrl.observe.metrics import RolloutMetrics, eval_stats, rollout_stats
+from agentrl.observe.monitors import MONITORS, Alert, new_alerts
+from agentrl.observe.progress import RunDisplay
+from agentrl.batches.prompt_stream import PromptStream
+from agentrl.observe.run_log import TrajectoryLog, rollout_extra
+from agentrl.sandbox.slots import queue_summary, take_queue_waits
+from agentrl.batches.staleness import StalenessQueue, dump_ready, load_ready
+from agentrl.trainer.integrity import pick_resume
+from agentrl.trajectory import Trajectory
+
+
+class Runner:
+    """One training run. ``await Runner(cfg).run()``; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, *, progress: bool = True) -> None:
+        if cfg.algo.name not in ALGOS:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"algo.name: {cfg.algo.name!r} is not one of {sorted(ALGOS)}")
+        if cfg.trainer.temperature != cfg.rollout.temperature:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
+                              f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
+        self.sync_kind = check_engine_config(cfg)
+        self.backend = None  # distributed=ray: the RayBackend whose actors serve trainer/engine/episodes
+        if cfg.distributed == "ray":
+            from agentrl.distributed.backend import check
+
+            check(cfg, cfg.ray)
+        bad = [k for k in cfg.monitor.pause_on if k not in MONITORS]
+        if bad:
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"monitor.pause_on: {bad} not among {list(MONITORS)}")
+        self.preset = ALGOS[cfg.algo.name]
+        self.cfg, self.progress = resolve_trainer(cfg, self.preset), progress
+        self.run_dir = Path(cfg.output_dir)
+        self.step = 0
+        self.stream = PromptStream()  # prompt positions of the training stream
+        self.in_flight: dict[int, int] = {}  # admission index -> position of each group being generated
+        self.restored: list[tuple[int | None, list[Trajectory]]] = []  # a checkpoint's finished groups
+        self.restored_counts: dict[str, int] = {}
+        self.replay = None  # train.replay: the recorded batches of another run
+        self.ledger = Ledger(self.run_dir)
+        self.history: list[dict[str, Any]] = []
+        self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
+        self.paused: Alert | None = None  # the monitor alert that paused the run
+        self.alerting: set[tuple[str, str]] = set()  # (kind, about) of the last step's alerts
+        self.reported: set[Alert] = set()  # the alerts of the last monitored row
+        self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
+        self._stop: asyncio.Event | None = None
+        self._main: asyncio.Task | None = None
+        self.trajectory_log = TrajectoryLog(self.run_dir, cfg.logging.trajectories_per_step)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from agentrl.warmstart.default_model import resolve_model_path
+        from agentrl.jobs.rollout import env_factory, tune_gc
+        from agentrl.observe.sinks import make_sinks
+        from agentrl.trainer import Trainer
+
+        cfg = self.cfg
+        tune_gc()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.make_env = env_factory(cfg)
+        self.isolation = self.make_env.isolation
+        eval_kwargs = {**cfg.env.kwargs, **cfg.eval.env_kwargs}
+        from agentrl.envs.registry import make
+
+        self.make_eval_env = lambda: make(cfg.env.id, **eval_kwargs)
+        resume = self._latest_checkpoint() if cfg.train.resume else None
+        if cfg.distributed == "ray":  # the same interfaces, served by Ray actors
+            from agentrl.distributed import RayBackend
+
+            self.backend = RayBackend.start(cfg, self.model_path, critic=self.preset.critic)
+            self.trainer = self.backend.trainer
+        else:
+            self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
+        extra = self.trainer.load(resume) if resume else {}
+        self.step = int(extra.get("step", 0))
+        self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))},
+                                              max_drops=cfg.train.max_prompt_drops)
+        if resume:
+            rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
+            self.restored = load_ready(resume / "rollouts.jsonl")
+            self.restored_counts = extra.get("queue", {})
+        if cfg.train.replay:
+            from agentrl.batches.replay import ReplaySource
+
+            self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
+        self.engine = self.backend.engine if self.backend is not None else make_engine(cfg, self.model_path)
+        self.engine = with_partial_rollouts(self.engine, cfg.rollout.partial_rollouts)
+        self.weight_sync = make_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
+        self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
+                                          wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
+                                          resume_step=self.step if resume is not None else None)
+        self.warnings = warnings + ([f"resumed from {resume} at step {self.step}"] if resume else [])
+
+    def _latest_checkpoint(self) -> Path | None:
+        # the newest that verifies (marker, sizes, checksums); newer broken ones are skipped with a note
+        return pick_resume(self.run_dir / "checkpoints")
+
+    # -- loop ----------------------------------------------------------------------------------
+    async def _sync_weights(self) -> float:
+        """Gather the trainer's weights and push them through the configured WeightSync; seconds."""
+        t0 = time.perf_counter()
+        state = await asyncio.to_thread(self.trainer.full_state_dict)
+        remote = self.backend.episodes.gates() if self.backend is not None and not self.cfg.rollout.partial_rollouts else ()
+        async with weight_update_gate(self.engine, remote) as self.drain_s:  # 0.0 with partial rollouts
+            self.last_sync = await self.weight_sync.push(state, self.trainer.version)
+        return time.perf_counter() - t0
+
+    async def evaluate(self, first: bool = False) -> dict[str, float]:
+        ev = self.cfg.eval
+        if ev.num_tasks <= 0:
+            return {}
+        rcfg = _replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
+        mgr = EpisodeManager(self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id)
+        specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(ev.num_tasks)]
+        trajs = await mgr.collect(specs)
+        if first:  # an eval where everything failed alike means nothing here can work: stop now
+            stop_if_all_failed(trajs, "the first evaluation")
+        return eval_stats(trajs)
+
+    async def _producer(self, queue: StalenessQueue, manager: EpisodeManager) -> None:
+        G = self.cfg.rollout.group_size
+        running: set[asyncio.Task] = set()
+
+        async def run_group(index: int, position: int) -> None:
+            specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position,
+                               attempt=self.stream.drops.get(position, 0))
+            group = await asyncio.gather(*(manager.run_episode(s) for s in specs))
+            await queue.put(index, list(group), position)
+            self.in_flight.pop(index, None)
+
+        try:
+            while True:
+                index = await queue.admit()
+                position = self.stream.take()
+                self.in_flight[index] = position
+                task = asyncio.create_task(run_group(index, position))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            for t in running:
+                t.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop gracefully (``agentrl run`` calls this on SIGTERM): at the end of the current step, or
+        at once while waiting for rollouts, checkpoint (in-flight prompts requeued) and return with
+        ``summary["stopped"]``; ``--resume`` continues exactly once. A second request cancels the run
+        at once (cleanup still runs). Call from the run's event loop."""
+        if self.stop_reason is not None and self._main is not None:
+            self._main.cancel()
+            return
+        self.stop_reason = reason
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _next_batch(self, queue: StalenessQueue):
+        """The next batch and its positions, or None if a stop was requested first."""
+        if self.replay is not None:
+            return self.replay.batch(self.step + 1)
+        get = asyncio.ensure_future(queue.get_batch_with_positions())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not get.done():
+                get.cancel()  # get_batch removes groups only when it returns: nothing is lost
+            await asyncio.gather(get, stop, return_exceptions=True)
+        return get.result() if not get.cancelled() else None
+
+    async def run(self) -> dict[str, Any]:
+        import torch
+
+        before = torch.get_num_threads()
+        try:
+            return await self._run()
+        finally:
+            if torch.get_num_threads() != before:  # engine.cpu_threads held for this run only
+                torch.set_num_threads(before)
+
+    async def _run(self) -> dict[str, Any]:
+        self._main = asyncio.current_task()
+        self._stop = asyncio.Event()
+        if self.stop_reason is not None:
+            self._stop.set()
+        try:
+            self._setup()
+        except BaseException:
+            if self.backend is not None:  # Ray actors must not outlive a failed setup
+                self.backend.close()
+            raise
+        cfg = self.cfg
+        threads = cpu_threads(cfg)  # after setup: an SFT warm start built there had every core
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        try:
+            await self.engine.start()
+            if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version
+                await self._sync_weights()
+        except BaseException:  # launched servers must not outlive a failed start
+            await self.weight_sync.close()
+            await self.engine.close()
+            self.trainer.close()
+            if self.backend is not None:
+                self.backend.close()
+            raise
+        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.drop)
+        queue.version = self.trainer.version
+        queue.restore(self.restored, **self.restored_counts)
+        self.queue = queue
+        manager = self.backend.episodes if self.backend is not None else \
+            EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
+        display = RunDisplay(self.progress, cfg.train.steps, start=self.step)
+        if self.isolation:
+            display.note(self.isolation)
+        take_queue_waits()  # the first step's queue times are its own
+        t_start, first_step = time.perf_counter(), self.step
+        producer = None
+        try:
+            self.first_eval = await self.evaluate(first=True)
+            self._log({"eval": self.first_eval}, display)
+            self._monitor(display)  # an eval's infrastructure failures, before any training
+            if self.replay is None:
+                producer = asyncio.create_task(self._producer(queue, manager))
+            while self.step < cfg.train.steps and self.stop_reason is None and self.paused is None:
+                t0 = time.perf_counter()
+                got = await self._next_batch(queue)
+                if got is None:
+                    break
+                groups, positions = got
+                if self.step == first_step:
+                    stop_if_all_failed((t for g in groups for t in g), "the first training step")
+                t_wait = time.perf_counter() - t0
+                values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
+                samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,
+                                                lam=cfg.algo.lam, values_fn=values_fn)
+                tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
+                fault_point("after_train_step")
+                sync_s = await self._sync_weights()
+                await queue.set_version(self.trainer.version)
+                self.step += 1
+                self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups])
+                self.stream.trained(positions)
+                self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
+                row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
+                                       "train": tm, "credit": sstats,
+                                       "staleness": {**queue.metrics(), "rerun_drops": self.stream.redrops,
+                                                     "abandoned_prompts": len(self.stream.abandoned)},
+                                       "sandbox": queue_summary(take_queue_waits()),
+                                       "time": {"wait_rollout_s": t_wait,
+                                       "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
+                                       "weight_push_s": self.last_sync.seconds, "drain_wait_s": self.drain_s,
+                                       "elapsed_s": time.perf_counter() - t_start}}
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                    row["eval"] = await self.evaluate()
+                self._log(row, display)
+                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    self._checkpoint()
+                if self._monitor(display):
+                    break
+            if producer is not None:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+            early = self.paused is not None or self.stop_reason is not None
+            if self.stop_reason is not None:
+                display.note(f"[red]stopped[/] ({self.stop_reason}) at step {self.step}; continue with --resume")
+            final = await self.evaluate() if not early else {}
+            self._log({"eval": final, "time": {"elapsed_s": time.perf_counter() - t_start}}, display)
+            self._monitor(display, can_pause=False)  # the run is over: alerts are shown, nothing pauses
+            self._checkpoint(final=not early)
+        finally:
+            if producer is not None and not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+            await queue.close()
+            display.close()
+            self.sinks.close()
+            await self.weight_sync.close()
+            await self.engine.close()
+            self.trainer.close()  # releases the process group it created
+            if self.backend is not None:
+                self.backend.close()  # kills the actors, removes the placement groups, leaves Ray
+        return self._finish(final, time.perf_counter() - t_start, manager.metrics)
+
+    # -- outputs -------------------------------------------------------------------------------
+    def _log(self, row: dict[str, Any], display: RunDisplay) -> None:
+        from agentrl.observe.sinks import flatten
+
+        flat = flatten(row)
+        self.history.append({"step": self.step, **flat})
+        self.sinks.write(self.step, flat)
+        display.update(self.step, flat)
+
+    def _monitor(self, display: RunDisplay, *, can_pause: bool = True) -> bool:
+        """Run the monitors on the newest row; True when an alert pauses the run. The final eval's row
+        has the last step's number: alerts already written for that step are not written again."""
+        current = new_alerts(self.history, self.cfg.monitor)
+        alerts = [a for a in current if a not in self.reported]
+        self.reported = set(current)
+        if alerts:
+            with open(self.run_dir / "alerts.jsonl", "a") as f:
+                for a in alerts:
+                    f.write(json.dumps({"step": a.step, "kind": a.kind, "message": a.message}) + "\n")
+                    if (a.kind, a.about) not in self.alerting:  # shown when it starts; every one is in the file
+                        tag = "[red]infra[/]" if a.kind == "infra_failures" else "[yellow]monitor[/]"
+                        display.note(f"{tag} step {a.step} {a.kind}: {a.message} (while it lasts: alerts.jsonl only)")
+        self.alerting = {(a.kind, a.about) for a in alerts}
+        pausing: list[Alert] = [a for a in alerts if a.kind in self.cfg.monitor.pause_on and can_pause]
+        if pausing:
+            self.paused = pausing[0]
+            display.note(f"[red]paused[/] by monitor.pause_on ({pausing[0].kind}); continue with --resume")
+        return bool(pausing)
+
+    def _checkpoint(self, final: bool = False) -> Path:
+        """Save the trainer with the run's exactly-once state: the stream (groups in flight are
+        requeued: they run again after a resume) and the finished-but-untrained groups (kept).
+        Synchronous from snapshot to save, so producer and queue cannot move in between."""
+        path = self.run_dir / "checkpoints" / (f"step_{self.step:06d}")
+        snap = self.queue.snapshot()
+        kept = {p for p, _ in snap["ready"]}
+        outstanding = [p for p in self.in_flight.values() if p not in kept]
+        extra = {"step": self.step, "data_position": self.stream.next, "stream": self.stream.state(outstanding),
+                 "queue": {"dropped_groups": snap["dropped_groups"], "untrained_groups": snap["untrained_groups"]},
+                 "policy_version": self.trainer.version, "final": final}
+        self.trainer.save(path, extra=extra, files={"rollouts.jsonl": dump_ready(snap["ready"])})
+        return path
+
+    def _finish(self, final: dict, wall_s: float, rollout_metrics: RolloutMetrics) -> dict[str, Any]:
+        from agentrl.observe.plots import plot_curves
+
+        first = getattr(self, "first_eval", {}) or {}
+        summary = {
+            "algo": self.cfg.algo.name, "steps": self.step, "wall_s": wall_s,
+            **{f"eval_{k}_{when}": ev.get(k) for when, ev in (("start", first), ("end", final))
+               for k in ("solve_rate", "infra_failure_rate")},
+            "eval_tool_use_rate_end": final.get("tool_use_rate"),
+            "rollout": rollout_metrics.summary(), "model": str(self.model_path),
+        }
+        if self.paused is not None:
+            summary["paused"] = {"step": self.paused.step, "kind": self.paused.kind, "message": self.paused.message}
+        if self.stop_reason is not None:
+            summary["stopped"] = {"step": self.step, "reason": self.stop_reason}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        plot_curves(self.history, self.run_dir / "curves.png", title=f"{self.cfg.env.id} / {self.cfg.algo.name}")
+        return summary
+
+
+def _replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def _as_samples(trajs: list[Trajectory]):
+    from agentrl.trainer import TrainSample
+
+    return [TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
+                        advantages=[0.0] * len(t.token_ids)) for t in trajs]

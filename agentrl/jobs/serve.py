@@ -1,0 +1,396 @@
+"""`agentrl serve`: serve a model, a checkpoint or the policy of a run OpenAI-compatibly, for debugging.
+
+Owns: turning PATH into the weights to load (:func:`resolve_target`: an HF model directory, a
+checkpoint ``RUN/checkpoints/step_N/`` with its COMPLETE marker — itself an HF directory, see
+:mod:`agentrl.trainer.checkpoint` — or a run directory, meaning its newest complete checkpoint);
+following a run (:class:`CheckpointFollower` polls for newer complete checkpoints and hot-swaps the
+weights, so the policy under training is what answers); and the two backends:
+
+- ``local`` (:class:`LocalServer`): a stdlib ``ThreadingHTTPServer`` whose handler threads hand
+  each request to :class:`agentrl.jobs.serve_api.OpenAIAPI` on one asyncio loop that drives an
+  in-process :class:`~agentrl.engine.local.LocalEngine` (which batches concurrent requests).
+  Weight swaps go through ``LocalEngine.update_weights``.
+- ``sglang`` (:class:`SGLangService`): launches ``sglang.launch_server`` on the weights through
+  :mod:`agentrl.engine.sglang_server` (SGLang serves ``/v1`` itself), restarts it on the newest
+  weights if it dies, and swaps weights with ``/update_weights_from_disk``.
+
+Does not: authenticate (bind it to localhost), batch across servers, or write anything into the
+run directory (it only reads checkpoints the trainer has finished).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from agentrl.errors import AgentRLError, ConfigError, EngineError
+
+MARKER = "COMPLETE"  # agentrl.trainer.checkpoint.MARKER (not imported: that module pulls in torch.distributed)
+MAX_BODY = 32 << 20
+_STEP = re.compile(r"step_(\d+)")
+
+
+# ---------------------------------------------------------------------------------------- paths
+@dataclass
+class ServeTarget:
+    """What to serve: ``model_dir`` is loaded now; ``run_dir`` is set when a run can be followed."""
+
+    model_dir: Path
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+    version: int = 0
+
+    def describe(self) -> dict:
+        return {"weights": str(self.model_dir), "checkpoint": self.checkpoint.name if self.checkpoint else None}
+
+
+def checkpoint_step(ckpt: Path) -> int | None:
+    """N for a directory named ``step_N``; None for anything else (``step_N.tmp`` being written and
+    ``step_N.old`` being replaced carry a COMPLETE marker too, for a moment: never serve those)."""
+    m = _STEP.fullmatch(Path(ckpt).name)
+    return int(m.group(1)) if m else None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None."""
+    done = [(checkpoint_step(m.parent), m.parent) for m in (Path(run_dir) / "checkpoints").glob(f"step_*/{MARKER}")]
+    done = [(n, p) for n, p in done if n is not None]
+    return max(done)[1] if done else None
+
+
+def checkpoint_version(ckpt: Path) -> int:
+    """The policy version a checkpoint's weights carry (``trainer_state.json``)."""
+    try:
+        return int(json.loads((ckpt / "trainer_state.json").read_text())["version"])
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"checkpoint {ckpt} has no readable trainer_state.json version: {e}") from e
+
+
+def _run_initial_model(run_dir: Path) -> Path:
+    import yaml
+
+    from agentrl.warmstart.default_model import resolve_model_path
+
+    cfg_file = run_dir / "config.yaml"
+    try:
+        model_path = ((yaml.safe_load(cfg_file.read_text()) or {}).get("model") or {}).get("path")
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"run directory {run_dir} has no checkpoint yet and its config.yaml cannot be read: {e}") from e
+    return resolve_model_path(model_path)
+
+
+def resolve_target(path: str | Path, *, follow: bool = False) -> ServeTarget:
+    """PATH -> what to serve. ConfigError naming PATH when it is none of the accepted kinds.
+
+    With ``follow``, PATH must be (in) a run: a run directory, or one of its checkpoints (the run
+    is then followed from there). A run with no complete checkpoint yet serves the model it
+    started from (its ``config.yaml``) until the first one appears."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"serve: {str(path)!r} does not exist")
+    if not p.is_dir():
+        raise ConfigError(f"serve: {str(path)!r} is a file; pass an HF model directory, a checkpoint directory or a run directory")
+    if (p / "checkpoints").is_dir() or ((p / "config.yaml").is_file() and not (p / "config.json").exists()):
+        run = p
+        ckpt = latest_checkpoint(run)
+        if ckpt is not None:
+            return ServeTarget(ckpt, run, ckpt, checkpoint_version(ckpt))
+        if not follow:
+            raise ConfigError(f"serve: run directory {str(path)!r} has no complete checkpoint yet "
+                              f"(none of {run / 'checkpoints'}/step_*/ has a {MARKER} marker); "
+                              "pass --follow to serve its initial model until one appears")
+        return ServeTarget(_run_initial_model(run), run, None, 0)
+    if checkpoint_step(p) is not None and p.parent.name == "checkpoints":
+        if not (p / MARKER).exists():
+            raise ConfigError(f"serve: checkpoint {str(path)!r} is incomplete (no {MARKER} marker): "
+                              "it is still being written or its save failed")
+        return ServeTarget(p, p.parent.parent if follow else None, p, checkpoint_version(p))
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"serve: {str(path)!r} is not an HF model directory (no config.json), a checkpoint "
+                          "(RUN/checkpoints/step_N/) or a run directory (with checkpoints/)")
+    if follow:
+        raise ConfigError(f"serve: --follow needs a run directory or one of its checkpoints; {str(path)!r} is a "
+                          "plain model directory")
+    return ServeTarget(p)
+
+
+# ---------------------------------------------------------------------------------------- follow
+class CheckpointFollower:
+    """Polls ``run_dir`` every ``poll_s`` seconds; when a complete checkpoint newer than the one
+    served appears, awaits ``apply(checkpoint, version)``. A failed swap (a checkpoint rotated away
+    mid-read, a server error) is logged and retried at the next poll; the old weights stay served."""
+
+    def __init__(self, target: ServeTarget, apply: Callable[[Path, int], Awaitable[None]], *,
+                 poll_s: float = 2.0, log: Callable[[str], None] = print) -> None:
+        if target.run_dir is None:
+            raise ConfigError("CheckpointFollower needs a target with a run directory")
+        self.target, self.apply, self.poll_s, self.log = target, apply, poll_s, log
+        self.swaps = 0
+        self.last_error: str | None = None
+
+    async def poll_once(self) -> Path | None:
+        """Swap to the newest checkpoint if it is newer than the served one; return it if swapped."""
+        newest = latest_checkpoint(self.target.run_dir)
+        current = self.target.checkpoint
+        if newest is None or (current is not None and checkpoint_step(newest) <= (checkpoint_step(current) or -1)):
+            return None
+        try:
+            version = checkpoint_version(newest)
+            t0 = time.perf_counter()
+            await self.apply(newest, version)
+        except (AgentRLError, OSError, ValueError, RuntimeError) as e:
+            self.last_error = f"{newest}: {e}"
+            self.log(f"agentrl serve: could not load {newest} (will retry): {e}")
+            return None
+        self.target.model_dir, self.target.checkpoint, self.target.version = newest, newest, version
+        self.swaps += 1
+        self.log(f"agentrl serve: now serving {newest} (policy version {version}, swapped in "
+                 f"{time.perf_counter() - t0:.2f}s)")
+        return newest
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.poll_s)
+
+
+# ---------------------------------------------------------------------------------------- local
+class _Handler(BaseHTTPRequestHandler):
+    server: "_HTTP"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args) -> None:  # quiet: the caller decides what to print
+        if self.server.owner.verbose:
+            super().log_message(fmt, *args)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        from agentrl.jobs.serve_api import APIError, stream_events
+
+        body = None
+        try:
+            if method == "POST":
+                try:
+                    size = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    size = -1
+                if size < 0:
+                    self.close_connection = True
+                    raise APIError(f"bad Content-Length header {self.headers.get('Content-Length')!r}")
+                if size > MAX_BODY:
+                    self.close_connection = True  # the unread body must not be parsed as the next request
+                    raise APIError(f"request body of {size} bytes is over the {MAX_BODY}-byte limit", status=413)
+                raw = self.rfile.read(size)
+                try:
+                    body = json.loads(raw or b"null")
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise APIError(f"the request body is not valid JSON: {e}") from e
+            if self.path.split("?")[0].rstrip("/") in ("/health", "/v1/health"):
+                return self._send(200, {"status": "ok", **self.server.owner.api.meta()})
+            fut = asyncio.run_coroutine_threadsafe(self.server.owner.api.handle(method, self.path, body),
+                                                   self.server.owner.loop)
+            result = fut.result()
+        except APIError as e:
+            return self._send(e.status, e.body())
+        except Exception as e:  # a bug must still answer, not hang the client
+            return self._send(500, APIError(f"internal error: {type(e).__name__}: {e}", status=500,
+                                            kind="internal_error").body())
+        if isinstance(body, dict) and body.get("stream"):
+            opts = body.get("stream_options") or {}
+            events = stream_events(result, include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")))
+            data = b"".join(f"data: {json.dumps(ev)}\n\n".encode() for ev in events) + b"data: [DONE]\n\n"
+            return self._send(200, data, content_type="text/event-stream")
+        self._send(200, result)
+
+    def _send(self, status: int, payload, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _HTTP(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: "LocalServer"
+
+
+class LocalServer:
+    """The local backend: an in-process engine behind an OpenAI-compatible HTTP server.
+
+    ``start()`` loads the model and listens (``port=0`` picks a free port; see :attr:`url`);
+    ``stop()`` closes the socket, the follower and the engine. ``follow`` needs ``target.run_dir``."""
+
+    def __init__(self, target: ServeTarget, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
+                 device: str = "cpu", dtype: str = "float32", max_batch_size: int = 32, follow: bool = False,
+                 poll_s: float = 2.0, default_max_tokens: int = 512, verbose: bool = False,
+                 log: Callable[[str], None] = print) -> None:
+        if follow and target.run_dir is None:
+            raise ConfigError(f"serve: --follow needs a run directory; {target.model_dir} is not in one")
+        self.target, self.host, self.port = target, host, port
+        self.name = name or default_name(target)
+        self.device, self.dtype, self.max_batch_size = device, dtype, max_batch_size
+        self.follow, self.poll_s, self.default_max_tokens = follow, poll_s, default_max_tokens
+        self.verbose, self.log = verbose, log
+        self.loop = asyncio.new_event_loop()
+        self.follower: CheckpointFollower | None = None
+        self._threads: list[threading.Thread] = []
+        self._http: _HTTP | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "LocalServer":
+        import torch
+        from transformers import AutoTokenizer
+
+        from agentrl.engine.local import LocalEngine
+        from agentrl.jobs.serve_api import OpenAIAPI
+
+        try:
+            dtype = getattr(torch, self.dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"dtype {self.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
+            tokenizer = AutoTokenizer.from_pretrained(str(self.target.model_dir))
+            self.engine = LocalEngine.from_pretrained(str(self.target.model_dir), device=self.device, dtype=dtype,
+                                                      max_batch_size=self.max_batch_size)
+        except (OSError, ValueError, AttributeError) as e:
+            raise ConfigError(f"serve: cannot load a model from {self.target.model_dir}: {e}") from e
+        self.api = OpenAIAPI(self.engine, tokenizer, self.name, default_max_tokens=self.default_max_tokens,
+                             weights=self.target.describe)
+        loop_thread = threading.Thread(target=self.loop.run_forever, name="agentrl-serve-loop", daemon=True)
+        loop_thread.start()
+        self._threads.append(loop_thread)
+        self._call(self.engine.start())
+        # no tensors, just the version: tokens sampled from a checkpoint carry its policy version
+        self._call(self.engine.update_weights({}, self.target.version))
+        if self.follow:
+            self.follower = CheckpointFollower(self.target, self._swap, poll_s=self.poll_s, log=self.log)
+            self._follow_task = asyncio.run_coroutine_threadsafe(self.follower.run(), self.loop)
+        try:
+            self._http = _HTTP((self.host, self.port), _Handler)
+        except OSError as e:
+            self.stop()
+            raise ConfigError(f"serve: cannot listen on {self.host}:{self.port}: {e}") from e
+        self._http.owner = self
+        self.port = self._http.server_address[1]
+        http_thread = threading.Thread(target=self._http.serve_forever, name="agentrl-serve-http", daemon=True)
+        http_thread.start()
+        self._threads.append(http_thread)
+        return self
+
+    async def _swap(self, ckpt: Path, version: int) -> None:
+        from agentrl.trainer.checkpoint import read_hf
+
+        state = await asyncio.to_thread(read_hf, ckpt, self.engine.model)
+        await self.engine.update_weights(state, version)
+
+    def _call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def wait(self) -> None:
+        """Block until interrupted (Ctrl-C)."""
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        if self.follower is not None:
+            self.loop.call_soon_threadsafe(self._follow_task.cancel)
+        if hasattr(self, "engine") and self.loop.is_running():
+            self._call(self.engine.close(), timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def default_name(target: ServeTarget) -> str:
+    """The served model name: the run directory's name when following/serving a run, else the model dir's."""
+    return (target.run_dir or target.model_dir).resolve().name
+
+
+# ---------------------------------------------------------------------------------------- sglang
+class SGLangService:
+    """The sglang backend: one supervised SGLang server on the target's weights (it serves
+    ``/v1``); with ``follow``, newer checkpoints are pushed with ``/update_weights_from_disk``.
+    ``port`` None or 0 picks a free one. SGLang accepts any model name in requests, and after a swap
+    its ``/v1/models`` lists the checkpoint's path (its own behaviour); ``/model_info`` has the
+    ``weight_version`` (the policy version)."""
+
+    def __init__(self, target: ServeTarget, *, host: str = "127.0.0.1", port: int | None = None, name: str | None = None,
+                 follow: bool = False, poll_s: float = 2.0, log: Callable[[str], None] = print, **server_kwargs) -> None:
+        from agentrl.engine.sglang_server import SGLangServer, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise EngineError(f"serve --backend sglang: {reason}")
+        if follow and target.run_dir is None:
+            raise ConfigError(f"serve: --follow needs a run directory; {target.model_dir} is not in one")
+        self.target, self.follow, self.poll_s, self.log = target, follow, poll_s, log
+        self.name = name or default_name(target)
+        self.server = SGLangServer(target.model_dir, host=host, port=port, **server_kwargs)
+        self._base_args = list(self.server.extra_args)
+        self.follower = CheckpointFollower(target, self._swap, poll_s=poll_s, log=log) if follow else None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def _args(self) -> list[str]:
+        return [*self._base_args, "--served-model-name", self.name, "--weight-version", str(self.target.version)]
+
+    def start(self) -> "SGLangService":
+        self.server.extra_args = self._args()
+        self.server.start()
+        return self
+
+    async def _swap(self, ckpt: Path, version: int) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=600) as client:
+            r = await client.post(f"{self.url}/update_weights_from_disk",
+                                  json={"model_path": str(ckpt), "weight_version": str(version)})
+        if r.status_code != 200 or not r.json().get("success", False):
+            raise EngineError(f"SGLang refused {ckpt}: HTTP {r.status_code} {r.text[:300]}")
+
+    async def supervise(self, check_s: float = 5.0) -> None:
+        """Restart the server on the newest weights when it dies; follow the run. Runs until cancelled."""
+        last_poll = 0.0
+        while True:
+            if not self.server.alive():
+                self.log(f"agentrl serve: the SGLang server died; restarting on {self.target.model_dir}\n"
+                         f"{self.server.log_tail()}")
+                self.server.model_path = str(self.target.model_dir)
+                self.server.extra_args = self._args()
+                await asyncio.to_thread(self.server.restart)
+            if self.follower is not None and time.monotonic() - last_poll >= self.poll_s:
+                last_poll = time.monotonic()
+                await self.follower.poll_once()
+            await asyncio.sleep(min(check_s, self.poll_s))
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -1,0 +1,135 @@
+"""The built-in default model: a tiny Qwen3 built locally (no network), SFT-warm-started, cached.
+
+Owns where the cache lives (``$AGENTRL_CACHE`` or ``~/.cache/agentrl``), the default model's recipe
+(size, tokenizer, SFT budget: ``BASE`` and ``WARM_START``), building each stage once with an
+atomic rename under a lock (concurrent runs never see half a model and never build it twice), and
+resolving ``model.path``.
+
+Cache entries are named by recipe version plus a fingerprint of everything the model was fit to
+(the recipe, the chat template, the default ``code_exec`` prompt and tool schema, the task
+generator's reference solutions), so editing a prompt or a tool description builds a fresh model
+instead of silently reusing one trained on other text. Does not train anything itself
+(``agentrl.warmstart.sft``) nor decide what a run does with the model.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+
+VERSION = "v2"
+#: The randomly initialised model (``agentrl.warmstart.tiny_model.build_model`` arguments).
+BASE = dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512, vocab_size=2048, arch="qwen3", seed=0)
+#: The SFT warm start (``agentrl.warmstart.sft.SFTConfig`` fields).
+WARM_START = dict(steps=400, batch_size=32, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, num_demos=4000,
+                  difficulty=[1, 2, 3, 4], seed=0)
+
+#: The null ("auto") trainer fields `agentrl run` fills for the built-in model (BENCHMARKS.md P7):
+#: lr 2e-4 (1e-3 collapses); the normalization gains learn at 300 x lr, as RL sharpens through
+#: them; a cosine decay to 0.1 x over the run's steps keeps the late, sharp policy stable (at a
+#: constant rate the per-step KL grew ~10x after step 100 and the held-out rate fell back).
+BUILTIN_RL = dict(lr=2e-4, norm_lr_scale=300.0, lr_schedule="cosine", min_lr_ratio=0.1)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+
+
+def fingerprint() -> str:
+    """Hash of the recipe and of the text the model is fit to (see the module docstring)."""
+    from agentrl.envs import tasks
+    from agentrl.warmstart.sft import oracle_turn
+    from agentrl.warmstart.tiny_model import _agent_corpus, qwen25_chat_template
+
+    sample = [tasks.generate_task(i, d, "train") for d in tasks.DIFFICULTIES for i in range(2)]
+    parts = {
+        "version": VERSION, "base": BASE, "warm_start": WARM_START, "template": qwen25_chat_template(),
+        "corpus": _agent_corpus(qwen25_chat_template(), n=8),  # rendered system prompt + tool schemas + tasks
+        "demos": [oracle_turn(t, k, t["answer"]) for t in sample for k in (0, 1)],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _cached(dest: Path, build: Callable[[Path], None]) -> Path:
+    """``dest``, built by ``build(tmp_dir)`` and renamed into place if missing (locked, atomic)."""
+    if (dest / "config.json").exists():
+        return dest
+    with _lock(dest.parent / f".{dest.name}.lock"):
+        if (dest / "config.json").exists():  # another process built it while we waited
+            return dest
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+        try:
+            build(tmp)
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return dest
+
+
+def _say(msg: str) -> None:
+    print(f"agentrl: {msg}", file=sys.stderr, flush=True)
+
+
+def base_model_path() -> Path:
+    """The cached randomly initialised tiny model (no warm start)."""
+    from agentrl.warmstart.tiny_model import build_model
+
+    dest = cache_dir() / "models" / f"tiny-qwen3-base-{VERSION}-{fingerprint()}"
+    return _cached(dest, lambda tmp: build_model(tmp, **BASE))
+
+
+def default_model_path(warm_start: bool = True) -> Path:
+    """Path of the cached built-in model, building it first if needed.
+
+    ``warm_start=True`` (default): the base model after the SFT warm start on oracle tool-use
+    demonstrations (``WARM_START``; about 2-3 minutes on 2 CPU cores, once). ``False``: the base."""
+    base = base_model_path()
+    if not warm_start:
+        return base
+    dest = cache_dir() / "models" / f"tiny-qwen3-sft-{VERSION}-{fingerprint()}"
+    if (dest / "config.json").exists():
+        return dest
+
+    def build(tmp: Path) -> None:
+        from agentrl.warmstart.sft import SFTConfig, run_sft
+
+        _say(f"building the built-in model's SFT warm start in {dest} (first use only; a few minutes on CPU)")
+        t0 = time.perf_counter()
+        summary = run_sft(base, tmp, SFTConfig(**WARM_START))
+        summary["model"] = str(dest)  # where it lives once renamed into place
+        (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+        _say(f"warm start done in {time.perf_counter() - t0:.0f} s (loss {summary['loss_first']:.2f} -> "
+             f"{summary['loss_last']:.3f})")
+
+    return _cached(dest, build)
+
+
+def resolve_model_path(path: str | None) -> Path:
+    """The built-in model for None, else ``path`` checked by ``agentrl.models.local_dir`` (ConfigError if unusable)."""
+    if path is None:
+        return default_model_path()
+    from agentrl.models.local_dir import check_model_dir
+
+    return check_model_dir(path)

@@ -1,0 +1,317 @@
+"""``distributed: ray`` on a real local Ray instance: placement, actors, 2 Ray trainer ranks vs 1
+process, and a shortened ``agentrl run`` end to end. Tests that need Ray skip, saying why, only
+where Ray cannot be imported or started; every Ray connection is shut down by its test/fixture."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import agentrl
+from agentrl.config.schema import load_config
+from agentrl.distributed import RayConfig, plan
+from agentrl.envs.base import AgentEnv, join_messages, new_stats
+from agentrl.errors import ConfigError
+
+
+class CountEnv(AgentEnv):
+    """One turn; reward = 1 - chars/40 (the tests/jobs/test_runner.py ShortEnv). Registered from this
+    module, so a rollout worker can only build it if the driver's env spec reaches it."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        msgs = [{"role": "user", "content": f"Say a number ({self.np_random.integers(100)})."}]
+        return join_messages(msgs), {"messages": msgs, "tools": [], "task": {"id": seed}}
+
+    def step(self, action):
+        return "", 1.0 - min(len(action), 40) / 40, True, False, {"messages": [], "tool_stats": new_stats()}
+
+
+agentrl.register("test/RayCount-v0", entry_point=CountEnv, override=True)
+
+RUN_ARGS = ["env.id=test/RayCount-v0", "env.kwargs={}", "rollout.max_new_tokens=6", "rollout.max_turns=1",
+            "rollout.score_truncated=true", "rollout.group_size=4", "rollout.temperature=1.0"]
+
+
+# -- without Ray -----------------------------------------------------------------------------------
+def test_plan_colocate_shares_bundles():
+    lay = plan(RayConfig(trainer_ranks=2, num_engines=1, workers_per_engine=2, trainer_cpus=1, engine_cpus=0.5,
+                         worker_cpus=0.25, placement="colocate"))
+    assert lay.bundles == [[{"CPU": 2.0}, {"CPU": 1.0}]]  # rank 0 + engine 0 + 2 workers; rank 1 alone
+    assert [(s.group, s.bundle) for s in lay.trainer] == [(0, 0), (0, 1)]
+    assert [(s.group, s.bundle) for s in lay.engines] == [(0, 0)]
+    assert [(s.group, s.bundle) for s in lay.workers] == [(0, 0), (0, 0)]
+
+
+def test_plan_split_separates_trainer_and_rollout_with_gpus():
+    lay = plan(RayConfig(trainer_ranks=2, num_engines=3, workers_per_engine=1, trainer_gpus=1, engine_gpus=1,
+                         placement="split"))
+    assert lay.bundles[0] == [{"CPU": 0.5, "GPU": 1.0}] * 2
+    assert lay.bundles[1] == [{"CPU": 0.75, "GPU": 1.0}] * 3
+    assert {s.group for s in lay.trainer} == {0} and {s.group for s in lay.engines + lay.workers} == {1}
+    assert [s.bundle for s in lay.workers] == [0, 1, 2]
+
+
+def test_ray_mode_rejects_what_it_cannot_run():
+    from agentrl.distributed.backend import check
+
+    with pytest.raises(ConfigError, match="engine.num_servers: 2"):  # engine.kind=sglang: tests/distributed/test_ray_sglang.py
+        check(load_config([], ["engine.kind=sglang", "engine.num_servers=2"]), RayConfig())
+    with pytest.raises(ConfigError, match="ray.address"):
+        check(load_config([], []), RayConfig(address=" "))
+
+
+# -- a local Ray instance --------------------------------------------------------------------------
+def _ray_or_skip():
+    try:
+        import ray
+    except ImportError as e:
+        pytest.skip(f"Ray is not installed ({e}); pip install 'agentrl[ray]'")
+    return ray
+
+
+def _ray_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::|default_worker.py"], capture_output=True, text=True)
+    return {int(p) for p in out.stdout.split()}
+
+
+def _assert_no_leak(before: set[int], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := _ray_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Ray processes left running: {left}"
+
+
+@pytest.fixture(scope="class")
+def ray_session():
+    """One local Ray instance (2 CPUs) for a class of tests, shut down after it."""
+    ray = _ray_or_skip()
+    from agentrl.distributed.cluster import RayCluster
+
+    before = _ray_pids()
+    cluster = RayCluster(RayConfig(num_cpus=2))
+    try:
+        cluster.connect()
+    except Exception as e:
+        pytest.skip(f"a local Ray instance cannot start here: {type(e).__name__}: {e}")
+    print(f"\nray.init (local, 2 CPUs): {cluster.connect_s:.1f}s")
+    yield ray
+    cluster.close()
+    assert not ray.is_initialized()
+    _assert_no_leak(before)
+
+
+def _pg_of(info: dict) -> str:
+    """The placement group Ray reports for an actor (its runtime context)."""
+    assert info["placement_group"], f"actor not in a placement group: {info}"
+    return info["placement_group"]
+
+
+@pytest.mark.ray
+class TestOnLocalRay:
+    def test_colocated_actors_on_one_group_run_episodes_and_take_weights(self, ray_session, tiny_model_dir):
+        from agentrl.distributed import RayBackend
+        from agentrl.episodes.manager import make_specs
+
+        ray = ray_session
+        cfg = load_config([], RUN_ARGS)
+        rc = RayConfig(trainer_ranks=1, num_engines=1, workers_per_engine=2, placement="colocate")
+        backend = RayBackend.start(cfg, tiny_model_dir, rc=rc)
+        print(f"backend start: {backend.timings}")
+        try:
+            pg_hex = backend.cluster.groups[0].id.hex()
+            where = ray.get([a.placement.remote() for a in backend.actors])
+            assert [_pg_of(w) for w in where] == [pg_hex] * 4, where  # rank, engine, 2 workers
+            assert len({w["pid"] for w in where}) == 4  # separate processes
+
+            async def go():
+                await backend.engine.start()
+                first = await backend.episodes.collect(make_specs(3, 4, seed=1))
+                sd = await asyncio.to_thread(backend.trainer.full_state_dict)
+                sd = {k: v + 0.0 for k, v in sd.items()}
+                await backend.engine.update_weights(sd, 7)
+                second = await backend.episodes.collect(make_specs(1, 4, seed=1, start=10))
+                return first, second
+
+            first, second = asyncio.run(go())
+            assert len(first) == 12 and all(t.trainable for t in first), [t.outcome_detail for t in first]
+            assert all(t.num_sampled > 0 and set(t.versions[t.prompt_len:]) == {0} for t in first)
+            assert all(set(t.versions[t.prompt_len:]) == {7} for t in second)  # the pushed version served
+            assert backend.episodes.metrics.episodes == 16
+
+            # A dead worker or engine ends its episodes as typed infra failures; the batch completes.
+            ray.kill(backend.episodes.workers[0])
+            third = asyncio.run(backend.episodes.collect(make_specs(4, 2, seed=2)))
+            lost = [t for t in third if not t.trainable]
+            assert lost and all(t.outcome == "engine_error" and "rollout worker 0" in t.outcome_detail for t in lost)
+            assert len(third) == 8 and len(lost) < 8  # groups routed to worker 1 still ran
+            ray.kill(backend.engine.actors[0])
+            fourth = asyncio.run(backend.episodes.collect(make_specs(4, 2, seed=3)))
+            assert len(fourth) == 8 and all(t.outcome == "engine_error" for t in fourth), [t.outcome for t in fourth]
+            assert any("engine actor 0" in t.outcome_detail for t in fourth)
+        finally:
+            backend.close()
+        assert ray.util.placement_group_table()[pg_hex]["state"] == "REMOVED"
+
+    @pytest.mark.slow
+    def test_two_ray_ranks_match_one_process(self, ray_session, tmp_path):
+        """The non-Ray version of this check is tests/trainer/test_trainer_dist.py (torchrun)."""
+        from test_trainer_dist import STEPS, batch, config, run
+
+        from agentrl.distributed import RayBackend
+        from agentrl.warmstart.tiny_model import build_model
+        from agentrl.trainer import Trainer
+
+        ray = ray_session
+        model_dir = str(build_model(tmp_path / "model", hidden_size=64, num_layers=2))
+        cfg = load_config([], RUN_ARGS)
+        cfg.trainer = config()
+        rc = RayConfig(trainer_ranks=2, placement="split")
+        backend = RayBackend.start(cfg, model_dir, critic=True, rc=rc)
+        try:
+            groups = [g.id.hex() for g in backend.cluster.groups]
+            ranks = ray.get([r.placement.remote() for r in backend.trainer.ranks])
+            assert [_pg_of(w) for w in ranks] == [groups[0]] * 2
+            engine = ray.get(backend.engine.actors[0].placement.remote())
+            assert _pg_of(engine) == groups[1] != groups[0]
+            assert backend.trainer.world == 2
+            two = run(backend.trainer)
+            p2 = backend.trainer.full_state_dict()
+            backend.trainer.save(tmp_path / "ck", extra={"written_by": 2})
+        finally:
+            backend.close()
+
+        with Trainer(model_dir, config(), critic=True) as t:
+            one = run(t)
+            p1 = t.full_state_dict()
+        diff = max((p1[k] - p2[k]).abs().max().item() for k in p1)
+        print(f"max |param(1 proc) - param(2 Ray ranks)| after {STEPS} steps: {diff:.3g}")
+        assert p1.keys() == p2.keys() and diff < 1e-5
+        for m1, m2 in zip(one["metrics"], two["metrics"]):
+            for k in ("loss", "pg_loss", "kl", "entropy", "value_loss", "tokens", "loss_tokens"):
+                assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-6), k
+        worst = max(abs(a - b) for r1, r2 in zip(one["logprobs"], two["logprobs"]) for a, b in zip(r1, r2))
+        assert worst < 1e-5
+        with Trainer(model_dir, config(), critic=True) as u:
+            assert u.load(tmp_path / "ck") == {"written_by": 2} and u.version == STEPS
+
+    def test_a_failing_actor_fails_the_start_and_nothing_is_left(self, ray_session, tmp_path):
+        from agentrl.distributed import RayBackend
+
+        ray = ray_session
+        with pytest.raises(Exception, match="no-such-model"):
+            RayBackend.start(load_config([], RUN_ARGS), tmp_path / "no-such-model", rc=RayConfig(trainer_ranks=2))
+        assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+        deadline = time.monotonic() + 60  # Ray's resource view catches up with removals asynchronously
+        while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ray.available_resources().get("CPU") == 2.0, ray.available_resources()  # all CPUs came back
+
+    def test_an_impossible_layout_is_a_clear_error(self, ray_session, tiny_model_dir):
+        from agentrl.distributed import RayBackend
+
+        rc = RayConfig(trainer_ranks=1, trainer_cpus=64, startup_timeout_s=3)
+        with pytest.raises(ConfigError, match=r"bundles \[\[\{'CPU': 64.75\}\]\] \(colocate\) could not be placed"):
+            RayBackend.start(load_config([], RUN_ARGS), tiny_model_dir, rc=rc)
+        assert not ray_session.util.placement_group_table() or all(
+            g["state"] == "REMOVED" for g in ray_session.util.placement_group_table().values())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir, tmp_path, monkeypatch):
+    """A Ray head started apart (as on a cluster); RAY_ADDRESS points the unchanged config at it.
+    The env class of this test module reaches the workers by value (no shared import path)."""
+    import os
+    import shutil
+    import signal
+    import sys
+
+    ray = _ray_or_skip()
+    from agentrl.distributed import RayBackend
+    from agentrl.episodes.manager import make_specs
+    from agentrl.trainer.dist import free_port
+
+    cli = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
+    before = _ray_pids()
+    port = free_port()
+    log = open(tmp_path / "head.log", "w")
+    head = subprocess.Popen([cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                             "--disable-usage-stats", "--block"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        monkeypatch.chdir(tmp_path)  # the workers cannot import this test's module from the cwd either
+        backend = None
+        deadline = time.monotonic() + 120
+        while backend is None:
+            try:
+                backend = RayBackend.start(load_config([], RUN_ARGS), tiny_model_dir, rc=RayConfig())
+            except ConnectionError:
+                if head.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"ray head did not come up: {(tmp_path / 'head.log').read_text()[-3000:]}")
+                time.sleep(2)
+        try:
+            assert backend.cluster.address == f"127.0.0.1:{port}" and backend.cluster.owns_connection
+            assert ray.get_runtime_context().gcs_address.endswith(f":{port}")
+
+            async def go():
+                await backend.engine.start()
+                return await backend.episodes.collect(make_specs(2, 2))
+
+            trajs = asyncio.run(go())
+            assert len(trajs) == 4 and all(t.trainable for t in trajs), [t.outcome_detail for t in trajs]
+        finally:
+            backend.close()
+        assert not ray.is_initialized()  # the driver left ...
+        assert head.poll() is None  # ... and the cluster is still up
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # the head we started, and its raylet/gcs children
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        log.close()
+        current = Path("/tmp/ray/ray_current_cluster")  # `ray start` recorded our head there
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
+    _assert_no_leak(before, timeout_s=60)
+
+
+def _run_cfg(model_dir, out, mode: str, steps: int = 3):
+    return load_config([], [
+        f"output_dir={out}", f"model.path={model_dir}", *RUN_ARGS, "train.groups_per_step=2", f"train.steps={steps}",
+        "train.max_staleness=0", "train.checkpoint_every=2", "eval.num_tasks=4", "eval.every=0", "eval.env_kwargs={}",
+        "trainer.lr=2e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false", f"distributed={mode}",
+        "ray.num_cpus=2", "ray.placement=split", "ray.workers_per_engine=2"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_agentrl_run_with_distributed_ray_completes_and_cleans_up(tiny_model_dir, tmp_path):
+    """A shortened `agentrl run` (as in tests/jobs/test_runner.py) with distributed: ray: trains, syncs
+    weights into the engine actors, checkpoints, evaluates, and leaves no Ray process behind."""
+    ray = _ray_or_skip()
+    from agentrl.jobs.run import Runner
+
+    before = _ray_pids()
+    out = tmp_path / "ray"
+    t0 = time.perf_counter()
+    summary = asyncio.run(Runner(_run_cfg(tiny_model_dir, out, "ray"), progress=False).run())
+    print(f"\nagentrl run, distributed=ray, 3 steps: {time.perf_counter() - t0:.1f}s wall")
+    assert not ray.is_initialized()
+    _assert_no_leak(before)
+    assert summary["steps"] == 3 and summary["eval_solve_rate_end"] is not None
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/reward_mean" in r]
+    assert len(steps) == 3 and all(r["rollout/infra_failures"] == 0 for r in steps)
+    assert [r["train/version"] for r in steps] == [1.0, 2.0, 3.0]
+    assert (out / "checkpoints" / "step_000002" / "COMPLETE").exists()
+    assert "distributed: ray" in (out / "config.yaml").read_text()
+    assert summary["rollout"]["episodes"] >= 3 * 2 * 4  # counted in the driver from the workers' results

@@ -1,0 +1,78 @@
+"""The default recipe, shortened, in every isolation mode a user's machine can be in.
+
+``agentrl run --env code_exec --algo grpo`` on the built-in model at its full default concurrency
+(32 groups x 8 episodes a step, 256 episodes in flight), a few steps and a small held-out eval,
+with the local sandbox in each mode: bubblewrap; root without bubblewrap; not root (a user
+namespace mapping us to uid 1000, bubblewrap off: rlimits only). Each runs as a separate process,
+as a user would start it (the trainer multi-threaded, the engine decoding while tools run), and
+must end with 0 infrastructure failures and 0 tool timeouts in every rollout step and eval, and
+say at start which isolation it has. (Correctness never depends on the optional layers; this is
+what the README's first command does on a machine without bubblewrap or Docker.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from agentrl.sandbox.local import bwrap_unavailable_reason
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+MODES = {
+    # name: (command prefix, sandbox options, words the isolation line must have)
+    "bwrap": ([], {"bwrap": True}, "read-only /usr view"),
+    "root-without-bwrap": ([], {"bwrap": False}, "private pid, network and mount namespaces"),
+    "not-root": (["unshare", "--user", "--map-user=1000", "--map-group=1000"], {"bwrap": False},
+                 "not root: programs run as you"),
+}
+
+
+def _skip_reason(mode: str) -> str | None:
+    if mode == "bwrap":
+        return bwrap_unavailable_reason() and f"bubblewrap mode: {bwrap_unavailable_reason()}"
+    if os.geteuid() != 0:
+        return f"{mode}: the test runs as uid {os.geteuid()}; it needs root to make the mode"
+    if mode == "not-root":
+        if shutil.which("unshare") is None:
+            return "not-root mode: util-linux unshare is missing"
+        probe = subprocess.run(MODES[mode][0] + ["true"], capture_output=True)
+        if probe.returncode != 0:
+            return f"not-root mode: user namespaces unavailable ({probe.stderr.decode().strip()[:200]})"
+    return None
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_shortened_default_recipe_has_no_infrastructure_failures(mode, tmp_path):
+    reason = _skip_reason(mode)
+    if reason:
+        pytest.skip(reason)
+    prefix, options, words = MODES[mode]
+    out = tmp_path / "run"
+    kwargs = json.dumps({"sandbox_backend": "local", "sandbox_options": options})
+    agentrl = [sys.executable, "-c", "from agentrl.cli.main import main; main()"]
+    cmd = prefix + agentrl + ["run", "--env", "code_exec", "--algo", "grpo", "--steps", str(STEPS), "-o", str(out),
+                              "--set", f"env.kwargs={kwargs}", "--set", "eval.num_tasks=64",
+                              "--set", "logging.tensorboard=false"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    printed = res.stdout + res.stderr
+    line = next((ln for ln in printed.splitlines() if ln.startswith("sandbox: local")), None)
+    assert line is not None and words in line, printed[-2000:]
+
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/episodes" in r]
+    evals = [r for r in rows if "eval/episodes" in r]
+    assert len(steps) == STEPS and len(evals) >= 2
+    assert all(r["rollout/episodes"] >= 256 for r in steps)  # the full default batch, every step
+    failures = {r["step"]: {k: v for k, v in r.items() if k.startswith(("rollout/outcome/", "eval/outcome/"))}
+                for r in steps + evals if r.get("rollout/infra_failures", 0) or r.get("eval/infra_failures", 0)}
+    assert failures == {}, f"infrastructure failures in {mode}: {failures}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rollout"]["outcomes"].get("tool_timeout", 0) == 0
+    assert summary["rollout"]["tool"].get("timeouts", 0) == 0

@@ -44,7 +44,7 @@ def sglang_python() -> str | None:
     env = os.environ.get("AGENTRL_SGLANG_PYTHON")
     if env:
         return env
-    from agentrl.warmstart.default_model import cache_dir
+    from agentrl.common.paths import cache_dir
 
     venv = cache_dir() / "sglang-venv" / "bin" / "python"
     if venv.exists():

@@ -1,6 +1,6 @@
 """The built-in default model: a tiny Qwen3 built locally (no network), SFT-warm-started, cached.
 
-Owns where the cache lives (``$AGENTRL_CACHE`` or ``~/.cache/agentrl``), the default model's recipe
+Owns the default model's place in the cache (``agentrl.common.paths.cache_dir``), its recipe
 (size, tokenizer, SFT budget: ``BASE`` and ``WARM_START``), building each stage once with an
 atomic rename under a lock (concurrent runs never see half a model and never build it twice), and
 resolving ``model.path``.
@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from agentrl.common.paths import cache_dir  # lives in agentrl.common.paths; still importable from here
+
 
 VERSION = "v2"
 #: The randomly initialised model (``agentrl.warmstart.tiny_model.build_model`` arguments).
@@ -37,10 +39,6 @@ WARM_START = dict(steps=400, batch_size=32, lr=3e-3, warmup_steps=20, min_lr_rat
 #: them; a cosine decay to 0.1 x over the run's steps keeps the late, sharp policy stable (at a
 #: constant rate the per-step KL grew ~10x after step 100 and the held-out rate fell back).
 BUILTIN_RL = dict(lr=2e-4, norm_lr_scale=300.0, lr_schedule="cosine", min_lr_ratio=0.1)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
 
 
 def fingerprint() -> str:

@@ -12,6 +12,7 @@ import threading
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.docker_probe import docker_unavailable_reason
 
 #: Names ``make_sandbox`` accepts.
 BACKENDS = ("auto", "local", "docker", "subprocess")
@@ -53,21 +54,6 @@ def _check_auto_options(options: dict) -> None:
     if extra:
         raise ConfigError(f"sandbox backend 'auto' takes only the options every backend takes (limits, "
                           f"max_concurrency), got {extra}; name the backend to pass backend-specific options")
-
-
-def docker_unavailable_reason() -> str | None:
-    """None when the docker backend can run here, else why not (module missing, no daemon, no image)."""
-    try:
-        from agentrl.sandbox import docker
-    except ImportError as e:
-        return f"agentrl.sandbox.docker cannot be imported: {e}"
-    probe = getattr(docker, "unavailable_reason", None)
-    if probe is None:
-        return "agentrl.sandbox.docker has no unavailable_reason()"
-    try:
-        return probe()
-    except Exception as e:  # a broken probe must not break backend choice
-        return f"docker probe failed: {type(e).__name__}: {e}"
 
 
 def shared_sandbox(backend: str = "local", **options) -> Sandbox:

@@ -76,6 +76,7 @@ import threading
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import Limits
+from agentrl.sandbox.docker_probe import docker_unavailable_reason
 from agentrl.sandbox import jail
 from agentrl.sandbox.executor_client import executor
 from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env, killpg
@@ -231,8 +232,6 @@ class LocalSandbox(SubprocessSandbox):
             more.append(f"bubblewrap would hide the host filesystem: {d['bwrap_reason']}")
         if not d["dedicated_uid"]:
             more.append("not root: programs run as you, with your files and network (run as root, or add bubblewrap)")
-        from agentrl.sandbox.factory import docker_unavailable_reason
-
         if docker_unavailable_reason() is not None:
             more.append("Docker (apt-get install docker.io; agentrl sandbox build) is the strongest backend")
         return f"local ({', '.join(on)})" + (f"; for more isolation: {'; '.join(more)}" if more else "")

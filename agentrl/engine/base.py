@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,17 @@ class Engine(abc.ABC):
         ``session`` names the episode the request belongs to: engines with several servers send all
         requests of one session to the same server (its prefix cache then holds the episode so far);
         single-process engines ignore it."""
+
+    async def generate_streaming(self, prompt_ids: Sequence[int], params: SamplingParams,
+                                 on_token: Callable[[int, float], None], *, session: str | None = None) -> Generation:
+        """``generate`` that also calls ``on_token(token_id, logprob)`` on the caller's event loop for
+        every sampled token, in order, before it returns. This default calls it for every token once
+        the generation is done (engines that cannot stream); the local engine calls it per token as it
+        is sampled. Cancelling the call cancels the generation."""
+        g = await self.generate(prompt_ids, params, session=session)
+        for t, lp in zip(g.token_ids, g.logprobs):
+            on_token(t, lp)
+        return g
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Load new weights in place and start stamping tokens with ``version``."""

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -60,6 +60,7 @@ class _Request:
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     admitted_step: int = -1
+    on_token: Callable[[int, float], None] | None = None  # generate_streaming's callback
 
 
 @dataclass
@@ -83,6 +84,13 @@ def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any =
     try:
         loop.call_soon_threadsafe(_resolve, fut, result, error)
     except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+def _notify(loop: asyncio.AbstractEventLoop, fn: Callable[[int, float], None], token: int, logprob: float) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, token, logprob)  # FIFO: every token's call runs before _deliver's
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
         pass
 
 
@@ -178,6 +186,14 @@ class LocalEngine(Engine):
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
                        session: str | None = None) -> Generation:
+        return await self._submit(prompt_ids, params, None)
+
+    async def generate_streaming(self, prompt_ids: Sequence[int], params: SamplingParams,
+                                 on_token: Callable[[int, float], None], *, session: str | None = None) -> Generation:
+        return await self._submit(prompt_ids, params, on_token)
+
+    async def _submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+                      on_token: Callable[[int, float], None] | None) -> Generation:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise EngineError("empty prompt: the engine needs at least one token to continue")
@@ -199,6 +215,7 @@ class LocalEngine(Engine):
             loop=loop,
             future=loop.create_future(),
             generator=gen,
+            on_token=on_token,
         )
         with self._cond:
             self._check_usable()
@@ -369,6 +386,8 @@ class LocalEngine(Engine):
             r.tokens.append(t)
             r.logprobs.append(lp_t)
             r.versions.append(self._version)
+            if r.on_token is not None:
+                _notify(r.loop, r.on_token, t, lp_t)
             if t in r.stop_ids or len(r.tokens) >= r.limit:
                 finished.append(r)
         self.stats["generated_tokens"] += n

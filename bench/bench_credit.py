@@ -48,6 +48,7 @@ Seed-to-seed spread is as large as the gaps between arms: read the paired differ
     python bench/bench_credit.py                              # 3 seeds x 30 steps x 3 arms (~75 s on 2 cores)
     python bench/bench_credit.py --seeds 16 --seed-start 300  # fresh seeds, for a confirmation
     python bench/bench_credit.py --pattern alternate --seeds 16 --seed-start 300
+    python bench/bench_credit.py --quick                      # smoke run: 1 seed x 3 steps, 20-step SFT (~1 min)
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def warm_start_examples(tok, n: int, turns: int, seed: int, pattern: str = "same
     """Concise conversations (real env prompts) whose replies are 1 to max_words random words,
     whatever the turn asks for."""
     from agentrl.envs.concise import ConciseEnv
-    from agentrl.warmstart.sft import chat_example
+    from agentrl.warmstart.chat_data import chat_example
 
     rng, env, out = random.Random(seed), ConciseEnv(n_turns=turns, pattern=pattern), []
     for i in range(n):
@@ -244,13 +245,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model-dir", default=None, help="cache of the start model (default: temp dir)")
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/credit[-alternate].json)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {list(ARMS)}")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 seed, 3 steps, 1 group per step, a 20-step SFT warm start (same code path)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.groups, args.sft_steps = 1, 3, 1, 20
     args.arms = [a for a in args.arms.split(",") if a]
     for k in ("steps", "max_new_tokens", "threshold"):
         if getattr(args, k) is None:
             setattr(args, k, PATTERNS[args.pattern][k])
-    args.out = args.out or str(Path(__file__).parent / "results" /
-                               ("credit.json" if args.pattern == "same" else f"credit-{args.pattern}.json"))
+    name = "credit" + ("" if args.pattern == "same" else f"-{args.pattern}") + ("-quick" if args.quick else "")
+    args.out = args.out or str(Path(__file__).parent / "results" / f"{name}.json")
     if not args.arms or any(a not in ARMS for a in args.arms):
         ap.error(f"--arms: {args.arms!r} must be a non-empty subset of {list(ARMS)}")
     import torch

@@ -218,12 +218,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--intermediate", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="small smoke run (~20 s; with sglang plus its start)")
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/engine.json, engine-sglang.json)")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default bench/results/engine[-quick].json, engine-sglang[-quick].json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.batch_size, args.mean_new, args.max_new, args.repeats = 24, 8, 32, 128, 2
         args.hidden, args.layers, args.intermediate = 128, 2, 512
-    name = "engine.json" if args.engine == "local" else "engine-sglang.json"
+    name = ("engine" if args.engine == "local" else "engine-sglang") + ("-quick" if args.quick else "") + ".json"
     out = Path(args.out or Path(__file__).parent / "results" / name)
 
     from transformers import AutoModelForCausalLM

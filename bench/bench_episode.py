@@ -78,10 +78,11 @@ def per_turn_cost(tok, concurrency: int, n_turns: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 small levels, 40-turn cost probe (~2 s)")
     ap.add_argument("--default-gc", action="store_true", help="keep Python's default GC thresholds")
-    ap.add_argument("--out", default="bench/results/episode.json")
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/episode[-quick].json)")
     args = ap.parse_args()
+    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"episode{'-quick' if args.quick else ''}.json")
     tok = build_tokenizer()
     if not args.default_gc:
         tune_gc()  # as `agentrl rollout` does
@@ -89,11 +90,12 @@ def main() -> None:
     if args.quick:
         levels = [(32, 8, 64), (1000, 4, 1000)]
     rows = []
+    print(f"{'concurrency':>11} {'turns':>7} {'wall s':>7} {'turns/s':>8} {'turns/cpu-s':>11}")
     for conc, turns, eps in levels:
         r = throughput(tok, conc, turns, eps)
         rows.append(r)
-        print(f"concurrency {conc:>6}: {r['turns']:>7} turns  wall {r['wall_s']:6.2f}s  "
-              f"{r['turns_per_s']:8.0f} turns/s  {r['turns_per_cpu_s']:8.0f} turns/cpu-s", flush=True)
+        print(f"{conc:>11} {r['turns']:>7} {r['wall_s']:>7.2f} {r['turns_per_s']:>8.0f} {r['turns_per_cpu_s']:>11.0f}",
+              flush=True)
     cost = per_turn_cost(tok, 32, 40 if args.quick else 136)
     for k, v in cost.items():
         print(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}")

@@ -13,7 +13,8 @@ Kills alternate between a random step and the inside of a checkpoint write
 (``AGENTRL_FAULT_KILL=checkpoint_write:N``). Prints each kill and the checks; exits 1 if a check
 fails. ``tests/jobs/test_resume.py`` runs the same with 4 kills in CI.
 
-    python bench/bench_faults.py [--kills 20] [--seed 0] [--keep DIR]
+    python bench/bench_faults.py [--kills 20] [--seed 0] [--keep DIR] [--out results.json]
+    python bench/bench_faults.py --quick     # smoke run: 1 kill per run (~1-2 min: 6 `agentrl run` starts)
 """
 from __future__ import annotations
 
@@ -41,7 +42,12 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", help="run directories go here (default: a temp dir, removed)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 kill per run (same checks)")
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/faults[-quick].json)")
     args = ap.parse_args()
+    if args.quick:
+        args.kills = 1
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"faults{'-quick' if args.quick else ''}.json")
     root_ctx = tempfile.TemporaryDirectory() if not args.keep else None
     root = Path(args.keep or root_ctx.name)
     root.mkdir(parents=True, exist_ok=True)
@@ -74,14 +80,25 @@ def main() -> int:
     print(f"  killed replay vs uninterrupted replay: {len(diff)} tensors differ {diff[:5]}")
     print(f"  uninterrupted replay vs the recorded live run: {len(diff_rec)} tensors differ {diff_rec[:5]}")
     print(f"  ledgers equal: {same_ledger}")
-    Path(__file__).resolve().parent.joinpath("results").mkdir(exist_ok=True)
-    out = Path(__file__).resolve().parent / "results" / "faults.json"
+    print(table(res, res2, good, not diff and not diff_rec and same_ledger))
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"live": res, "ledger": chk, "replay": res2, "diff": diff, "diff_recorded": diff_rec},
                               indent=1, default=str))
     print(f"{'PASS' if ok else 'FAIL'} ({out})")
     if root_ctx:
         root_ctx.cleanup()
     return 0 if ok else 1
+
+
+def table(live: dict, replay: dict, live_ok: bool, replay_ok: bool) -> str:
+    """One row per run: kills by kind, attempts, wall time, and whether its exactly-once check held."""
+    lines = [f"{'run':<20} {'kills':>5} {'at step':>7} {'in ckpt':>7} {'attempts':>8} {'wall s':>7}  check"]
+    for name, res, ok, check in (("live, staleness 2", live, live_ok, "ledger: each prompt trained once"),
+                                 ("replayed", replay, replay_ok, "weights + ledger = uninterrupted")):
+        kinds = [k["at"] for k in res["kills"]]
+        lines.append(f"{name:<20} {len(kinds):>5} {kinds.count('step'):>7} {kinds.count('checkpoint_write'):>7} "
+                     f"{res['attempts']:>8} {res['wall_s']:>7.1f}  {check}: {'OK' if ok else 'FAIL'}")
+    return "\n".join(lines)
 
 
 def _show(name: str, res: dict) -> None:

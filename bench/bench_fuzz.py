@@ -14,6 +14,7 @@ outcome or hang. ``tests/tools/test_fuzz.py`` is the short CI version (hypothesi
 
     python bench/bench_fuzz.py                      # 100,000 texts
     python bench/bench_fuzz.py --n 5000 --episode-every 4
+    python bench/bench_fuzz.py --quick              # smoke run: 200 texts, every 4th as an episode (~3 s)
 """
 from __future__ import annotations
 
@@ -130,11 +131,20 @@ def main() -> int:
     ap.add_argument("--max-chars", type=int, default=MAX_CHARS, help="longest text (default: a 4,096-token turn)")
     ap.add_argument("--episode-every", type=int, default=1, help="run every k-th text as a whole episode too")
     ap.add_argument("--max-new-tokens", type=int, default=4096, help="episodes' turn limit")
-    ap.add_argument("--hang-s", type=float, default=1.0, help="an input slower than this is a hang")
+    ap.add_argument("--hang-s", type=float, default=None,
+                    help="an input slower than this is a hang (default 1 s; 10 s with --quick)")
     ap.add_argument("--warmup", type=int, default=50,
                     help="texts run first and not counted (the tokenizer's and renderer's first calls)")
-    ap.add_argument("--out", default="bench/results/fuzz.json")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 200 texts, 5 warm-up, every 4th an episode; a hang is 10 s (a loaded CI "
+                         "machine preempts for longer than 1 s)")
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/fuzz[-quick].json)")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.warmup, args.episode_every = 200, 5, 4
+    if args.hang_s is None:
+        args.hang_s = 10.0 if args.quick else 1.0
+    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"fuzz{'-quick' if args.quick else ''}.json")
 
     signal.signal(signal.SIGALRM, _on_alarm)
     rng = random.Random(args.seed)

@@ -17,6 +17,7 @@ added milliseconds. Prints a table; writes --out (JSON).
     python bench/bench_ray.py                 # ~3 min on 2 busy cores
     python bench/bench_ray.py --repeats 3
     python bench/bench_ray.py --run-steps 6   # plus whole `agentrl run`s, local vs ray (needs the runner hook)
+    python bench/bench_ray.py --quick         # smoke run: 1 round of 2 x 2 episodes (~1 min, Ray start included)
 """
 from __future__ import annotations
 
@@ -179,10 +180,14 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--num-cpus", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ray.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/ray[-quick].json)")
     ap.add_argument("--run-steps", type=int, default=0,
                     help="also time `agentrl run` local vs ray for this many steps (0: skip)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 counted round of 2 prompts x 2 episodes")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.prompts, args.group = 1, 2, 2
+    args.out = args.out or str(Path(__file__).parent / "results" / f"ray{'-quick' if args.quick else ''}.json")
     res = asyncio.run(main_async(args))
     if args.run_steps:
         res["runner"] = runner_compare(args)

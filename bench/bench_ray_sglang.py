@@ -10,6 +10,7 @@ and the median of the per-round ratios ray/in-process. Prints a table; writes --
 
     python bench/bench_ray_sglang.py                     # ~5 min on 2 busy cores
     python bench/bench_ray_sglang.py --rounds 3 --steps 6
+    python bench/bench_ray_sglang.py --quick             # smoke run: 1 round x 2 steps (~2-3 min: 2 server starts)
 """
 from __future__ import annotations
 
@@ -57,8 +58,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--num-cpus", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ray_sglang.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/ray_sglang[-quick].json)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round of 2 steps per side")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 1, 2
+    args.out = args.out or str(Path(__file__).parent / "results" / f"ray_sglang{'-quick' if args.quick else ''}.json")
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (step 1 is warm-up), got {args.steps}")
 

@@ -8,7 +8,8 @@ through HTTP (stdlib server + JSON, one client thread per request) and directly 
 of the per-round ratio http/direct, and that both produced the same tokens (greedy). Then the
 swap: ``--swaps`` times a new checkpoint is read from disk and loaded (what ``--follow`` does).
 
-    python bench/bench_serve.py [--concurrency 16] [--rounds 5] [--json out.json]
+    python bench/bench_serve.py [--concurrency 16] [--rounds 5] [--out out.json]
+    python bench/bench_serve.py --quick     # smoke run: 4 requests, 2 rounds, 2 swaps (~10 s)
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -33,8 +35,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--swaps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help="Write the results here.")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 4 requests of 16 + 8 tokens, 2 rounds, 2 swaps")
+    ap.add_argument("--out", "--json", dest="out", default=None,
+                    help="JSON path (default: bench/results/serve[-quick].json)")
     args = ap.parse_args()
+    if args.quick:
+        args.concurrency, args.prompt_len, args.max_tokens, args.rounds, args.swaps = 4, 16, 8, 2, 2
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"serve{'-quick' if args.quick else ''}.json")
 
     from agentrl.engine.base import SamplingParams
     from agentrl.jobs.serve import LocalServer, resolve_target
@@ -87,6 +94,7 @@ def main() -> None:
         swap_s.append(time.perf_counter() - t0)
     server.stop()
     pool.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"{'round':>5} {'http s':>8} {'direct s':>9} {'ratio':>6} {'tokens':>7} same")
     for i, r in enumerate(rows):
@@ -100,8 +108,9 @@ def main() -> None:
           f"{summary['http_tokens_per_s_median']:.0f} tok/s through HTTP; swap (read + load) median "
           f"{summary['swap_s_median'] * 1000:.0f} ms, max {summary['swap_s_max'] * 1000:.0f} ms; "
           f"same tokens: {summary['all_same_tokens']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

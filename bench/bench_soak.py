@@ -18,6 +18,7 @@ mounts (``host_snapshot`` of tests/sandbox/test_sandbox_hostile.py), this proces
 
     python bench/bench_soak.py --episodes 10000            # 10k episodes: 5k on docker, 5k on local
     python bench/bench_soak.py --episodes 300 --backends local
+    python bench/bench_soak.py --quick                     # smoke run: 48 episodes per backend
 
 Skips a backend (saying why) where it cannot run; hostile kinds a backend cannot contain (see the
 hostile suite: fork bombs and ``kill -9 -1`` on the local backend without a dedicated uid) are left
@@ -167,15 +168,22 @@ def _leaks(before: dict, backend: str, wait_s: float = 10.0) -> dict:
         time.sleep(0.2)
 
 
-def make_backend(name: str, concurrency: int):
-    from agentrl.sandbox import Limits, docker_unavailable_reason, make_sandbox
+def unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run here (None: it can)."""
+    from agentrl.sandbox import docker_unavailable_reason
 
     if name == "docker":
         reason = docker_unavailable_reason()
         if reason is not None:
-            return None, f"docker backend unavailable: {reason}"
+            return f"docker backend unavailable: {reason}"
+    return None
+
+
+def make_backend(name: str, concurrency: int):
+    from agentrl.sandbox import Limits, make_sandbox
+
     # the hostile suite's Limits, with a lower memory ceiling so memory bombs end quickly
-    return make_sandbox(name, limits=Limits(memory_mb=256), max_concurrency=concurrency), None
+    return make_sandbox(name, limits=Limits(memory_mb=256), max_concurrency=concurrency)
 
 
 async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sample_every: int,
@@ -235,26 +243,27 @@ def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: in
     when the backend cannot run here."""
     from agentrl.warmstart.tiny_model import build_tokenizer
 
+    why = unavailable(backend)
+    if why is not None:  # before the host snapshot, which asks the docker daemon too
+        return {"backend": backend, "skipped": why}
     tok = build_tokenizer()
     tune_gc()  # as in `agentrl run` / `agentrl rollout`
     gc.collect()
     fds_before, snap_before = _fds(), host_snapshot(backend)
-    sb, why = make_backend(backend, min(concurrency, 8))
-    if sb is None:
-        return {"backend": backend, "skipped": why}
+    sb = make_backend(backend, min(concurrency, 8))
     f = facts(sb)
     kinds = [k for k, (_, _, need, _) in KINDS.items() if need is None or f[need]]
     left_out = sorted(set(KINDS) - set(kinds))
 
-    async def main() -> dict:
+    async def main(sb) -> dict:
         try:
             return await _run(sb, tok, episodes, kinds, concurrency, sample_every,
                               on_sample=(lambda s: print(f"  [{backend}] {s}", flush=True)) if verbose else None)
         finally:
             await sb.aclose()
 
-    report = asyncio.run(main())
-    del sb
+    report = asyncio.run(main(sb))
+    del sb  # the leak check below runs with the sandbox object gone
     gc.collect()
     leaks = _leaks(snap_before, backend)
     fds_after = _fds()
@@ -301,8 +310,12 @@ def main() -> None:
     ap.add_argument("--backends", default="docker,local", help="comma-separated: docker, local")
     ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
     ap.add_argument("--sample-every", type=int, default=0, help="episodes between RSS samples (0: episodes/50)")
-    ap.add_argument("--out", default="bench/results/soak.json")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 48 episodes per backend, 8 in flight")
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/soak[-quick].json)")
     args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.concurrency = 48 * len(args.backends.split(",")), 8
+    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"soak{'-quick' if args.quick else ''}.json")
     backends = [b.strip() for b in args.backends.split(",")]
     per_backend = args.episodes // len(backends)
     every = args.sample_every or max(1, per_backend // 50)

@@ -87,11 +87,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--quick", action="store_true", help="small smoke run (~30 s)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "trainer.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/trainer[-quick].json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.sequences, args.mean_len, args.micro_batch_tokens, args.repeats = 48, 128, 2048, 2
         args.hidden, args.layers, args.heads, args.intermediate = 128, 2, 2, 512
+    args.out = args.out or str(Path(__file__).parent / "results" / f"trainer{'-quick' if args.quick else ''}.json")
     warnings.filterwarnings("ignore")
 
     from transformers.utils import logging as hf_logging

@@ -26,9 +26,19 @@ from agentrl.trainer.config import TrainerConfig
 
 @dataclass
 class ModelConfig:
-    path: str | None = doc(None, "Local HF model directory; null builds and caches the built-in tiny model.")
-    dtype: Literal["float32", "bfloat16", "float16"] = doc("float32", "Weights dtype for the engine.")
-    device: str = doc("cpu", "Torch device for the local engine ('cpu', 'cuda', 'cuda:1').")
+    path: str | None = doc(
+        None, "A local HF model directory, or a Hugging Face Hub id 'org/name' (optionally 'org/name@revision') "
+              "downloaded once into the standard HF cache (HF_HUB_CACHE / HF_HOME; HF_TOKEN for gated or private "
+              "models; HF_HUB_OFFLINE=1 uses the cache only). null builds and caches the built-in tiny model.")
+    revision: str | None = doc(
+        None, "Hub models: the branch, tag or commit to pin (null: 'main', or the '@revision' in model.path).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "auto", "Compute dtype: the engine's weights and the trainer's forward/backward when trainer.param_dtype "
+                "is auto (trainer master weights and gradient reduction stay float32). auto: bfloat16 on CUDA, "
+                "float32 on CPU.")
+    device: str = doc(
+        "auto", "Torch device of the local engine and the trainer ('auto', 'cpu', 'cuda', 'cuda:1'). auto: cuda "
+                "when a CUDA GPU is visible, else cpu. The choice is printed at start and written in config.yaml.")
 
 
 @dataclass

@@ -107,6 +107,16 @@ def filter_top_k_top_p(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.full_like(logp, float("-inf")).scatter_(-1, order, sorted_lp)
 
 
+def placement(device: str | torch.device, dtype: torch.dtype | str) -> tuple[str, torch.dtype]:
+    """(device, torch dtype) the engine loads a model with; ``auto`` resolved by
+    ``agentrl.models.device.choose`` (ConfigError names a bad value)."""
+    from agentrl.models.device import choose
+
+    name = str(dtype).removeprefix("torch.")
+    device, name = choose(str(device), name, torch.cuda.is_available(), what="model")
+    return device, getattr(torch, name)
+
+
 class LocalEngine(Engine):
     """Continuous-batching engine over an HF causal LM (tested with Qwen2) in this process."""
 
@@ -114,8 +124,8 @@ class LocalEngine(Engine):
         self,
         model: Any,
         *,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "auto",
+        dtype: torch.dtype | str = "auto",
         max_batch_size: int = 64,
         max_context: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
@@ -124,10 +134,12 @@ class LocalEngine(Engine):
     ) -> None:
         """``model``: a path to an HF directory (loaded with ``dtype`` on ``device``) or an already
         loaded ``PreTrainedModel``, used as is and shared, not copied (``device``/``dtype`` ignored).
-        ``prefill_tokens`` bounds the padded tokens of one prefill forward."""
+        ``device``/``dtype`` ``auto``: cuda + bfloat16 when a CUDA GPU is visible, else cpu + float32
+        (``placement``). ``prefill_tokens`` bounds the padded tokens of one prefill forward."""
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM
 
+            device, dtype = placement(device, dtype)
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype, attn_implementation="sdpa")
             model.to(device).eval()
         if max_batch_size < 1:

@@ -5,7 +5,8 @@ that transformers can read; the weights exist (``model.safetensors``, a sharded 
 shard exists, or ``pytorch_model.bin``) and each safetensors file's header is intact and matches
 the file's size (so an empty, truncated or random file is caught without reading the tensors); a
 tokenizer is there. Each failure is a ``ConfigError`` naming the file and the problem. Used by
-``agentrl.warmstart.default_model.resolve_model_path`` (run, rollout, sft) and ``agentrl serve``.
+``agentrl.models.hub.resolve_model`` (a local directory, or the snapshot a Hub id resolved to) and
+``agentrl serve``.
 
 Does not: verify tensor contents (checkpoints carry checksums for that: ``agentrl.trainer.manifest``),
 nor load the model.
@@ -88,8 +89,8 @@ def _check_weights(d: Path, what: str) -> None:
 def _check_config(d: Path, what: str) -> None:
     f = d / "config.json"
     if not f.is_file():
-        raise ConfigError(f"{what}: {str(d)!r} is not a local HF model directory (no config.json); "
-                          "models cannot be downloaded here, pass a local directory or leave it null")
+        raise ConfigError(f"{what}: {str(d)!r} is not an HF model directory (no config.json); pass an HF model "
+                          "directory, a Hub id ('org/name'), or null for the built-in model")
     data = _json_file(f, what)
     if not isinstance(data, dict):
         raise ConfigError(f"{what}: {f} must hold a JSON object, got {type(data).__name__}")
@@ -114,8 +115,8 @@ def check_model_dir(path: str | Path, what: str = "model.path") -> Path:
     """``path`` as a Path if it is a usable HF model directory; else ConfigError (see module doc)."""
     d = Path(path).expanduser()
     if not d.exists():
-        raise ConfigError(f"{what}: {str(path)!r} does not exist; models cannot be downloaded here, pass a local "
-                          "HF model directory or leave it null")
+        raise ConfigError(f"{what}: {str(path)!r} does not exist; pass an HF model directory, a Hub id "
+                          "('org/name'), or null for the built-in model")
     if not d.is_dir():
         raise ConfigError(f"{what}: {str(path)!r} is a file, not an HF model directory")
     _check_config(d, what)

@@ -68,9 +68,10 @@ class TrainerConfig:
         False, "Give packed rows an explicit [T, T] block-diagonal causal mask instead of relying on position_ids.")
     activation_checkpointing: bool = doc(
         False, "Recompute each decoder layer in backward instead of storing activations.")
-    param_dtype: Literal["float32", "bfloat16", "float16"] = doc(
-        "float32",
-        "Compute dtype of forward/backward (FSDP2 mixed precision); master weights and grad reduction stay fp32.")
+    param_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "auto",
+        "Compute dtype of forward/backward (FSDP2 mixed precision); master weights and grad reduction stay fp32. "
+        "auto: model.dtype in `agentrl run`; bfloat16 on CUDA and float32 on CPU for the Trainer API alone.")
     # -- loss -----------------------------------------------------------------------------------
     policy_loss: str = doc("ppo_clip", "Name in agentrl.algos.POLICY_LOSSES ('ppo_clip', 'sft', ...).")
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = doc(

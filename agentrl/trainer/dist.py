@@ -8,7 +8,9 @@ collectives (sums, max, gathering Python objects).
 
 Every rank must call the trainer with the *same* full list of samples: each takes its own slice.
 
-Does not: shard parameters (``models``) or launch processes (torchrun / the caller does).
+Also refuses a job that must run as one process when a launcher started several
+(``refuse_launcher``). Does not: shard parameters (``models``) or launch processes (torchrun / the
+caller does).
 """
 from __future__ import annotations
 
@@ -19,18 +21,42 @@ import socket
 import torch
 import torch.distributed as dist
 
+from agentrl.errors import ConfigError
+
 _owned_refs = 0  # Trainers holding a group this module created
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+    """This rank's device for trainer.device ``name`` (``auto``: cuda when visible, by
+    ``agentrl.models.device.choose``); bare ``cuda`` is this rank's LOCAL_RANK GPU."""
+    from agentrl.models.device import choose
+
+    name, _ = choose(name, "auto", torch.cuda.is_available(), what="trainer")
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     device = torch.device(name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def refuse_launcher(job: str, environ: dict | None = None) -> None:
+    """ConfigError if this process is one of several a launcher (torchrun) started for ``job``.
+
+    ``agentrl run`` drives rollouts and training from one process: under torchrun every rank would
+    build its own engine and its own copy of the run. Several trainer ranks come from Ray instead."""
+    env = os.environ if environ is None else environ
+    raw = env.get("WORLD_SIZE", "1")
+    try:
+        world_size = int(raw)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={raw!r} in the environment is not an integer") from None
+    if world_size > 1:
+        raise ConfigError(
+            f"{job}: started as rank {env.get('RANK', '?')} of WORLD_SIZE={world_size} (torchrun or another "
+            f"launcher); {job} is one process that drives rollouts and trains, and every rank would build its own "
+            "engine. Start it once, without torchrun; for several GPUs set `distributed: ray` with "
+            "ray.trainer_ranks / ray.num_engines (e.g. -c configs/gpu_1node_8x_sglang.yaml).")
 
 
 def acquire(device: torch.device, timeout_s: float) -> bool:

@@ -61,6 +61,16 @@ def load_value_model(path: str, attn_implementation: str) -> ValueModel:
     return ValueModel(AutoModel.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation))
 
 
+def mixed_precision(param_dtype: str, device_type: str) -> MixedPrecisionPolicy:
+    """FSDP2's policy: compute in ``param_dtype`` (``auto``: bfloat16 on CUDA, float32 elsewhere, by
+    ``agentrl.models.device.compute_dtype``); gradients reduced in float32; master weights stay float32
+    (the loaders above)."""
+    from agentrl.models.device import compute_dtype
+
+    return MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype(param_dtype, device_type)],
+                                reduce_dtype=torch.float32)
+
+
 def shard(model: nn.Module, mesh, *, param_dtype: str, checkpointing: bool, trainable: bool) -> nn.Module:
     """fully_shard every decoder layer (HF ``_no_split_modules``), then the root. In place."""
     inner = model.backbone if isinstance(model, ValueModel) else model
@@ -77,7 +87,7 @@ def shard(model: nn.Module, mesh, *, param_dtype: str, checkpointing: bool, trai
     layer_names = set(getattr(inner, "_no_split_modules", None) or [])
     if not layer_names:
         raise ValueError(f"{type(inner).__name__} declares no _no_split_modules; cannot find its decoder layers")
-    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=torch.float32)
+    mp = mixed_precision(param_dtype, mesh.device_type if mesh is not None else "cpu")
     layers = [m for m in model.modules() if type(m).__name__ in layer_names]
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)

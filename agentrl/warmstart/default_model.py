@@ -3,7 +3,7 @@
 Owns the default model's place in the cache (``agentrl.common.paths.cache_dir``), its recipe
 (size, tokenizer, SFT budget: ``BASE`` and ``WARM_START``), building each stage once with an
 atomic rename under a lock (concurrent runs never see half a model and never build it twice), and
-resolving ``model.path``.
+resolving ``model.path`` (the built-in model, a local directory, or a Hub id: ``agentrl.models.hub``).
 
 Cache entries are named by recipe version plus a fingerprint of everything the model was fit to
 (the recipe, the chat template, the default ``code_exec`` prompt and tool schema, the task
@@ -124,10 +124,16 @@ def default_model_path(warm_start: bool = True) -> Path:
     return _cached(dest, build)
 
 
-def resolve_model_path(path: str | None) -> Path:
-    """The built-in model for None, else ``path`` checked by ``agentrl.models.local_dir`` (ConfigError if unusable)."""
+def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
+    """The one entry point from ``model.path`` (and ``model.revision``) to a local model directory:
+    the built-in model for None; else a local HF directory, or a Hub id ('org/name[@revision]')
+    fetched into the HF cache, by ``agentrl.models.hub.resolve_model`` (ConfigError if unusable)."""
     if path is None:
-        return default_model_path()
-    from agentrl.models.local_dir import check_model_dir
+        if revision is not None:
+            from agentrl.errors import ConfigError
 
-    return check_model_dir(path)
+            raise ConfigError(f"model.revision: {revision!r} needs a Hub id in model.path (it is null: the built-in model)")
+        return default_model_path()
+    from agentrl.models.hub import resolve_model
+
+    return resolve_model(path, revision)

@@ -1,7 +1,9 @@
 """The `agentrl` command line: a thin typer shell over plain functions.
 
-Owns argument parsing and printing tables; errors become one clear red line and exit code 2
-through ``agentrl.cli.errors`` (``--debug`` shows the traceback). Everything it runs lives in importable modules (rollout, registry, template_check).
+Owns argument parsing, ``--version`` and printing tables; errors become one clear red line and exit
+code 2 through ``agentrl.cli.errors`` (``--debug`` shows the traceback). Every command takes the
+shared ``-c/--config`` and ``--set`` options of ``agentrl.cli.options`` (``envs`` refuses them with a
+reason). Everything it runs lives in importable modules (jobs, registry, template_check).
 """
 from __future__ import annotations
 
@@ -13,18 +15,27 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.cli.errors import ErrorGroup, fail, set_debug
-from agentrl.errors import AgentRLError
+from agentrl.cli.options import ConfigOpt, SetOpt, refuse
+from agentrl.errors import AgentRLError, ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=ErrorGroup,
                   help="Reinforcement learning for multi-turn tool-calling LLM agents.")
 console = Console()
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file(s), merged in order (see configs/).")
-SetOpt = typer.Option(None, "--set", "-s", help="Override a config field: --set rollout.group_size=8 (repeatable).")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from agentrl import __version__
+
+        typer.echo(f"agentrl {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
-def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error."),
+             version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                          help="Print the version and exit.")) -> None:
     set_debug(debug)
 
 
@@ -38,9 +49,15 @@ def _load(config: Optional[List[str]], sets: Optional[List[str]], base: dict):
 
 
 @app.command()
-def envs() -> None:
+def envs(config: Optional[List[str]] = ConfigOpt, sets: Optional[List[str]] = SetOpt) -> None:
     """List registered environments (built-in and from the `agentrl.envs` entry-point group)."""
     from agentrl.envs.registry import registered
+
+    try:
+        refuse("envs", config, sets, "it lists every registered env; `agentrl config -c FILE` shows the env "
+                                     "a config names (env.id, env.kwargs)")
+    except AgentRLError as e:
+        _fail(e)
 
     tab = Table(title="registered environments")
     for col in ("id", "entry point", "defaults"):
@@ -49,6 +66,36 @@ def envs() -> None:
         ep = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__qualname__", str(spec.entry_point))
         tab.add_row(env_id, ep, ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items()) or "-")
     console.print(tab)
+
+
+def _rollout_base(env: str = "code_exec", model: Optional[str] = None, num_prompts: Optional[int] = None,
+                  group_size: Optional[int] = None, out: Optional[str] = None) -> dict:
+    """The layer `agentrl rollout`'s own options lay under -c and --set."""
+    base: dict = {"env": {"id": env}}
+    if model:
+        base["model"] = {"path": model}
+    if out:
+        base["output_dir"] = out
+    ro = {k: v for k, v in (("num_prompts", num_prompts), ("group_size", group_size)) if v is not None}
+    if ro:
+        base["rollout"] = ro
+    return base
+
+
+def _run_base(env: str = "code_exec", algo: str = "grpo", model: Optional[str] = None, steps: Optional[int] = None,
+              out: Optional[str] = None, resume: bool = False) -> dict:
+    """The layer `agentrl run`'s own options lay under -c and --set."""
+    base: dict = {"env": {"id": env}, "algo": {"name": algo}, "output_dir": out or f"runs/{env}-{algo}"}
+    if model:
+        base["model"] = {"path": model}
+    train = {k: v for k, v in (("steps", steps), ("resume", resume or None)) if v is not None}
+    if train:
+        base["train"] = train
+    return base
+
+
+#: the layer of each job's command run with no options of its own (what `agentrl config --job` resolves)
+JOB_BASES = {"run": _run_base, "rollout": _rollout_base}
 
 
 @app.command()
@@ -65,14 +112,7 @@ def rollout(
     """Collect trajectories from a model on an env; writes trajectories.jsonl, metrics.json, config.yaml."""
     from agentrl.jobs.rollout import run_rollout
 
-    base: dict = {"env": {"id": env}}
-    if model:
-        base["model"] = {"path": model}
-    if out:
-        base["output_dir"] = out
-    ro = {k: v for k, v in (("num_prompts", num_prompts), ("group_size", group_size)) if v is not None}
-    if ro:
-        base["rollout"] = ro
+    base = _rollout_base(env, model, num_prompts, group_size, out)
     try:
         cfg = _load(config, sets, base)
         trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty(),
@@ -91,6 +131,7 @@ def run(
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="The run directory holds a run: move it to DIR.old-N and start afresh."),
     config: Optional[List[str]] = ConfigOpt,
     sets: Optional[List[str]] = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -100,14 +141,10 @@ def run(
 
     from agentrl.jobs.run import Runner
 
-    base: dict = {"env": {"id": env}, "algo": {"name": algo}, "output_dir": out or f"runs/{env}-{algo}"}
-    if model:
-        base["model"] = {"path": model}
-    train = {k: v for k, v in (("steps", steps), ("resume", resume or None)) if v is not None}
-    if train:
-        base["train"] = train
+    base = _run_base(env, algo, model, steps, out, resume)
     try:
         cfg = _load(config, sets, base)
+        _claim_run_dir(cfg, overwrite)
         summary = asyncio.run(_run_stoppable(Runner(cfg, progress=not quiet)))
     except AgentRLError as e:
         _fail(e)
@@ -128,6 +165,15 @@ def run(
         raise typer.Exit(128 + 15)
 
 
+def _claim_run_dir(cfg, overwrite: bool) -> None:
+    """A run directory holding a run is used only with --resume or --overwrite (agentrl.jobs.run_dir)."""
+    from agentrl.jobs.run_dir import prepare_run_dir
+
+    moved = prepare_run_dir(cfg.output_dir, resume=cfg.train.resume, overwrite=overwrite)
+    if moved is not None:
+        console.print(f"--overwrite: moved the previous run in {cfg.output_dir} to {moved}", highlight=False)
+
+
 async def _run_stoppable(runner) -> dict:
     """SIGTERM (a scheduler's preemption, `kill`) stops the run gracefully: checkpoint, clean up
     launched servers and actors, exit 143; a second SIGTERM stops at once (cleanup still runs)."""
@@ -143,14 +189,25 @@ async def _run_stoppable(runner) -> dict:
 
 
 @app.command("check-template")
-def check_template_cmd(model: str = typer.Option(..., "--model", "-m", help="Local HF model or tokenizer dir.")) -> None:
+def check_template_cmd(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model or tokenizer dir (default: model.path of the config)."),
+    config: Optional[List[str]] = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
+) -> None:
     """Report whether a chat template keeps the prefix property token-exact multi-turn needs."""
     from transformers import AutoTokenizer
 
+    from agentrl.cli.options import load, named, pick
     from agentrl.episodes.template_check import check_template, render_report
 
     try:
+        cfg = load(config, sets)
+        model = pick(model, cfg, "model.path", named(config, sets))
+        if model is None:
+            raise AgentRLError("check-template needs a model: --model DIR, or a config naming model.path")
         tok = AutoTokenizer.from_pretrained(model)
+    except AgentRLError as e:
+        _fail(e)
     except (OSError, ValueError) as e:
         _fail(AgentRLError(f"cannot load a tokenizer from {model!r}: {e}"))
     report = check_template(tok)
@@ -163,10 +220,12 @@ def config_cmd(
     config: Optional[List[str]] = ConfigOpt,
     sets: Optional[List[str]] = SetOpt,
     docs: bool = typer.Option(False, "--docs", help="List every field with its default and doc."),
+    job: str = typer.Option("run", "--job", help="Resolve for `agentrl run` or `agentrl rollout` (with that command's defaults)."),
 ) -> None:
-    """Print the resolved config (or every field's documentation)."""
+    """Print the resolved config: exactly what `agentrl JOB -c ... --set ...` runs (or every field's documentation)."""
     import yaml
 
+    from agentrl.config.plan import JOBS, resolve
     from agentrl.config.schema import field_docs, to_dict
 
     if docs:
@@ -178,7 +237,9 @@ def config_cmd(
         console.print(tab)
         return
     try:
-        cfg = _load(config, sets, {})
+        if job not in JOBS:
+            raise ConfigError(f"--job: {job!r} is not one of {list(JOBS)}")
+        cfg = resolve(_load(config, sets, JOB_BASES[job]()), job).cfg
     except AgentRLError as e:
         _fail(e)
     console.print(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -2,17 +2,23 @@
 
 Owns the command's arguments, choosing the backend and printing where it listens; everything it
 runs is :mod:`agentrl.jobs.serve`.
+
+``-c/--set`` give the run config's fields a served model shares with a run: ``output_dir`` (served
+when no PATH is given: the run's newest checkpoint), else ``model.path``; ``engine.kind`` (the
+backend), ``model.device`` and ``model.dtype``. A flag or PATH wins over the config, a field the
+config names wins over this command's default.
 """
 from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
 
 from agentrl.cli.errors import fail
+from agentrl.cli.options import ConfigOpt, SetOpt
 from agentrl.errors import AgentRLError
 
 console = Console()
@@ -20,22 +26,28 @@ BACKENDS = ("auto", "local", "sglang")
 
 
 def serve_cmd(
-    path: str = typer.Argument(..., help="HF model dir, a checkpoint (RUN/checkpoints/step_N) or a run dir (its newest checkpoint)."),
+    path: Optional[str] = typer.Argument(None, help="HF model dir, a checkpoint (RUN/checkpoints/step_N) or a run dir (its newest checkpoint); default: the config's output_dir, else model.path."),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: pick a free one)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; there is no authentication, keep it local."),
-    backend: str = typer.Option("auto", "--backend", "-b", help="local | sglang | auto (sglang when installed, else local)."),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="local | sglang | auto: sglang when installed, else local (default: engine.kind when the config names it, else auto)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Watch the run for newer complete checkpoints and hot-swap them."),
     name: Optional[str] = typer.Option(None, "--name", help="Served model name; default: the run's or model dir's name."),
-    device: str = typer.Option("cpu", "--device", help="local backend: torch device (cpu, cuda, cuda:1)."),
-    dtype: str = typer.Option("float32", "--dtype", help="local backend: torch dtype of the weights."),
+    device: Optional[str] = typer.Option(None, "--device", help="local backend: torch device, cpu, cuda, cuda:1 (model.device; default cpu)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="local backend: torch dtype of the weights (model.dtype; default float32)."),
     poll_s: float = typer.Option(2.0, "--poll-s", help="--follow: seconds between looks for a new checkpoint."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="local backend: log every request."),
+    config: Optional[List[str]] = ConfigOpt,
+    sets: Optional[List[str]] = SetOpt,
 ) -> None:
     """Serve a model OpenAI-compatibly (/v1/models, /v1/chat/completions, /v1/completions) for debugging.
 
     Responses carry the sampled token ids, their logprobs and the policy version in an extra
     `agentrl` field. Point any OpenAI client at http://HOST:PORT/v1 (litellm: model
     "openai/NAME", api_base=http://HOST:PORT/v1)."""
+    try:
+        path, backend, device, dtype = settings(config, sets, path, backend, device, dtype)
+    except AgentRLError as e:
+        fail(e)
     # SIGTERM ends the server like Ctrl-C does, so a supervised SGLang server is never orphaned
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -82,6 +94,21 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
         server.wait()
     finally:
         server.stop()
+
+
+def settings(config: Optional[List[str]], sets: Optional[List[str]], path: Optional[str], backend: Optional[str],
+             device: Optional[str], dtype: Optional[str]) -> tuple[str, str, str, str]:
+    """(path, backend, device, dtype): each flag when given, else the config field it names, else the
+    default; ConfigError when neither PATH nor a config names what to serve."""
+    from agentrl.cli.options import load, named, pick
+
+    cfg = load(config, sets)
+    given = named(config, sets)
+    path = pick(path, cfg, "output_dir", given) or pick(None, cfg, "model.path", given)
+    if path is None:
+        raise AgentRLError("serve needs something to serve: PATH, or a config naming output_dir (a run) or model.path")
+    return (str(path), pick(backend, cfg, "engine.kind", given, "auto"), pick(device, cfg, "model.device", given, "cpu"),
+            pick(dtype, cfg, "model.dtype", given, "float32"))
 
 
 def _interrupt(signum, frame) -> None:

@@ -22,6 +22,7 @@ from agentrl.errors import ConfigError
 from agentrl.common.fields import doc
 from agentrl.observe.monitors import MonitorConfig
 from agentrl.trainer.config import TrainerConfig
+from agentrl.warmstart.config import SFTConfig
 
 
 @dataclass
@@ -155,6 +156,7 @@ class RunConfig:
         "local", "Orchestration: 'local' runs engine, episodes and trainer in this process; 'ray' runs them as "
         "Ray actors on placement groups (see ray.*; pip install 'agentrl[ray]').")
     ray: RayConfig = field(default_factory=RayConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 # ------------------------------------------------------------------------------------------

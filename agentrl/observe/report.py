@@ -284,10 +284,12 @@ def render(run: RunData, monitor: MonitorConfig | None = None) -> str:
     return "\n".join(parts)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, *, max_trajectories: int = 24) -> Path:
+def write_report(run_dir: str | Path, out: str | Path | None = None, *, max_trajectories: int = 24,
+                 monitor: MonitorConfig | None = None) -> Path:
+    """Write the report of ``run_dir`` (checked against ``monitor``; None: the run's own thresholds)."""
     run = load_run(run_dir, max_trajectories=max_trajectories)
     path = Path(out) if out else run.run_dir / "report.html"
     tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render(run), encoding="utf-8")
+    tmp.write_text(render(run, monitor), encoding="utf-8")
     tmp.replace(path)
     return path

@@ -23,12 +23,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from agentrl.warmstart.chat_data import SFTExample, load_chat_jsonl
-from agentrl.config.schema import doc
+from agentrl.warmstart.config import SFTConfig  # the tree's sft section, re-exported
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import Sandbox
 
@@ -164,28 +163,6 @@ def demonstration_examples(tokenizer, n: int, *, difficulty: int | list[int] = (
 
 
 # ------------------------------------------------------------------------------ the SFT stage
-@dataclass
-class SFTConfig:
-    """The SFT stage's knobs (``agentrl sft --set name=value``)."""
-
-    steps: int = doc(400, "Optimizer steps.", min=1)
-    batch_size: int = doc(32, "Sequences per optimizer step.", min=1)
-    lr: float = doc(3e-3, "AdamW peak learning rate (cosine decay to min_lr_ratio * lr).", min=0.0)
-    warmup_steps: int = doc(20, "Linear warmup steps.", min=0)
-    min_lr_ratio: float = doc(0.1, "Cosine floor as a fraction of lr.", min=0.0, max=1.0)
-    num_demos: int = doc(4000, "Oracle demonstrations on code_exec train tasks (0 = only --data).", min=0)
-    difficulty: list = doc([1, 2, 3, 4], "Procedural difficulties the demonstrations cycle through.")
-    direct_frac: float = doc(0.0, "Fraction of demonstrations that answer at once without the tool (a mixed-habit "
-                                  "corpus, like chat data).", min=0.0, max=1.0)
-    env_kwargs: dict = doc({}, "Extra code_exec kwargs for the demonstrations (parser, tools, ...).")
-    demo_sandbox: str = doc("oracle", "'oracle': run the reference programs in-process (trusted code, ~15x faster; "
-                                      "difficulties 1-4 only); 'env': in the env's own sandbox, as RL does.")
-    micro_batch_tokens: int = doc(4096, "Tokens per trainer micro-batch.", min=1)
-    batching: str = doc("pad", "Trainer layout: 'pad' (fastest for short uniform demos on CPU) or 'pack'.")
-    device: str = doc("auto", "Trainer device ('auto', 'cpu', 'cuda').")
-    seed: int = doc(0, "Seeds the demonstration tasks, the data order and the trainer.")
-
-
 def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFTConfig:
     """``SFTConfig`` from ``base`` and ``--set name=value`` overrides, validated like the run config."""
     from agentrl.config.schema import _build, _deep_merge, parse_override

@@ -1,9 +1,10 @@
 """agentrl's RL algorithms: the one module to import. Pure functions chosen by name from registries;
 the trainer is algorithm-blind and only applies the per-token weights these produce.
 
-Owns (re-exported from ``advantages``, ``losses``, ``credit``): every advantage estimator, credit
-mode, policy loss, loss aggregation, KL estimator, entropy, value loss and mismatch correction.
-Does not: run models, hold optimizer or trainer state, reduce across ranks.
+Owns (re-exported from ``advantages``, ``losses``, ``credit``, ``shaping``, ``sampling``): every
+advantage estimator, credit mode, policy loss, loss aggregation, KL estimator, entropy, value loss,
+mismatch correction, length-shaping term and group filter.
+Does not: run models, hold optimizer or trainer state, reduce across ranks, read configs.
 
 Shapes: ``B`` sequences; ``[B, T]`` padded per-token; ``[N]`` flat packed tokens (any number of
 sequences back to back); ``V`` vocabulary. ``m`` is the loss mask (1 = sampled by the policy).
@@ -22,10 +23,12 @@ a sequence alone in its group gets 0.
   KL penalty in the reward first, ``apply_kl_in_reward``)
 * ``reinforce_pp_baseline``: ``a = r - mean_g``, then ``(a - mean_batch a) / (std_batch a + eps)``
 
-``gae(token_rewards [B,T], values [B,T], mask [B,T], gamma, lam) -> (adv [B,T], returns [B,T])``:
+``gae(token_rewards [B,T], values [B,T], mask [B,T], gamma, lam, whiten) -> (adv [B,T], returns [B,T])``:
 token-level GAE for PPO over mask-1 positions only; observation gaps are skipped (not steps), so
 values bootstrap across them: ``delta_t = r_t + gamma V(next sampled t') - V_t``,
-``A_t = delta_t + gamma lam A_{t'}``, ``R_t = A_t + V_t``. ``masked_whiten`` normalises them.
+``A_t = delta_t + gamma lam A_{t'}``, ``R_t = A_t + V_t``. ``whiten=True`` then applies
+``masked_whiten`` to the advantages only (off by default here; veRL, TRL and OpenRLHF whiten PPO's
+GAE advantages by default, so a PPO preset should turn it on).
 
 ``CREDIT`` - per-sequence lists (aligned with ``Trajectory.token_ids``) -> per-token advantages:
 
@@ -38,7 +41,8 @@ values bootstrap across them: ``delta_t = r_t + gamma V(next sampled t') - V_t``
 * ``turn_gae``:    ``turn_gae(turn_rewards, turn_ids, loss_masks, boundary_values, gamma, lam)``:
   ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V_K = 0``), ``A_k = sum_l (gamma lam)^l delta_{k+l}``;
   returns per-token advantages and per-turn critic targets ``R_k = A_k + V_k``. Read ``V_k`` at
-  ``turn_boundaries(turn_ids, loss_mask)[k]``.
+  ``turn_boundaries(turn_ids, loss_mask)[k]``. ``whiten=True`` whitens the token advantages over
+  the batch's sampled tokens (targets unchanged).
 
 Every credit mode gives mask-0 tokens (prompt, tool output, glue) advantage 0.
 
@@ -50,6 +54,13 @@ Every credit mode gives mask-0 tokens (prompt, tool output, glue) advantage 0.
   Metrics: clipfrac, clipfrac_high, clipfrac_low, dual_clipfrac, ratio, ppo_kl.
 * ``vanilla_pg``: ``-A r`` (unclipped; REINFORCE when on-policy).
 * ``sft``:        ``-logp`` (the SFT stage through the same trainer).
+* ``gspo``:       GSPO-token. Needs ``seq_index [N]`` (each token's sequence id); optional ``mask``.
+  ``s_i = exp(mean_{t in i} (logp - old_logp))`` over i's sampled tokens;
+  ``s_{i,t} = sg[s_i] exp(logp_t - sg[logp_t])``; ``max(-A s_{i,t}, -A clip(s_{i,t}, 1 - clip_low,
+  1 + clip_high))`` (one clip decision per sequence; paper ranges 3e-4 / 4e-4). With
+  ``seq-mean-token-mean`` and one advantage per sequence its gradient is sequence-level GSPO's.
+* ``cispo``:      ``-sg(clip(r, 1 - clip_low, 1 + clip_high)) A logp`` (MiniMax-M1; ``clip_low=None``
+  = no lower bound): every token keeps a gradient, its importance weight capped. Use ``token-mean``.
 
 ``AGGREGATIONS`` - ``aggregate(mode, loss_tok [N], mask [N], seq_ntokens [N], global_tokens,
 global_seqs, norm_len) -> []``, one micro-batch's share; the shares of all micro-batches and ranks
@@ -70,6 +81,15 @@ In the loss: add ``beta * k`` per token. In the reward:
 * ``k3``: ``exp(d) - d - 1`` with ``d = ref - logp`` clamped to [-20, 20], the result clamped to
   [0, 10] (unbiased before the clamp, low variance, >= 0; verl's ``low_var_kl``)
 
+DAPO's pieces: clip-higher is ``ppo_clip(clip_high > clip_low)``; token-level loss is
+``token-mean``; the other two are pure functions over sequences (not registries):
+
+* ``overlong_penalty(lengths [B], max_new_tokens, cache_len, factor=1) -> [B]``: 0 up to
+  ``max_new_tokens - cache_len``, then linear down to ``-factor`` at ``max_new_tokens`` and beyond;
+  add it to the reward before the estimator.
+* ``dynamic_sampling_keep(rewards [B], group_ids [B], atol=0) -> bool [B]``: keep the sequences
+  whose group's rewards are not all equal (``max - min > atol``); singleton groups are dropped.
+
 Other per-token functions
 -------------------------
 * ``entropy_from_logits(logits [N,V]) -> [N]``; entropy bonus: add ``-coef * H`` per token.
@@ -87,14 +107,49 @@ Composing one micro-batch (what the trainer does; every term is per token, then 
 """
 from __future__ import annotations
 
-from agentrl.algos.advantages import (ADVANTAGES, dr_grpo, gae, group_index, grpo, masked_whiten, reinforce_pp,
-                         reinforce_pp_baseline, rloo)
-from agentrl.algos.credit import (CREDIT, apply_kl_in_reward, outcome_broadcast, turn_boundaries, turn_gae,
-                     turn_returns_group_baseline, turn_rewards_to_tokens)
-from agentrl.algos.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_from_logits, k1, k2, k3,
-                     logprobs_from_logits, mismatch_metrics, ppo_clip, sft, tokens_per_sequence,
-                     truncated_is_weights, value_loss, vanilla_pg)
+from agentrl.algos.advantages import (
+    ADVANTAGES,
+    dr_grpo,
+    gae,
+    group_index,
+    grpo,
+    masked_whiten,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
+from agentrl.algos.credit import (
+    CREDIT,
+    apply_kl_in_reward,
+    outcome_broadcast,
+    turn_boundaries,
+    turn_gae,
+    turn_returns_group_baseline,
+    turn_rewards_to_tokens,
+)
+from agentrl.algos.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    aggregate,
+    cispo,
+    entropy_from_logits,
+    gspo,
+    k1,
+    k2,
+    k3,
+    logprobs_from_logits,
+    mismatch_metrics,
+    ppo_clip,
+    sft,
+    tokens_per_sequence,
+    truncated_is_weights,
+    value_loss,
+    vanilla_pg,
+)
 from agentrl.algos.registry import REGISTRIES, lookup
+from agentrl.algos.sampling import dynamic_sampling_keep
+from agentrl.algos.shaping import overlong_penalty
 
 __all__ = [
     "REGISTRIES", "lookup",
@@ -102,7 +157,8 @@ __all__ = [
     "masked_whiten",
     "CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "turn_boundaries",
     "turn_rewards_to_tokens", "apply_kl_in_reward",
-    "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "aggregate",
+    "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "gspo", "cispo", "aggregate",
     "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits", "value_loss",
     "truncated_is_weights", "mismatch_metrics",
+    "overlong_penalty", "dynamic_sampling_keep",
 ]

@@ -20,7 +20,7 @@ Conventions (shared by every estimator here and by ``credit``):
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -119,7 +119,7 @@ def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e
 
 
 def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0,
-        lam: float = 1.0) -> tuple[Tensor, Tensor]:
+        lam: float = 1.0, whiten: bool = False) -> tuple[Tensor, Tensor]:
     """Token-level GAE over the mask-1 (sampled) positions only. All inputs ``[B, T]``.
 
     Mask-0 positions (prompt, tool output, glue) are **not steps**: the backward recursion jumps
@@ -133,8 +133,11 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1
     where ``r'(t_j)`` is ``token_rewards[t_j]`` plus any reward placed on the mask-0 positions
     between ``t_j`` and ``t_{j+1}`` (a reward on an observation token is credited to the action
     that caused it; rewards before the first sampled token are dropped). Returns
-    ``(advantages [B, T], returns [B, T])``, both 0 at mask-0 positions, detached. No whitening
-    here: call ``masked_whiten`` if you want it.
+    ``(advantages [B, T], returns [B, T])``, both 0 at mask-0 positions, detached.
+
+    ``whiten=True`` normalises the advantages over all mask-1 positions of the batch
+    (``masked_whiten``: zero mean, unit unbiased std) after the returns are formed, so the critic's
+    targets stay unwhitened (as veRL, TRL and OpenRLHF do for PPO by default).
 
     ``values[b, t]`` must be V(state before token t is sampled), i.e. a causal critic's output at
     position ``t - 1``; at a turn's first sampled token that is the turn-boundary value of
@@ -162,6 +165,8 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1
         next_v = torch.where(mt, v[:, t], next_v)
         pending = torch.where(mt, torch.zeros_like(pending), rt)
     ret = torch.where(m, adv + v, torch.zeros_like(adv))
+    if whiten:
+        adv = masked_whiten(adv, m)
     return adv.to(dt), ret.to(dt)
 
 

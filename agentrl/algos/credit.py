@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 __all__ = ["CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "turn_boundaries",
            "turn_rewards_to_tokens", "apply_kl_in_reward"]
@@ -45,7 +45,8 @@ def _spread(per_turn: Sequence[Sequence[float]], turn_ids, loss_masks) -> list[l
             elif 0 <= k < len(vals):
                 row.append(float(vals[k]))
             else:
-                raise ValueError(f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(vals)} turns")
+                raise ValueError(
+                    f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(vals)} turns")
         out.append(row)
     return out
 
@@ -106,8 +107,8 @@ def turn_returns_group_baseline(turn_rewards: Sequence[Sequence[float]], turn_id
 
 def turn_gae(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]],
              loss_masks: Sequence[Sequence[int]], boundary_values: Sequence[Sequence[float]], *,
-             gamma: float = 1.0, lam: float = 0.95,
-             final_values: Sequence[float] | None = None) -> tuple[list[list[float]], list[list[float]]]:
+             gamma: float = 1.0, lam: float = 0.95, final_values: Sequence[float] | None = None,
+             whiten: bool = False) -> tuple[list[list[float]], list[list[float]]]:
     """Turn-level GAE: one step per assistant turn, the critic read at turn boundaries.
 
     ``boundary_values[i][k] = V_k`` = the critic's value of the state before turn k, read at the
@@ -121,6 +122,10 @@ def turn_gae(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequenc
 
     Returns ``(token_advantages, turn_returns)``: B per-token lists (turn k's sampled tokens get
     ``A_k``, mask-0 tokens 0) and B per-turn lists ``[R_0, ..., R_{K-1}]``.
+
+    ``whiten=True`` normalises the token advantages over every sampled token of the batch
+    (``(A - mean) / sqrt(var + 1e-8)``, unbiased var; fewer than 2 sampled tokens give 0) after
+    the targets ``R_k`` are formed from the raw ``A_k``, as ``advantages.gae(whiten=True)`` does.
     """
     n = len(turn_rewards)
     _check(turn_ids, loss_masks, n)
@@ -139,7 +144,19 @@ def turn_gae(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequenc
             adv[k], next_v = last, float(v[k])
         per_turn.append(adv)
         rets.append([a + float(vk) for a, vk in zip(adv, v)])
-    return _spread(per_turn, turn_ids, loss_masks), rets
+    tok = _spread(per_turn, turn_ids, loss_masks)
+    return (_whiten_sampled(tok, loss_masks) if whiten else tok), rets
+
+
+def _whiten_sampled(rows: list[list[float]], loss_masks: Sequence[Sequence[int]], eps: float = 1e-8
+                    ) -> list[list[float]]:
+    """Whiten the mask-1 entries of ``rows`` together (unbiased var); mask-0 entries stay 0."""
+    sel = [x for row, mask in zip(rows, loss_masks) for x, m in zip(row, mask) if m]
+    if len(sel) < 2:
+        return [[0.0] * len(row) for row in rows]
+    mean = math.fsum(sel) / len(sel)
+    scale = 1.0 / math.sqrt(math.fsum((x - mean) ** 2 for x in sel) / (len(sel) - 1) + eps)
+    return [[(x - mean) * scale if m else 0.0 for x, m in zip(row, mask)] for row, mask in zip(rows, loss_masks)]
 
 
 def turn_boundaries(turn_ids: Sequence[int], loss_mask: Sequence[int], *, num_turns: int | None = None) -> list[int]:
@@ -210,7 +227,8 @@ def apply_kl_in_reward(turn_rewards: Sequence[Sequence[float]], kl: Sequence[Seq
         for t, (x, k, m) in enumerate(zip(kls, tids, mask)):
             if m:
                 if not 0 <= k < len(r):
-                    raise ValueError(f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(r)} turns")
+                    raise ValueError(
+                        f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(r)} turns")
                 per_turn[k] += float(x)
         out.append([float(rk) - beta * s for rk, s in zip(r, per_turn)])
     return out

@@ -3,7 +3,9 @@ mismatch correction, as pure functions over FLAT packed tokens ``[N]``.
 
 Owns: the ``POLICY_LOSSES``, ``AGGREGATIONS`` and ``KL_ESTIMATORS`` registries and the per-token
 helpers the trainer composes into one step's loss. Every per-token function returns a value at
-every position, mask-0 ones included; masking happens once, in ``aggregate``.
+every position, mask-0 ones included; masking happens once, in ``aggregate``. A loss that needs a
+per-sequence quantity (``gspo``'s sequence ratio) forms it from ``seq_index [N]`` (each token's
+sequence id; sequences back to back, ``-1`` = padding) with scatter-adds, never a Python loop.
 
 Does not: compute advantages (``advantages``/``credit``), run models, reduce across ranks or
 micro-batches (``aggregate`` returns one micro-batch's share; the trainer sums the shares).
@@ -19,7 +21,7 @@ Numerical guards (documented because they change gradients at extremes):
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +29,8 @@ from torch import Tensor
 
 from agentrl.errors import ConfigError
 
-__all__ = ["POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "aggregate",
-           "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits",
+__all__ = ["POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "gspo", "cispo",
+           "aggregate", "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits",
            "value_loss", "truncated_is_weights", "mismatch_metrics"]
 
 _LOG_RATIO_CLAMP = 20.0
@@ -86,10 +88,95 @@ def sft(logp: Tensor, old_logp: Tensor, adv: Tensor, **_) -> tuple[Tensor, dict[
     return -logp, {}
 
 
+def _seq_mean(x: Tensor, seq_index: Tensor, mask: Tensor) -> Tensor:
+    """Per token, the mean of ``x`` over the mask-1 tokens of its sequence (0 for a sequence with none).
+    ``seq_index`` < 0 (padding) counts in no sequence. All ``[N]``."""
+    idx = seq_index.to(torch.int64)
+    w = mask.to(torch.bool) & (idx >= 0)
+    idx = idx.clamp(min=0)
+    k = int(idx.max()) + 1 if idx.numel() else 0
+    xs = torch.where(w, x, torch.zeros_like(x)).to(torch.float64)
+    total = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, idx, xs)
+    count = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(0, idx, w.to(torch.float64))
+    return (total / count.clamp(min=1.0))[idx].to(x.dtype)
+
+
+def gspo(logp: Tensor, old_logp: Tensor, adv: Tensor, *, seq_index: Tensor | None = None,
+         mask: Tensor | None = None, clip_low: float = 3e-4, clip_high: float = 4e-4
+         ) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Group Sequence Policy Optimization), in its token form "GSPO-token". All ``[N]``.
+
+    ``seq_index [N]`` (required, int64): each token's sequence id, sequences packed back to back
+    (``-1`` = padding); ``mask [N]`` (default all 1): which tokens are the sequence's sampled
+    response. Per sequence i, the length-normalised importance ratio over its mask-1 tokens::
+
+        s_i     = exp( mean_{t in i, m_t = 1} (logp_t - old_logp_t) )
+        s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t])       (value s_i, d s_{i,t} = s_i d logp_t)
+        l_t     = max(-A_t s_{i,t}, -A_t clip(s_{i,t}, 1 - clip_low, 1 + clip_high))
+
+    The clip decision is per sequence (every token of i sees the same ratio ``s_i``); GSPO's ranges
+    are tiny (paper: 3e-4 / 4e-4, the defaults). Aggregate with ``seq-mean-token-mean``: then, with
+    one advantage per sequence (``outcome`` credit), the gradient is exactly sequence-level GSPO's
+    ``-(1/G) sum_i A_i grad s_i`` with ``grad s_i = s_i mean_t grad logp_t``; a per-token ``A_t``
+    (turn credit) is the GSPO-token generalisation. The per-token log-ratios are clamped to
+    [-20, 20] before the mean (as elsewhere here). Metrics: ``clipfrac``, ``clipfrac_high``
+    (A > 0, s > 1 + clip_high), ``clipfrac_low`` (A < 0, s < 1 - clip_low), ``ratio`` (the token's
+    sequence ratio s_i), ``ppo_kl`` (``old_logp - logp`` per token).
+    """
+    if seq_index is None:
+        raise ValueError("gspo needs seq_index [N] (each token's sequence id): the caller must pass it")
+    if seq_index.shape != logp.shape:
+        raise ValueError(f"gspo: seq_index shape {tuple(seq_index.shape)} != logp shape {tuple(logp.shape)}")
+    m = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask.to(torch.bool)
+    log_ratio = (logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_s = _seq_mean(log_ratio.detach(), seq_index, m)
+    s_tok = torch.exp(log_s + logp - logp.detach())
+    l1 = -adv * s_tok
+    l2 = -adv * s_tok.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(l1, l2)
+    with torch.no_grad():
+        clipped = l2 > l1
+        metrics = {
+            "clipfrac": clipped.float(),
+            "clipfrac_high": (clipped & (adv > 0)).float(),
+            "clipfrac_low": (clipped & (adv < 0)).float(),
+            "ratio": torch.exp(log_s),
+            "ppo_kl": -log_ratio.detach(),
+        }
+    return loss, metrics
+
+
+def cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, *, clip_low: float | None = None,
+          clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1): REINFORCE with a clipped, stop-gradient importance weight. All ``[N]``.
+
+    ``r = exp(logp - old_logp)``; ``w = sg(clip(r, 1 - clip_low, 1 + clip_high))``;
+    ``l = -w A logp``, so ``grad l = -w A grad logp``: unlike PPO, a token whose ratio left the
+    range still gets a gradient (its weight is capped, the token is not dropped). ``clip_low=None``
+    (or >= 1) puts no lower bound on ``w`` (the paper's choice). The loss value is a surrogate
+    (it depends on ``logp``'s magnitude); only its gradient is meaningful. Aggregate with
+    ``token-mean`` as in the paper. Metrics: ``clipfrac`` (w != r), ``clipfrac_high``
+    (r > 1 + clip_high), ``clipfrac_low`` (r < 1 - clip_low), ``ratio``, ``ppo_kl``.
+    """
+    if clip_high < 0 or (clip_low is not None and clip_low < 0):
+        raise ConfigError(f"cispo clip_low/clip_high must be >= 0, got {clip_low!r}, {clip_high!r}")
+    log_ratio = (logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    with torch.no_grad():
+        ratio = torch.exp(log_ratio)
+        lo = 0.0 if clip_low is None else max(1.0 - clip_low, 0.0)
+        w = ratio.clamp(lo, 1.0 + clip_high)
+        high, low = ratio > 1.0 + clip_high, ratio < lo
+        metrics = {"clipfrac": (high | low).float(), "clipfrac_high": high.float(), "clipfrac_low": low.float(),
+                   "ratio": ratio, "ppo_kl": -log_ratio}
+    return -w * adv * logp, metrics
+
+
 POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "ppo_clip": ppo_clip,
     "vanilla_pg": vanilla_pg,
     "sft": sft,
+    "gspo": gspo,
+    "cispo": cispo,
 }
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Callable
+from collections.abc import Callable
 
 from agentrl.algos.advantages import ADVANTAGES
 from agentrl.algos.credit import CREDIT

@@ -162,3 +162,16 @@ def test_masked_whiten():
     out = masked_whiten(torch.tensor([1.0, 2.0, 3.0, 100.0]), torch.tensor([1, 1, 1, 0]))
     close(out, [-1.0, 0.0, 1.0, 0.0], atol=1e-7)
     close(masked_whiten(torch.tensor([1.0, 2.0, 3.0]), torch.ones(3), shift_mean=False), [1.0, 2.0, 3.0], atol=1e-7)
+
+
+def test_gae_whiten_normalises_advantages_not_returns():
+    # gamma = lam = 1, r = [0, 0, 1], V = [0, -1, -2]: A_t = 1 - V_t = [1, 2, 3], R = A + V = [1, 1, 1]
+    # whitened over the mask-1 entries: mean 2, unbiased std 1 -> [-1, 0, 1]; returns keep the raw A
+    rew, val = torch.tensor([[0.0, 0.0, 1.0, 0.0]]), torch.tensor([[0.0, -1.0, -2.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    raw, ret_raw = gae(rew, val, mask, gamma=1.0, lam=1.0)
+    adv, ret = gae(rew, val, mask, gamma=1.0, lam=1.0, whiten=True)
+    close(raw, [[1.0, 2.0, 3.0, 0.0]])
+    close(adv, [[-1.0, 0.0, 1.0, 0.0]], atol=1e-6)
+    close(ret, [[1.0, 1.0, 1.0, 0.0]])
+    close(ret, ret_raw)

@@ -158,3 +158,26 @@ def test_mask_zero_tokens_never_get_credit():
             assert all(a == 0.0 for a, m in zip(row, mask) if not m)
     with pytest.raises(ValueError, match="turn 2"):
         turn_returns_group_baseline([[1.0, 1.0]], [[-1, 0, 1, 2]], [[0, 1, 1, 1]], ["g"])
+
+
+def test_turn_gae_whiten_over_the_batch_sampled_tokens():
+    # gamma = lam = 1, s1's rewards [-.1, 0, 1] (returns-to-go .9, 1, 1), V = [-.1, -1, -2]:
+    # A = [1, 2, 3] on s1's sampled tokens (one per turn), targets R = A + V = [.9, 1, 1];
+    # whitened over those three tokens: mean 2, unbiased std 1 -> [-1, 0, 1]; the targets do not move
+    args = ([[-0.1, 0.0, 1.0]], TIDS[1:2], MASKS[1:2], [[-0.1, -1.0, -2.0]])
+    raw, ret_raw = turn_gae(*args, gamma=1.0, lam=1.0)
+    adv, ret = turn_gae(*args, gamma=1.0, lam=1.0, whiten=True)
+    close(raw[0], [0, 1.0, 0, 2.0, 0, 3.0])
+    close(adv[0], [0, -1.0, 0, 0.0, 0, 1.0])
+    close(ret[0], [0.9, 1.0, 1.0])
+    assert ret == ret_raw
+    # two sequences are whitened together (batch statistics), not each on its own:
+    # s0 (gamma = lam = 1, V = [0, 0], r = [0, 1]) has A = 1 on its three sampled tokens; with s1's
+    # [1, 2, 3] the six values have mean 1.5 and unbiased var (3 * .25 + .25 + .25 + 2.25) / 5 = .7
+    adv2, _ = turn_gae([[0.0, 1.0], [-0.1, 0.0, 1.0]], TIDS[:2], MASKS[:2], [[0.0, 0.0], [-0.1, -1.0, -2.0]],
+                       gamma=1.0, lam=1.0, whiten=True)
+    s = 0.7 ** -0.5
+    close(adv2[0], [0, 0, -0.5 * s, -0.5 * s, 0, -0.5 * s])
+    close(adv2[1], [0, -0.5 * s, 0, 0.5 * s, 0, 1.5 * s])
+    # fewer than two sampled tokens: nothing to whiten against -> 0
+    assert turn_gae([[1.0]], [[-1, 0]], [[0, 1]], [[0.0]], whiten=True)[0] == [[0.0, 0.0]]

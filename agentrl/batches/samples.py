@@ -3,7 +3,8 @@
 Owns the algorithm presets (which estimator, credit mode, aggregation and critic each ``--algo``
 means), filtering out trajectories that must not be trained on (infrastructure failures), and
 building ``TrainSample``s with per-token advantages (and critic targets for turn-level GAE).
-The maths lives in ``agentrl.algos``; the trainer never sees an algorithm name.
+The maths lives in ``agentrl.algos``; the trainer never sees an algorithm name, and what a null
+trainer field means for a run is chosen by ``agentrl.config.plan``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from agentrl import algos
+from agentrl.episodes.summary import episode_return
 from agentrl.trajectory import Trajectory
 
 
@@ -31,33 +33,6 @@ ALGOS: dict[str, AlgoPreset] = {
     "reinforce_pp": AlgoPreset("reinforce_pp", "outcome", "token-mean", False),
     "ppo": AlgoPreset("gae", "turn_gae", "token-mean", True),
 }
-
-
-def resolve_trainer(cfg, preset: AlgoPreset):
-    """``cfg`` (a RunConfig) with its null ("auto") trainer fields chosen for this run: ``lr``,
-    ``norm_lr_scale``, ``lr_schedule`` and ``min_lr_ratio`` from ``BUILTIN_RL`` for the built-in tiny
-    model, else from the Trainer API's ``AUTO``; ``total_steps`` the run's optimizer steps;
-    ``loss_agg`` the preset's aggregation; ``loss_norm_len`` (Dr. GRPO's constant) the most tokens an
-    episode can sample."""
-    import dataclasses
-
-    from agentrl.warmstart.default_model import BUILTIN_RL
-    from agentrl.trainer.config import AUTO
-
-    t = cfg.trainer
-    chosen = {**AUTO, **(BUILTIN_RL if cfg.model.path is None else {}),
-              "total_steps": cfg.train.steps * t.ppo_epochs * t.mini_batches}
-    auto = {k: v for k, v in chosen.items() if getattr(t, k) is None}
-    agg = t.loss_agg or preset.aggregation
-    norm = t.loss_norm_len
-    if agg == "seq-mean-token-sum-norm" and norm is None:
-        norm = min(cfg.rollout.max_context, cfg.rollout.max_new_tokens * cfg.rollout.max_turns)
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, loss_agg=agg, loss_norm_len=norm, **auto))
-
-
-def episode_return(t: Trajectory) -> float:
-    """Sum of the turn rewards (the terminal reward is the last turn's)."""
-    return float(sum(t.turn_rewards)) if t.turns else float(t.reward)
 
 
 def trainable(groups: Sequence[Sequence[Trajectory]]) -> tuple[list[Trajectory], int]:

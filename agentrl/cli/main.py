@@ -242,7 +242,7 @@ def config_cmd(
         cfg = resolve(_load(config, sets, JOB_BASES[job]()), job).cfg
     except AgentRLError as e:
         _fail(e)
-    console.print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False), nl=False)  # plain: valid YAML at any width
 
 
 from agentrl.cli.sandbox import app as sandbox_app  # noqa: E402

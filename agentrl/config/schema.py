@@ -1,28 +1,46 @@
 """One typed config tree for every agentrl command.
 
-Owns: the dataclasses of the tree (every field documented through ``doc()``), loading from YAML
-files in ``configs/``, ``--set a.b=c`` overrides, validation that names the field and the bad value
-(every float finite, every int within 64 bits; unreadable, binary or too deeply nested files and
-values rejected through ``agentrl.common.bounded``), rejection of unknown keys, and dumping the resolved tree. Does not know how the values are used.
+Owns: the dataclasses of the tree (every field documented through ``doc()``; sections that belong
+to one part live beside it and are re-exported here: ``rollout`` in ``agentrl.episodes.config``,
+``trainer`` in ``agentrl.trainer.config``, ``ray`` in ``agentrl.distributed.config``, ``monitor``
+in ``agentrl.observe.monitors``, ``sft`` (read by ``agentrl sft`` only) in ``agentrl.warmstart.config``), loading from YAML files in ``configs/``, ``--set a.b=c``
+overrides, per-field validation that names the field and the bad value (the rules of
+``agentrl.common.typed_tree``; unreadable, binary or too deeply nested files and values rejected
+through ``agentrl.common.bounded``), rejection of unknown keys, and dumping a tree.
+
+How layers combine (``load_config``): defaults <- ``base`` (a command's own options) <- each YAML
+file in order <- each ``--set`` in order. A mapping merges into the one below it key by key at every
+depth, ``env.kwargs`` included (``--set env.kwargs.split=eval --set env.kwargs.difficulty=3`` keeps
+both); an empty mapping (``--set env.kwargs={}``) clears what the layers below set; any other value
+replaces. One exception: a layer that names a different ``env.id`` than the layers below starts
+``env.kwargs`` afresh from its own (kwargs belong to their env).
+
+Does not check one field against another nor fill ``auto``/null fields (``agentrl.config.plan``
+does, once, for every job), and does not know how the values are used.
 """
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 
-from agentrl.common.bounded import BadText, decode, finite_error, parse_text
-from agentrl.distributed.config import RayConfig
-from agentrl.errors import ConfigError
+from agentrl.common.bounded import BadText, decode, parse_text
 from agentrl.common.fields import doc
+from agentrl.common.typed_tree import build as _build, deep_merge as _deep_merge, one_line as _one_line, parse_override
+from agentrl.distributed.config import RayConfig
+from agentrl.episodes.config import RolloutConfig
+from agentrl.errors import ConfigError
 from agentrl.observe.monitors import MonitorConfig
 from agentrl.trainer.config import TrainerConfig
 from agentrl.warmstart.config import SFTConfig
+
+__all__ = ["AlgoConfig", "EngineConfig", "EnvConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
+           "RunConfig", "TrainLoopConfig", "doc", "field_docs", "load_config", "merge_layer", "parse_override",
+           "save_config", "to_dict"]
 
 
 @dataclass
@@ -67,31 +85,9 @@ class EngineConfig:
 @dataclass
 class EnvConfig:
     id: str = doc("code_exec", "Registered env id (see `agentrl envs`).")
-    kwargs: dict = doc({}, "Keyword arguments passed to agentrl.make(id, **kwargs).")
-
-
-@dataclass
-class RolloutConfig:
-    num_prompts: int = doc(8, "Prompts (tasks) per rollout call; each is sampled group_size times.", min=1)
-    group_size: int = doc(8, "Samples per prompt (G); a group shares one task.", min=1)
-    max_turns: int = doc(8, "Assistant turns per episode before it ends as truncated_turns.", min=1)
-    max_new_tokens: int = doc(256, "Most tokens sampled in one assistant turn.", min=1)
-    max_context: int = doc(4096, "Token budget of a whole episode (prompt + all turns).", min=8)
-    min_turn_tokens: int = doc(8, "A turn starts only if this many tokens still fit; else context_overflow.", min=1)
-    score_truncated: bool = doc(False, "Still hand a turn cut at its token limit to env.step and keep its reward (outcome stays truncated_length).")
-    max_obs_chars: int = doc(4000, "Cap on each observation message's characters before rendering.", min=1)
-    temperature: float = doc(1.0, "Sampling temperature (0 = greedy).", min=0.0)
-    top_p: float = doc(1.0, "Nucleus sampling threshold in (0, 1].", min=0.0, max=1.0)
-    top_k: int = doc(0, "Top-k filter (0 = off).", min=0)
-    turn_timeout_s: float = doc(300.0, "Deadline for one turn's generation, and separately its env step.", min=0.001)
-    episode_timeout_s: float = doc(3600.0, "Deadline for a whole episode (outcome 'deadline').", min=0.001)
-    max_concurrency: int = doc(256, "Episodes in flight at once.", min=1)
-    seed: int = doc(0, "Seeds task selection and per-episode sampling.")
-    partial_rollouts: bool = doc(
-        True, "Weight updates interrupt in-flight generations, swap weights and let them resume (a turn may "
-        "hold tokens of two versions; the staleness bound uses the oldest). false: an update first drains "
-        "(new generations wait, running ones finish) so every turn comes from one version, at the cost of "
-        "waiting for the longest turn in flight.")
+    kwargs: dict = doc({}, "Keyword arguments passed to agentrl.make(id, **kwargs). Layers merge key by key "
+                           "(--set env.kwargs.difficulty=3 keeps the other keys); --set env.kwargs={} clears them; "
+                           "a layer that changes env.id starts them afresh.")
 
 
 @dataclass
@@ -160,121 +156,6 @@ class RunConfig:
 
 
 # ------------------------------------------------------------------------------------------
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise ConfigError(f"{path}: {value!r} is not one of {list(get_args(tp))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, path)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
-    if is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        return _build(tp, value, path)
-    base = origin or tp
-    if base is float and not isinstance(value, bool) and isinstance(value, (int, float, str)):
-        return _finite(value, path)
-    if base is bool and not isinstance(value, bool):
-        raise ConfigError(f"{path}: expected true/false, got {value!r}")
-    if base in (int, float, str, dict, list) and not isinstance(value, base) or (base is int and isinstance(value, bool)):
-        raise ConfigError(f"{path}: expected {_type_name(base)}, got {value!r} ({type(value).__name__})")
-    if base is int and not -2**63 <= value < 2**63:  # numpy seeds, torch sizes and rlimits stop at 64 bits
-        raise ConfigError(f"{path}: {value} is too large (more than 64 bits)")
-    return value
-
-
-def _finite(value: int | float | str, path: str) -> float:
-    """A float field's value: ints and YAML 1.1's unquoted "1e-4" (a string) accepted; NaN and
-    infinities rejected, as every float of the tree (rates, temperatures, timeouts) must be finite."""
-    try:
-        out = float(value)
-    except ValueError:
-        raise ConfigError(f"{path}: expected float, got {value!r} (str)") from None
-    except OverflowError:  # an int beyond float range
-        raise ConfigError(f"{path}: a {len(str(value))}-digit number is out of float range (must be finite)") from None
-    reason = finite_error(out)
-    if reason:
-        shown = repr(value) if len(str(value)) < 40 else f"a {len(str(value))}-character number"
-        raise ConfigError(f"{path}: {shown} is not a finite number")
-    return out
-
-
-def _build(cls: type, data: dict, prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        where = prefix or "config"
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    kwargs = {}
-    for name, value in data.items():
-        path = f"{prefix}.{name}" if prefix else name
-        f = names[name]
-        v = _coerce(value, hints[name], path)
-        lo, hi = f.metadata.get("min"), f.metadata.get("max")
-        if lo is not None and isinstance(v, (int, float)) and v < lo:
-            raise ConfigError(f"{path}: {v!r} is below the minimum {lo}")
-        if hi is not None and isinstance(v, (int, float)) and v > hi:
-            raise ConfigError(f"{path}: {v!r} is above the maximum {hi}")
-        kwargs[name] = v
-    return cls(**kwargs)
-
-
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "kwargs" else v
-    return out
-
-
-def parse_override(item: str) -> dict:
-    """``a.b=c`` -> {"a": {"b": c}} with c parsed as YAML (so 3 is an int, [1,2] a list)."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. rollout.group_size=8")
-    key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"--set {key!r}: empty field name in the key (expected e.g. rollout.group_size)")
-    try:
-        value = parse_text(raw, yaml.safe_load) if raw != "" else ""
-    except BadText as e:
-        raise ConfigError(f"--set {key}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {_short(item)!r}: cannot parse value: {_one_line(e)}") from None
-    out: dict = {}
-    cur = out
-    for p in parts[:-1]:
-        cur = cur.setdefault(p, {})
-    cur[parts[-1]] = value
-    return out
-
-
-def _short(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else f"{text[:n]}... ({len(text)} chars)"
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())
-
-
 def _read_file(p: Path) -> dict:
     """One YAML config file as a mapping; ConfigError naming the file for every way it can be unusable."""
     where = f"config file {str(p)!r}"
@@ -295,16 +176,25 @@ def _read_file(p: Path) -> dict:
     return loaded
 
 
+def merge_layer(data: dict, layer: dict) -> dict:
+    """One layer laid on the ones below (the rule in the module docstring)."""
+    env = layer.get("env")
+    if isinstance(env, dict) and "id" in env and isinstance(data.get("env"), dict) \
+            and env["id"] != data["env"].get("id", EnvConfig.id):
+        data = {**data, "env": {k: v for k, v in data["env"].items() if k != "kwargs"}}
+    return _deep_merge(data, layer)
+
+
 def load_config(files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> RunConfig:
-    """Merge defaults <- ``base`` <- YAML files (in order) <- ``--set`` overrides, then validate."""
+    """Merge defaults <- ``base`` <- YAML files (in order) <- ``--set`` overrides (the rule in the
+    module docstring), then validate every field. Cross-field checks and auto fields:
+    ``agentrl.config.plan.resolve``."""
     data: dict = dict(base or {})
     for f in files:
-        data = _deep_merge(data, _read_file(Path(f)))
+        data = merge_layer(data, _read_file(Path(f)))
     for o in overrides:
-        data = _deep_merge(data, parse_override(o))
-    cfg = _build(RunConfig, data)
-    cfg.trainer.check()
-    return cfg
+        data = merge_layer(data, parse_override(o))
+    return _build(RunConfig, data)
 
 
 def to_dict(cfg: Any) -> dict:

@@ -4,7 +4,8 @@ Owns ``RayBackend.start(cfg, model_path)``: join/start Ray, place the layout of 
 the engine actors, rollout workers and trainer ranks there (trainer ranks rendezvous through rank
 0's node address), wrap them in the driver-side adapters (``engine``, ``episodes``, ``trainer``),
 and ``close()``, which stops every actor, removes the placement groups and disconnects - also
-after a failed start. ``check(cfg)`` rejects what the Ray mode does not run.
+after a failed start. ``check(cfg)`` rejects what the Ray mode does not run (called by the run's
+plan, ``agentrl.config.plan``, and again by ``start`` for direct callers).
 
 Where things run: envs and their sandboxes live in the rollout workers (one EpisodeManager each),
 model weights in the engine actors and trainer ranks; the driver keeps the run loop, the queue,
@@ -20,8 +21,9 @@ of them attach to those servers. Weight pushes run in the driver (trainer rank 0
 weights -> driver -> WeightSync): with the disk path every server must be able to read
 ``engine.weights_dir`` (default output_dir/weights), i.e. a shared filesystem on a cluster.
 
-Does not own the training loop (``agentrl.jobs.run`` drives these objects exactly as it drives the
-in-process ones) or the behaviour of any actor.
+Does not own the training loop (``agentrl.jobs.run`` drives this object exactly as it drives the
+in-process ``LocalBackend``), choosing between the two (``agentrl.jobs.build.start_backend``) or
+the behaviour of any actor.
 """
 from __future__ import annotations
 
@@ -65,8 +67,10 @@ def check(cfg, rc: RayConfig) -> None:
 
 class RayBackend:
     """See the module docstring. Attributes after ``start``: ``engine`` (RayEngine, or SGLangEngine
-    for engine.kind=sglang), ``engine_actors`` (the SGLangEngineActors), ``episodes``
-    (RayEpisodes for the training env), ``trainer`` (RayTrainer), ``timings`` (seconds per phase)."""
+    for engine.kind=sglang; wrapped for ``rollout.partial_rollouts`` like the workers' engines),
+    ``engine_actors`` (the SGLangEngineActors), ``episodes`` (RayEpisodes for the training env),
+    ``trainer`` (RayTrainer), ``timings`` (seconds per phase). The same shape as
+    ``agentrl.jobs.local_backend.LocalBackend``."""
 
     def __init__(self, rc: RayConfig) -> None:
         self.rc = rc
@@ -77,6 +81,7 @@ class RayBackend:
         self.episodes: RayEpisodes | None = None
         self.trainer: RayTrainer | None = None
         self.timings: dict[str, float] = {}
+        self.partial_rollouts = True
 
     @classmethod
     def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> "RayBackend":
@@ -90,6 +95,11 @@ class RayBackend:
             self.close()
             raise
         return self
+
+    def remote_gates(self) -> list:
+        """The rollout workers' gates when weight updates must drain them (``partial_rollouts: false``):
+        their generations do not pass the driver's ``engine``. Empty with partial rollouts."""
+        return [] if self.partial_rollouts else self.episodes.gates()
 
     def _spawn(self, cls: type, slot: Slot, *args: Any, _opts: dict | None = None, **kw: Any):
         import ray
@@ -167,6 +177,10 @@ class RayBackend:
                 "starting trainer ranks, engines and rollout workers")
         t3 = time.perf_counter()
 
+        from agentrl.weights.drain import with_partial_rollouts
+
+        self.partial_rollouts = cfg.rollout.partial_rollouts
+        self.engine = with_partial_rollouts(self.engine, self.partial_rollouts)
         self.trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
         self.episodes = RayEpisodes(workers, env_id=cfg.env.id)
         self.timings = {"connect_s": t1 - t0, "place_s": t2 - t1, "actors_s": t3 - t2, "total_s": t3 - t0}

@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Iterable
 
 from agentrl.episodes.chat import ChatRenderer
-from agentrl.config.schema import RolloutConfig
 from agentrl.engine.base import Engine, SamplingParams
+from agentrl.episodes.config import RolloutConfig
 from agentrl.errors import EngineError, EpisodeError, EnvError, ToolTimeoutError
-from agentrl.observe.metrics import RolloutMetrics
+from agentrl.episodes.summary import RolloutMetrics
 from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 

@@ -1,64 +1,76 @@
-"""Engines and weight syncs from a run's config: what ``agentrl run`` (and ``agentrl rollout``) serve
-rollouts with.
+"""What a job's plan builds: the model directory, envs, engines, weight syncs and the backend.
 
-Owns the cross-field checks of ``cfg.engine`` (``check_engine_config``: the resolved weight-sync kind,
-ConfigError naming the bad value), building the engine (``make_engine``: the in-process LocalEngine,
-or SGLangEngine attached to ``engine.urls`` / launching ``engine.num_servers``) and its WeightSync
-(``make_sync``). Does not implement engines or syncs, and not the Ray mode's engines
-(``agentrl.distributed`` builds those).
+Owns turning a resolved plan (``agentrl.config.plan``) into objects, in one place for every job:
+``model_dir`` (the built-in model or a checked local directory), ``EnvFactory`` (the run's envs,
+one built at once to fail fast), ``make_engine`` (the engine ``engine.kind`` names: the in-process
+LocalEngine, or an SGLangEngine attached to ``engine.urls`` / launching ``engine.num_servers``),
+``make_sync`` (the WeightSync of ``engine.weight_sync``) and ``start_backend`` (``distributed:
+local`` -> a LocalBackend of the pieces above and a Trainer; ``ray`` -> a RayBackend, whose actors
+build their engines from the same config). Does not check or fill config fields (the plan did)
+and does not implement engines, syncs, envs or backends.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from agentrl.config.plan import Plan
 from agentrl.config.schema import RunConfig
+from agentrl.jobs.local_backend import LocalBackend
+from agentrl.sandbox.base import env_isolation_line
+
+
+def model_dir(cfg: RunConfig) -> Path:
+    """The model directory the job loads: the built-in model for ``model.path: null`` (built and
+    cached on first use), else ``model.path`` (a local directory, checked, or a Hub id fetched at
+    ``model.revision``; ConfigError if unusable)."""
+    from agentrl.warmstart.default_model import resolve_model_path
+
+    return resolve_model_path(cfg.model.path, cfg.model.revision)
+
+
+class EnvFactory:
+    """Builds the run's envs (``factory()``). One is built at once and closed, to fail fast on a bad
+    env or kwargs before any engine work, and to read ``isolation``: the ``sandbox: ...`` line of
+    its sandbox (None for an env without one), which ``agentrl run``/``rollout`` print at start."""
+
+    def __init__(self, env_id: str, kwargs: dict) -> None:
+        from agentrl.envs.registry import make
+
+        self.env_id, self.kwargs = env_id, dict(kwargs)
+        env = make(env_id, **self.kwargs)
+        try:
+            self.isolation = env_isolation_line(env)
+        finally:
+            env.close()
+
+    def __call__(self) -> Any:
+        from agentrl.envs.registry import make
+
+        return make(self.env_id, **self.kwargs)
+
+
+def env_factory(cfg: RunConfig) -> EnvFactory:
+    """The training (or rollout) env: ``env.id`` with ``env.kwargs``."""
+    return EnvFactory(cfg.env.id, cfg.env.kwargs)
+
+
+def eval_env_factory(plan: Plan):
+    """The held-out eval's env: ``env.id`` with ``plan.eval_env_kwargs`` (built per episode, not probed)."""
+    from agentrl.envs.registry import make
+
+    env_id, kwargs = plan.cfg.env.id, plan.eval_env_kwargs
+    return lambda: make(env_id, **kwargs)
 
 
 def make_engine(cfg: RunConfig, model_path: Path):
     """The rollout engine ``cfg.engine.kind`` names, not started yet."""
     if cfg.engine.kind == "sglang":
         return _sglang_engine(cfg, model_path)
-    import torch
-
     from agentrl.engine.local import LocalEngine
 
-    return LocalEngine.from_pretrained(str(model_path), device=cfg.model.device, dtype=getattr(torch, cfg.model.dtype),
+    return LocalEngine.from_pretrained(str(model_path), device=cfg.model.device, dtype=cfg.model.dtype,
                                        max_batch_size=cfg.engine.max_batch_size, max_context=cfg.rollout.max_context)
-
-
-def cpu_threads(cfg: RunConfig, cores: int | None = None) -> int | None:
-    """Torch intra-op threads for ``agentrl run`` (None: leave torch's default). Only the in-process
-    engine on CPU shares the process with the trainer; both compute at once in their own threads, and
-    every thread that enters a parallel region gets its own OpenMP team, so auto splits the cores."""
-    n = cfg.engine.cpu_threads
-    if n == 0 or cfg.engine.kind != "local" or cfg.model.device != "cpu" or cfg.distributed == "ray":
-        return None
-    if n is not None:
-        return n
-    import os
-
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    return max(1, cores // 2)
-
-
-def check_engine_config(cfg: RunConfig) -> str:
-    """Cross-field checks of ``cfg.engine``; returns the resolved weight-sync kind. ConfigError names
-    the bad value."""
-    from agentrl.weights.sync import resolve_sync_kind
-    from agentrl.errors import ConfigError
-
-    e = cfg.engine
-    if e.kind != "sglang" and e.urls:
-        raise ConfigError(f"engine.urls: {e.urls!r} needs engine.kind=sglang (got {e.kind!r})")
-    for u in e.urls:
-        if not isinstance(u, str) or not u.startswith(("http://", "https://")):
-            raise ConfigError(f"engine.urls: {u!r} is not an http(s)://host:port URL")
-    device = "cpu" if cfg.model.device == "cpu" else "gpu"
-    kind = resolve_sync_kind(e.weight_sync, e.kind, device)
-    if kind == "distributed" and e.sync_backend == "nccl" and device == "cpu":
-        raise ConfigError("engine.sync_backend: 'nccl' needs GPUs (model.device='cpu'); use gloo or weight_sync=disk")
-    return kind
 
 
 def _sglang_engine(cfg: RunConfig, model_path: Path):
@@ -71,14 +83,43 @@ def _sglang_engine(cfg: RunConfig, model_path: Path):
                                max_total_tokens=cfg.engine.max_total_tokens, max_context=cfg.rollout.max_context)
 
 
-def make_sync(cfg: RunConfig, kind: str, engine, model_path: Path, run_dir: Path):
-    from agentrl.weights.sync import make_weight_sync
+def make_sync(plan: Plan, engine, model_path: Path):
+    """The WeightSync ``engine.weight_sync`` (resolved by the plan) names, pushing into ``engine``."""
+    from agentrl.weights.factory import make_weight_sync
 
+    e = plan.cfg.engine
     kwargs: dict[str, Any] = {}
-    if kind == "disk":
-        kwargs = {"dir": cfg.engine.weights_dir or run_dir / "weights", "model_path": model_path}
-    elif kind == "distributed":
-        kwargs = {"backend": cfg.engine.sync_backend}
-    return make_weight_sync(kind, engine, **kwargs)
+    if plan.sync_kind == "disk":
+        kwargs = {"dir": Path(e.weights_dir), "model_path": model_path}
+    elif plan.sync_kind == "distributed":
+        kwargs = {"backend": e.sync_backend}
+    return make_weight_sync(plan.sync_kind, engine, **kwargs)
 
 
+def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Path | None = None):
+    """The run's backend, its trainer loaded from ``resume`` (a checkpoint, or None) before the
+    in-process engine is built; returns (backend, the checkpoint's extra state or {}). On failure
+    nothing it started is left running."""
+    cfg = plan.cfg
+    if cfg.distributed == "ray":
+        from agentrl.distributed import RayBackend
+
+        backend = RayBackend.start(cfg, model_path, critic=plan.preset.critic)
+        try:
+            return backend, backend.trainer.load(resume) if resume else {}
+        except BaseException:
+            backend.close()
+            raise
+    from agentrl.episodes.manager import EpisodeManager
+    from agentrl.trainer import Trainer
+    from agentrl.weights.drain import with_partial_rollouts
+
+    trainer = Trainer(str(model_path), cfg.trainer, critic=plan.preset.critic)
+    try:
+        extra = trainer.load(resume) if resume else {}
+        engine = with_partial_rollouts(make_engine(cfg, model_path), cfg.rollout.partial_rollouts)
+    except BaseException:
+        trainer.close()
+        raise
+    episodes = EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id)
+    return LocalBackend(engine=engine, trainer=trainer, episodes=episodes), extra

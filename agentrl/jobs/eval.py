@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from agentrl.errors import ConfigError, EpisodeError
 from agentrl.common.llm_api import ApiClient, ChatReply, public_url, redact
-from agentrl.observe.metrics import episode_rates
+from agentrl.episodes.summary import End, summarize as summarize_ends
 from agentrl.tools.calls import get_parser
 from agentrl.trajectory import Outcome, json_text
 
@@ -177,22 +177,14 @@ async def run_api_episode(client: ApiClient, make_env: Callable[[], Any], index:
 
 
 def summarize(episodes: list[ApiEpisode]) -> dict[str, Any]:
-    """Solve rate and infrastructure-failure rate over every episode, as ``agentrl run`` counts them
-    (``agentrl.observe.metrics.episode_rates``: an infrastructure failure is an unsolved task); reward mean and
-    tool use over the trainable outcomes."""
-    outcomes: dict[str, int] = {}
-    for e in episodes:
-        outcomes[e.outcome] = outcomes.get(e.outcome, 0) + 1
-    ok = [e for e in episodes if Outcome(e.outcome).trainable]
-    n = len(episodes)
-    return {
-        **episode_rates((e.outcome, e.reward) for e in episodes), "outcomes": outcomes,
-        "reward_mean": sum(e.reward for e in ok) / len(ok) if ok else 0.0,
-        "tool_use_rate": sum(e.tool_calls > 0 for e in ok) / len(ok) if ok else 0.0,
-        "turns_mean": sum(e.turns for e in episodes) / n if n else 0.0,
-        "prompt_tokens": sum(e.usage.get("prompt_tokens", 0) for e in episodes),
-        "completion_tokens": sum(e.usage.get("completion_tokens", 0) for e in episodes),
-    }
+    """The episode summary every job shares (``agentrl.episodes.summary``: solve and
+    infrastructure-failure rates over every episode, reward mean and tool use over the trainable
+    ones; 0.0 here when there are none) plus the API's token usage. An API episode's return is its
+    terminal reward (the text-level loop keeps no per-turn rewards)."""
+    s = summarize_ends(End(e.outcome, e.reward, e.reward, e.turns, e.tool_calls) for e in episodes)
+    return {"reward_mean": 0.0, "tool_use_rate": 0.0, **s,
+            "prompt_tokens": sum(e.usage.get("prompt_tokens", 0) for e in episodes),
+            "completion_tokens": sum(e.usage.get("completion_tokens", 0) for e in episodes)}
 
 
 def _public(obj: Any) -> Any:

@@ -1,9 +1,10 @@
-"""The rollout job: config -> engine + env + episode manager -> trajectories on disk + summary.
+"""The rollout job: plan -> engine + env + episode manager -> trajectories on disk + summary.
 
-Owns wiring the pieces for `agentrl rollout` (and, later, the rollout half of `agentrl run`):
-resolving the model, building the engine, streaming trajectories to ``trajectories.jsonl`` as they
-finish (a crash loses nothing already finished), writing the resolved config and metrics, and the
-progress bar. Does not define any of the pieces.
+Owns the job of `agentrl rollout`: resolving its plan (``agentrl.config.plan``, job ``rollout``),
+having ``agentrl.jobs.build`` build the env, the model and the engine ``engine.kind`` names (local
+or SGLang), streaming trajectories to ``trajectories.jsonl`` as they finish (a crash loses nothing
+already finished), writing the resolved config and metrics, and the progress bar. Also
+``tune_gc``, which every job's entry point calls. Does not define or build any of the pieces.
 """
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
 from agentrl.episodes.manager import EpisodeManager, make_specs
-from agentrl.observe.metrics import RolloutMetrics
-from agentrl.sandbox.base import env_isolation_line
+from agentrl.episodes.summary import RolloutMetrics
+from agentrl.jobs.build import env_factory, make_engine, model_dir
 from agentrl.trajectory import Trajectory, json_text
-
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def tune_gc() -> None:
@@ -30,42 +30,6 @@ def tune_gc() -> None:
 
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-
-
-def build_engine(cfg: RunConfig, model_path: Path):
-    import torch
-
-    from agentrl.engine.local import LocalEngine
-
-    return LocalEngine.from_pretrained(str(model_path), device=cfg.model.device,
-                                       dtype=getattr(torch, _DTYPES[cfg.model.dtype]),
-                                       max_batch_size=cfg.engine.max_batch_size,
-                                       max_context=cfg.rollout.max_context)
-
-
-class EnvFactory:
-    """Builds the run's envs (``factory()``). One is built at once and closed, to fail fast on a bad
-    env or kwargs before any engine work, and to read ``isolation``: the ``sandbox: ...`` line of
-    its sandbox (None for an env without one), which ``agentrl run``/``rollout`` print at start."""
-
-    def __init__(self, env_id: str, kwargs: dict) -> None:
-        from agentrl.envs.registry import make
-
-        self.env_id, self.kwargs = env_id, dict(kwargs)
-        env = make(env_id, **self.kwargs)
-        try:
-            self.isolation = env_isolation_line(env)
-        finally:
-            env.close()
-
-    def __call__(self) -> Any:
-        from agentrl.envs.registry import make
-
-        return make(self.env_id, **self.kwargs)
-
-
-def env_factory(cfg: RunConfig) -> EnvFactory:
-    return EnvFactory(cfg.env.id, cfg.env.kwargs)
 
 
 async def collect(manager: EpisodeManager, specs, out_file: Path | None, progress: bool = True) -> list[Trajectory]:
@@ -92,22 +56,26 @@ async def collect(manager: EpisodeManager, specs, out_file: Path | None, progres
     return results
 
 
-def run_rollout(cfg: RunConfig, progress: bool = True,
+def run_rollout(cfg: RunConfig | Plan, progress: bool = True,
                 note: Callable[[str], None] = print) -> tuple[list[Trajectory], RolloutMetrics, Path]:
+    """Run ``cfg``'s rollout (its plan for job ``rollout``); returns the trajectories, their
+    metrics and the output directory."""
     from transformers import AutoTokenizer
 
-    from agentrl.warmstart.default_model import resolve_model_path
+    from agentrl.models.device import device_line
 
+    cfg = resolve(cfg, "rollout").cfg  # written as config.yaml: what really ran
     tune_gc()
+    note(device_line(cfg))
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     factory = env_factory(cfg)
     if factory.isolation:
         note(factory.isolation)
-    model_path = resolve_model_path(cfg.model.path)
+    model_path = model_dir(cfg)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    engine = build_engine(cfg, model_path)
+    engine = make_engine(cfg, model_path)
 
     async def main() -> tuple[list[Trajectory], RolloutMetrics]:
         await engine.start()

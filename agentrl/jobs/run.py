@@ -1,15 +1,17 @@
 """The main job: ``agentrl run`` — rollout -> reward -> credit -> update -> weight sync -> next.
 
-Owns the in-process training loop: building the pieces from the config (model, LocalEngine,
-Trainer, env factory, EpisodeManager, StalenessQueue, sinks), the producer that admits and runs
+Owns the training loop: asking for the pieces (model, backend with engine, trainer and episode
+manager, weight sync, env factories, StalenessQueue, sinks), the producer that admits and runs
 groups of episodes, the trainer loop (batch -> samples -> train_step -> weight sync -> version),
 held-out evaluation, checkpoints for an exactly-once ``--resume`` (the prompt stream's position,
 the prompts in flight, which run again, and the finished-but-untrained groups, which are kept:
 ``rollouts.jsonl`` in the checkpoint; the ledger and logs are rewound to the checkpoint's step),
 replaying another run's recorded batches (``train.replay``), the live progress
-display, the final summary table and the curve PNG. With ``distributed: ray`` the same loop drives Ray-backed
-trainer/engine/episode objects (agentrl.distributed.RayBackend) instead. Does not implement any
-of those pieces.
+display, the final summary table and the curve PNG. The config is the run's plan
+(``agentrl.config.plan``: every check and auto field resolved there, written as config.yaml) and
+every piece comes from ``agentrl.jobs.build``; the loop talks to one backend object, a
+``LocalBackend`` (``distributed: local``) or a ``RayBackend`` (``ray``), the same way. Does not
+implement any of those pieces.
 """
 from __future__ import annotations
 
@@ -19,51 +21,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.config.schema import RunConfig, save_config, to_dict
-from agentrl.batches.samples import ALGOS, build_samples, resolve_trainer, trainable
-from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
-from agentrl.jobs.build import check_engine_config, cpu_threads, make_engine, make_sync
-from agentrl.episodes.manager import EpisodeManager, EpisodeSpec, make_specs
-from agentrl.common.faults import fault_point
-from agentrl.jobs.infra_stop import stop_if_all_failed
 from agentrl.batches.ledger import Ledger, rewind
-from agentrl.observe.metrics import RolloutMetrics, eval_stats, rollout_stats
-from agentrl.observe.monitors import MONITORS, Alert, new_alerts
-from agentrl.observe.progress import RunDisplay
 from agentrl.batches.prompt_stream import PromptStream
+from agentrl.batches.samples import build_samples, trainable
+from agentrl.batches.staleness import StalenessQueue, dump_ready, load_ready
+from agentrl.common.faults import fault_point
+from agentrl.config.plan import Plan, resolve
+from agentrl.config.schema import RunConfig, save_config, to_dict
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec, make_specs
+from agentrl.episodes.summary import RolloutMetrics, eval_stats, rollout_stats
+from agentrl.jobs.build import env_factory, eval_env_factory, make_sync, model_dir, start_backend
+from agentrl.jobs.infra_stop import stop_if_all_failed
+from agentrl.observe.monitors import Alert, new_alerts
+from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import TrajectoryLog, rollout_extra
 from agentrl.sandbox.slots import queue_summary, take_queue_waits
-from agentrl.batches.staleness import StalenessQueue, dump_ready, load_ready
 from agentrl.trainer.integrity import pick_resume
 from agentrl.trajectory import Trajectory
+from agentrl.weights.drain import weight_update_gate
 
 
 class Runner:
     """One training run. ``await Runner(cfg).run()``; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig, *, progress: bool = True) -> None:
-        if cfg.algo.name not in ALGOS:
-            from agentrl.errors import ConfigError
+    def __init__(self, cfg: RunConfig | Plan, *, progress: bool = True) -> None:
+        from agentrl.models.device import device_line
+        from agentrl.trainer.dist import refuse_launcher
 
-            raise ConfigError(f"algo.name: {cfg.algo.name!r} is not one of {sorted(ALGOS)}")
-        if cfg.trainer.temperature != cfg.rollout.temperature:
-            from agentrl.errors import ConfigError
-
-            raise ConfigError(f"trainer.temperature ({cfg.trainer.temperature}) must equal rollout.temperature "
-                              f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
-        self.sync_kind = check_engine_config(cfg)
-        self.backend = None  # distributed=ray: the RayBackend whose actors serve trainer/engine/episodes
-        if cfg.distributed == "ray":
-            from agentrl.distributed.backend import check
-
-            check(cfg, cfg.ray)
-        bad = [k for k in cfg.monitor.pause_on if k not in MONITORS]
-        if bad:
-            from agentrl.errors import ConfigError
-
-            raise ConfigError(f"monitor.pause_on: {bad} not among {list(MONITORS)}")
-        self.preset = ALGOS[cfg.algo.name]
-        self.cfg, self.progress = resolve_trainer(cfg, self.preset), progress
+        refuse_launcher("agentrl run")  # one process drives rollouts and training (Ray for more ranks)
+        self.plan = resolve(cfg, "run")  # every cross-field check and auto field, once
+        self.preset, self.progress = self.plan.preset, progress
+        self.cfg = cfg = self.plan.cfg
+        self.device_line = device_line(cfg)
+        self.backend = None  # LocalBackend or RayBackend: engine, trainer, episodes (built in _setup)
         self.run_dir = Path(cfg.output_dir)
         self.step = 0
         self.stream = PromptStream()  # prompt positions of the training stream
@@ -86,49 +76,40 @@ class Runner:
     def _setup(self) -> None:
         from transformers import AutoTokenizer
 
-        from agentrl.warmstart.default_model import resolve_model_path
-        from agentrl.jobs.rollout import env_factory, tune_gc
+        from agentrl.jobs.rollout import tune_gc
         from agentrl.observe.sinks import make_sinks
-        from agentrl.trainer import Trainer
 
         cfg = self.cfg
         tune_gc()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
-        self.model_path = resolve_model_path(cfg.model.path)
+        self.model_path = model_dir(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         self.make_env = env_factory(cfg)
         self.isolation = self.make_env.isolation
-        eval_kwargs = {**cfg.env.kwargs, **cfg.eval.env_kwargs}
-        from agentrl.envs.registry import make
-
-        self.make_eval_env = lambda: make(cfg.env.id, **eval_kwargs)
+        self.make_eval_env = eval_env_factory(self.plan)
         resume = self._latest_checkpoint() if cfg.train.resume else None
-        if cfg.distributed == "ray":  # the same interfaces, served by Ray actors
-            from agentrl.distributed import RayBackend
+        self.backend, extra = start_backend(self.plan, self.model_path, self.make_env, self.tokenizer, resume)
+        try:
+            self.trainer, self.engine = self.backend.trainer, self.backend.engine
+            self.step = int(extra.get("step", 0))
+            self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))},
+                                                  max_drops=cfg.train.max_prompt_drops)
+            if resume:
+                rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
+                self.restored = load_ready(resume / "rollouts.jsonl")
+                self.restored_counts = extra.get("queue", {})
+            if cfg.train.replay:
+                from agentrl.batches.replay import ReplaySource
 
-            self.backend = RayBackend.start(cfg, self.model_path, critic=self.preset.critic)
-            self.trainer = self.backend.trainer
-        else:
-            self.trainer = Trainer(str(self.model_path), cfg.trainer, critic=self.preset.critic)
-        extra = self.trainer.load(resume) if resume else {}
-        self.step = int(extra.get("step", 0))
-        self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))},
-                                              max_drops=cfg.train.max_prompt_drops)
-        if resume:
-            rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
-            self.restored = load_ready(resume / "rollouts.jsonl")
-            self.restored_counts = extra.get("queue", {})
-        if cfg.train.replay:
-            from agentrl.batches.replay import ReplaySource
-
-            self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
-        self.engine = self.backend.engine if self.backend is not None else make_engine(cfg, self.model_path)
-        self.engine = with_partial_rollouts(self.engine, cfg.rollout.partial_rollouts)
-        self.weight_sync = make_sync(cfg, self.sync_kind, self.engine, self.model_path, self.run_dir)
-        self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
-                                          wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
-                                          resume_step=self.step if resume is not None else None)
+                self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
+            self.weight_sync = make_sync(self.plan, self.engine, self.model_path)
+            self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
+                                              wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
+                                              resume_step=self.step if resume is not None else None)
+        except BaseException:  # actors and process groups must not outlive a failed setup
+            self.backend.close()
+            raise
         self.warnings = warnings + ([f"resumed from {resume} at step {self.step}"] if resume else [])
 
     def _latest_checkpoint(self) -> Path | None:
@@ -140,8 +121,7 @@ class Runner:
         """Gather the trainer's weights and push them through the configured WeightSync; seconds."""
         t0 = time.perf_counter()
         state = await asyncio.to_thread(self.trainer.full_state_dict)
-        remote = self.backend.episodes.gates() if self.backend is not None and not self.cfg.rollout.partial_rollouts else ()
-        async with weight_update_gate(self.engine, remote) as self.drain_s:  # 0.0 with partial rollouts
+        async with weight_update_gate(self.engine, self.backend.remote_gates()) as self.drain_s:  # 0.0 with partial rollouts
             self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
 
@@ -223,36 +203,28 @@ class Runner:
         self._stop = asyncio.Event()
         if self.stop_reason is not None:
             self._stop.set()
-        try:
-            self._setup()
-        except BaseException:
-            if self.backend is not None:  # Ray actors must not outlive a failed setup
-                self.backend.close()
-            raise
+        self._setup()  # closes what it started if it fails
         cfg = self.cfg
-        threads = cpu_threads(cfg)  # after setup: an SFT warm start built there had every core
-        if threads is not None:
+        if cfg.engine.cpu_threads:  # after setup: an SFT warm start built there had every core
             import torch
 
-            torch.set_num_threads(threads)
+            torch.set_num_threads(cfg.engine.cpu_threads)
         try:
             await self.engine.start()
             if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version
                 await self._sync_weights()
-        except BaseException:  # launched servers must not outlive a failed start
+        except BaseException:  # launched servers, actors and process groups must not outlive a failed start
             await self.weight_sync.close()
             await self.engine.close()
-            self.trainer.close()
-            if self.backend is not None:
-                self.backend.close()
+            self.backend.close()
             raise
         queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.drop)
         queue.version = self.trainer.version
         queue.restore(self.restored, **self.restored_counts)
         self.queue = queue
-        manager = self.backend.episodes if self.backend is not None else \
-            EpisodeManager(self.engine, self.make_env, self.tokenizer, cfg.rollout, env_id=cfg.env.id)
+        manager = self.backend.episodes
         display = RunDisplay(self.progress, cfg.train.steps, start=self.step)
+        display.note(self.device_line)
         if self.isolation:
             display.note(self.isolation)
         take_queue_waits()  # the first step's queue times are its own
@@ -319,9 +291,7 @@ class Runner:
             self.sinks.close()
             await self.weight_sync.close()
             await self.engine.close()
-            self.trainer.close()  # releases the process group it created
-            if self.backend is not None:
-                self.backend.close()  # kills the actors, removes the placement groups, leaves Ray
+            self.backend.close()  # the trainer's process group; Ray: the actors, placement groups, Ray itself
         return self._finish(final, time.perf_counter() - t_start, manager.metrics)
 
     # -- outputs -------------------------------------------------------------------------------

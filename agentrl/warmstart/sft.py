@@ -127,7 +127,7 @@ async def make_demonstrations(tokenizer, tasks: list[dict], *, env_kwargs: dict 
                               max_concurrency: int = 16) -> list[Any]:
     """Oracle ``Trajectory``s for ``tasks`` on ``code_exec`` (see the module docstring). Only
     episodes that ended ``ok`` with reward 1 are returned: a demonstration is always a success."""
-    from agentrl.config.schema import RolloutConfig
+    from agentrl.episodes.config import RolloutConfig
     from agentrl.engine.fake import FakeEngine
     from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
     from agentrl.envs.registry import make
@@ -165,18 +165,18 @@ def demonstration_examples(tokenizer, n: int, *, difficulty: int | list[int] = (
 # ------------------------------------------------------------------------------ the SFT stage
 def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFTConfig:
     """``SFTConfig`` from ``base`` and ``--set name=value`` overrides, validated like the run config."""
-    from agentrl.config.schema import _build, _deep_merge, parse_override
+    from agentrl.common.typed_tree import build, deep_merge, parse_override
 
     data: dict = dict(base or {})
     for o in overrides:
-        data = _deep_merge(data, parse_override(o))
+        data = deep_merge(data, parse_override(o))
     for name in ("lr", "min_lr_ratio", "direct_frac"):  # YAML 1.1 reads "1e-3" as a string; accept it as the number it is
         if isinstance(data.get(name), str):
             try:
                 data[name] = float(data[name])
             except ValueError:
                 pass
-    cfg = _build(SFTConfig, data, "sft")
+    cfg = build(SFTConfig, data, "sft")
     if cfg.batching not in ("pad", "pack"):
         raise ConfigError(f"sft.batching: {cfg.batching!r} is not one of ['pad', 'pack']")
     if cfg.demo_sandbox not in ("oracle", "env"):

@@ -11,7 +11,7 @@ def test_defaults_and_overrides(tmp_path):
     cfg = load_config([f], ["rollout.group_size=8", "env.kwargs={parser: python_block}"])
     assert cfg.rollout.group_size == 8
     assert cfg.rollout.temperature == 1.0 and isinstance(cfg.rollout.temperature, float)
-    assert cfg.env.kwargs == {"parser": "python_block"}  # kwargs replaced whole, not merged
+    assert cfg.env.kwargs == {"difficulty": 2, "parser": "python_block"}  # layers merge (test_merge.py)
     assert isinstance(cfg, RunConfig)
 
 

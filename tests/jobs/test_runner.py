@@ -94,20 +94,21 @@ def test_null_trainer_fields_are_resolved_per_run():
     """trainer.lr / norm_lr_scale / lr_schedule / min_lr_ratio / total_steps / loss_agg null = chosen by
     the run: by model (built-in or --model), the run's steps, and the algo preset's aggregation
     (dr_grpo's constant-length normaliser included); explicit values are kept."""
-    from agentrl.batches.samples import ALGOS, resolve_trainer
+    from agentrl.config.plan import resolve
     from agentrl.warmstart.default_model import BUILTIN_RL
     from agentrl.trainer.config import AUTO, TrainerConfig
 
-    builtin = resolve_trainer(load_config([], ["train.steps=50", "trainer.mini_batches=2"]), ALGOS["grpo"]).trainer
+    def trainer(*sets):
+        return resolve(load_config([], list(sets))).cfg.trainer
+
+    builtin = trainer("train.steps=50", "trainer.mini_batches=2")
     assert {k: getattr(builtin, k) for k in BUILTIN_RL} == BUILTIN_RL and builtin.lr_schedule == "cosine"
     assert builtin.loss_agg == "seq-mean-token-mean" and builtin.total_steps == 100
-    user = resolve_trainer(load_config([], ["model.path=/m", "algo.name=dr_grpo", "rollout.max_new_tokens=100",
-                                            "rollout.max_turns=3"]), ALGOS["dr_grpo"]).trainer
+    user = trainer("model.path=/m", "algo.name=dr_grpo", "rollout.max_new_tokens=100", "rollout.max_turns=3")
     assert user.lr == AUTO["lr"] and user.loss_agg == "seq-mean-token-sum-norm" and user.loss_norm_len == 300
     assert (user.norm_lr_scale, user.lr_schedule, user.min_lr_ratio, user.total_steps) == (1.0, "constant", 0.0, 120)
-    kept = resolve_trainer(load_config([], ["trainer.lr=3e-5", "trainer.loss_agg=token-mean", "trainer.total_steps=7",
-                                            "trainer.norm_lr_scale=3", "trainer.lr_schedule=constant"]),
-                           ALGOS["grpo"]).trainer
+    kept = trainer("trainer.lr=3e-5", "trainer.loss_agg=token-mean", "trainer.total_steps=7", "trainer.norm_lr_scale=3",
+                   "trainer.lr_schedule=constant")
     assert (kept.lr, kept.loss_agg, kept.norm_lr_scale, kept.lr_schedule, kept.total_steps, kept.min_lr_ratio) == \
         (3e-5, "token-mean", 3.0, "constant", 7, 0.1)
     api = TrainerConfig().resolved()
@@ -178,14 +179,17 @@ def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_t
                                                                                       monkeypatch):
     import torch
 
-    from agentrl.jobs.build import cpu_threads
+    from agentrl.config.plan import resolve
+    from agentrl.models.device import Accelerators
 
     def threads(*sets, cores=2):
-        return cpu_threads(load_config([], list(sets)), cores=cores)
+        gpu = Accelerators(True, 1, ("stand-in GPU",))  # model.device=cuda resolves without a GPU here
+        return resolve(load_config([], list(sets)), cores=cores, found=gpu).cfg.engine.cpu_threads
 
-    assert threads() == 1 and threads(cores=16) == 8 and threads(cores=1) == 1
-    assert threads("engine.cpu_threads=3") == 3 and threads("engine.cpu_threads=0") is None
-    assert threads("engine.kind=sglang") is None and threads("model.device=cuda") is None
+    cpu = "model.device=cpu"
+    assert threads(cpu) == 1 and threads(cpu, cores=16) == 8 and threads(cpu, cores=1) == 1
+    assert threads(cpu, "engine.cpu_threads=3") == 3 and threads(cpu, "engine.cpu_threads=0") == 0  # 0: torch's default
+    assert threads(cpu, "engine.kind=sglang") == 0 and threads("model.device=cuda") == 0
     calls, real = [], torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
     before = torch.get_num_threads()

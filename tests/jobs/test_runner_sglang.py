@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from agentrl.cli.main import app
 from agentrl.config.schema import load_config
 from agentrl.errors import ConfigError
-from agentrl.jobs.run import check_engine_config
+from agentrl.config.plan import resolve
 
 SHORT = ["rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=4",
          "train.groups_per_step=2", "train.max_staleness=1", "eval.num_tasks=4", "eval.every=0", "eval.env_kwargs={}",
@@ -26,14 +26,18 @@ SHORT = ["rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_trunc
 ])
 def test_engine_config_errors_name_the_bad_value(sets, match):
     with pytest.raises(ConfigError, match=match):
-        check_engine_config(load_config([], sets))
+        resolve(load_config([], ["model.device=cpu", *sets]))
 
 
 def test_engine_config_resolves_auto():
-    assert check_engine_config(load_config([], [])) == "inprocess"
-    assert check_engine_config(load_config([], ["engine.kind=sglang"])) == "disk"
-    assert check_engine_config(load_config([], ["engine.kind=sglang", "engine.weight_sync=distributed",
-                                                "engine.sync_backend=gloo"])) == "distributed"
+    def sync(*sets):
+        return resolve(load_config([], ["model.device=cpu", *sets])).sync_kind
+
+    assert sync() == "inprocess"
+    assert sync("engine.kind=sglang") == "disk"
+    assert sync("engine.kind=sglang", "engine.weight_sync=distributed", "engine.sync_backend=gloo") == "distributed"
+    disk = resolve(load_config([], ["model.device=cpu", "engine.kind=sglang", "output_dir=runs/x"])).cfg.engine
+    assert (disk.weight_sync, disk.weights_dir) == ("disk", "runs/x/weights")
 
 
 @pytest.mark.sglang

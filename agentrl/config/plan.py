@@ -1,0 +1,164 @@
+"""The plan of a job: a loaded config with every cross-field check passed and every auto field filled.
+
+Owns ``resolve(cfg, job)``, the one place where a run config is checked field against field and
+where null/``auto`` fields become the values the job will use. ``agentrl config`` prints its
+output, ``agentrl run`` and ``agentrl rollout`` run it (``agentrl.jobs.run.Runner`` and
+``agentrl.jobs.rollout.run_rollout`` resolve what they are given), and the ``config.yaml``
+written beside a run or a rollout is its ``cfg``. Resolving is idempotent: a resolved config
+resolves to itself, so a printed config can be fed back with ``-c``.
+
+What it does, in order (every failure a ConfigError naming the field and the bad value):
+
+1. ``model.device`` / ``model.dtype`` ``auto`` and the trainer's device fields that follow them
+   (``agentrl.models.device.resolve_device``);
+2. ``engine.urls``: only with ``engine.kind=sglang``, each an http(s) URL;
+3. for ``run`` only (the sections a job does not use are left as given and not checked):
+   ``algo.name`` a known preset and ``algo.credit`` null -> the preset's credit mode;
+   ``engine.weight_sync`` ``auto`` -> the sync kind (``agentrl.weights.factory.resolve_sync_kind``),
+   nccl only on GPUs, ``engine.weights_dir`` null -> output_dir/weights for the disk sync;
+   ``engine.cpu_threads`` null -> half the cores for the in-process engine on CPU, 0 (torch's
+   default) whenever the engine does not share this process's CPU with the trainer;
+   ``distributed: ray`` -> the Ray mode's own rule (``agentrl.distributed.backend.check``);
+   ``monitor.pause_on`` known alert kinds; the null trainer fields (``lr``, ``norm_lr_scale``,
+   ``lr_schedule``, ``min_lr_ratio`` from ``BUILTIN_RL`` for the built-in model, else the Trainer
+   API's ``AUTO``; ``total_steps`` the run's optimizer steps; ``loss_agg`` the preset's;
+   ``loss_norm_len`` the most tokens an episode can sample), then ``TrainerConfig.check``;
+   ``trainer.temperature`` must equal ``rollout.temperature``.
+
+Does not touch the filesystem, the network or any model: a model directory, a replay run and the
+Ray cluster are checked when the job builds them (``agentrl.jobs.build``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config.schema import RunConfig
+from agentrl.errors import ConfigError
+
+#: The jobs a plan can be made for.
+JOBS = ("run", "rollout")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved config (``cfg``) for ``job``, with what it implies: the algorithm ``preset``
+    (``agentrl.batches.samples.ALGOS``; None for a job that does not train)."""
+
+    cfg: RunConfig
+    job: str
+    preset: Any = None
+
+    @property
+    def sync_kind(self) -> str:
+        """The weight sync the run pushes through (``engine.weight_sync``, resolved)."""
+        return self.cfg.engine.weight_sync
+
+    @property
+    def eval_env_kwargs(self) -> dict:
+        """The held-out eval's env kwargs: ``env.kwargs`` overridden by ``eval.env_kwargs``."""
+        return {**self.cfg.env.kwargs, **self.cfg.eval.env_kwargs}
+
+
+def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None, found: Any = None) -> Plan:
+    """The plan of ``job`` for ``cfg`` (see the module docstring); a Plan for ``job`` is returned as
+    is. ``cores``: CPU cores for the auto ``engine.cpu_threads`` (default: this process's affinity);
+    ``found``: the accelerators ``agentrl.models.device`` probes (default: this machine's)."""
+    if isinstance(cfg, Plan):
+        if cfg.job == job:
+            return cfg
+        cfg = cfg.cfg
+    if job not in JOBS:
+        raise ConfigError(f"job: {job!r} is not one of {list(JOBS)}")
+    from agentrl.models.device import resolve_device
+
+    cfg = resolve_device(cfg, found)
+    check_urls(cfg)
+    if job != "run":
+        return Plan(cfg, job)
+    preset = _preset(cfg)
+    engine = _engine(cfg, cores)
+    if cfg.distributed == "ray":
+        from agentrl.distributed.backend import check
+
+        check(cfg, cfg.ray)
+    _check_monitors(cfg)
+    trainer = resolve_trainer(cfg, preset)
+    trainer.check()
+    if trainer.temperature != cfg.rollout.temperature:
+        raise ConfigError(f"trainer.temperature ({trainer.temperature}) must equal rollout.temperature "
+                          f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
+    algo = dataclasses.replace(cfg.algo, credit=cfg.algo.credit or preset.credit)
+    return Plan(dataclasses.replace(cfg, engine=engine, trainer=trainer, algo=algo), job, preset)
+
+
+def check_urls(cfg: RunConfig) -> None:
+    e = cfg.engine
+    if e.kind != "sglang" and e.urls:
+        raise ConfigError(f"engine.urls: {e.urls!r} needs engine.kind=sglang (got {e.kind!r})")
+    for u in e.urls:
+        if not isinstance(u, str) or not u.startswith(("http://", "https://")):
+            raise ConfigError(f"engine.urls: {u!r} is not an http(s)://host:port URL")
+
+
+def _preset(cfg: RunConfig):
+    from agentrl.batches.samples import ALGOS
+
+    if cfg.algo.name not in ALGOS:
+        raise ConfigError(f"algo.name: {cfg.algo.name!r} is not one of {sorted(ALGOS)}")
+    return ALGOS[cfg.algo.name]
+
+
+def _engine(cfg: RunConfig, cores: int | None):
+    """``cfg.engine`` with the weight sync, its directory and the CPU threads resolved."""
+    from agentrl.weights.factory import resolve_sync_kind
+
+    e = cfg.engine
+    device = "cpu" if cfg.model.device == "cpu" else "gpu"
+    kind = resolve_sync_kind(e.weight_sync, e.kind, device)
+    if kind == "distributed" and e.sync_backend == "nccl" and device == "cpu":
+        raise ConfigError("engine.sync_backend: 'nccl' needs GPUs (model.device='cpu'); use gloo or weight_sync=disk")
+    weights_dir = e.weights_dir
+    if kind == "disk" and weights_dir is None:
+        weights_dir = str(Path(cfg.output_dir) / "weights")
+    return dataclasses.replace(e, weight_sync=kind, weights_dir=weights_dir, cpu_threads=cpu_threads(cfg, cores))
+
+
+def cpu_threads(cfg: RunConfig, cores: int | None = None) -> int:
+    """Torch intra-op threads for ``agentrl run`` (0: leave torch's default). Only the in-process
+    engine on CPU shares the process with the trainer; both compute at once in their own threads, and
+    every thread that enters a parallel region gets its own OpenMP team, so null (auto) splits the cores."""
+    n = cfg.engine.cpu_threads
+    if n == 0 or cfg.engine.kind != "local" or cfg.model.device != "cpu" or cfg.distributed == "ray":
+        return 0
+    if n is not None:
+        return n
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(1, cores // 2)
+
+
+def _check_monitors(cfg: RunConfig) -> None:
+    from agentrl.observe.monitors import MONITORS
+
+    bad = [k for k in cfg.monitor.pause_on if k not in MONITORS]
+    if bad:
+        raise ConfigError(f"monitor.pause_on: {bad} not among {list(MONITORS)}")
+
+
+def resolve_trainer(cfg: RunConfig, preset):
+    """``cfg.trainer`` with its null ("auto") fields chosen for this run (see the module docstring)."""
+    from agentrl.trainer.config import AUTO
+    from agentrl.warmstart.default_model import BUILTIN_RL
+
+    t = cfg.trainer
+    chosen = {**AUTO, **(BUILTIN_RL if cfg.model.path is None else {}),
+              "total_steps": cfg.train.steps * t.ppo_epochs * t.mini_batches}
+    auto = {k: v for k, v in chosen.items() if getattr(t, k) is None}
+    agg = t.loss_agg or preset.aggregation
+    norm = t.loss_norm_len
+    if agg == "seq-mean-token-sum-norm" and norm is None:
+        norm = min(cfg.rollout.max_context, cfg.rollout.max_new_tokens * cfg.rollout.max_turns)
+    return dataclasses.replace(t, loss_agg=agg, loss_norm_len=norm, **auto)

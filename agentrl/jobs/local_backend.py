@@ -1,0 +1,31 @@
+"""``distributed: local`` as one object: the in-process engine, trainer and episode manager of a run.
+
+Owns ``LocalBackend``, the same shape as ``agentrl.distributed.RayBackend`` (``engine``,
+``trainer``, ``episodes``, ``remote_gates()``, ``close()``), so the run loop (``agentrl.jobs.run``)
+talks to one backend object whichever mode runs. Its pieces are built by
+``agentrl.jobs.build.start_backend``; it does not build, start or implement any of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class LocalBackend:
+    """``engine``: the in-process engine (wrapped for ``rollout.partial_rollouts``), which the
+    episodes, evaluation and weight pushes share; ``trainer``: the in-process Trainer;
+    ``episodes``: the EpisodeManager of the training env on ``engine``."""
+
+    engine: Any
+    trainer: Any
+    episodes: Any
+
+    def remote_gates(self) -> tuple:
+        """Gates of generations that do not pass ``engine``: none here (every episode runs on it)."""
+        return ()
+
+    def close(self) -> None:
+        """Release the trainer (its process group). The engine is async and closed by the run loop
+        (``await engine.close()``), as with the Ray backend."""
+        self.trainer.close()

@@ -50,6 +50,7 @@ Seed-to-seed spread is as large as the gaps between arms: read the paired differ
     python bench/bench_credit.py --pattern alternate --seeds 16 --seed-start 300
     python bench/bench_credit.py --quick                      # smoke run: 1 seed x 3 steps, 20-step SFT (~1 min)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,10 @@ from pathlib import Path
 ARMS = {"outcome": ("grpo", "outcome"), "turn_return": ("grpo", "turn_return"), "outcome_nostd": ("dr_grpo", "outcome")}
 WORDS = ("yes", "no", "ok", "sure", "the", "answer", "is", "a", "word", "about", "it", "and", "so", "on")
 #: per ``--pattern``: the warm start's longest reply (words), and the defaults of --steps, --max-new-tokens, --threshold
-PATTERNS = {"same": {"max_words": 6, "steps": 30, "max_new_tokens": 8, "threshold": 0.8},
-            "alternate": {"max_words": 12, "steps": 100, "max_new_tokens": 24, "threshold": 0.7}}
+PATTERNS = {
+    "same": {"max_words": 6, "steps": 30, "max_new_tokens": 8, "threshold": 0.8},
+    "alternate": {"max_words": 12, "steps": 100, "max_new_tokens": 24, "threshold": 0.7},
+}
 
 
 def warm_start_examples(tok, n: int, turns: int, seed: int, pattern: str = "same"):
@@ -107,17 +110,29 @@ def start_model(args) -> Path:
         print(f"start model: {warm} (cached)")
         return warm
     t0 = time.perf_counter()
-    base = build_model(root / "base", hidden_size=args.hidden, num_layers=args.layers, num_heads=2,
-                       intermediate_size=2 * args.hidden, seed=0)
+    base = build_model(
+        root / "base",
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=2,
+        intermediate_size=2 * args.hidden,
+        seed=0,
+    )
     tok = AutoTokenizer.from_pretrained(str(base))
     examples = warm_start_examples(tok, 512, args.turns, seed=0, pattern=args.pattern)
     tmp = root / "warm.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted build
-    summary = run_sft(base, tmp, SFTConfig(steps=args.sft_steps, batch_size=16, lr=3e-3, num_demos=0,
-                                           warmup_steps=10, batching="pad"), examples=examples)
+    summary = run_sft(
+        base,
+        tmp,
+        SFTConfig(steps=args.sft_steps, batch_size=16, lr=3e-3, num_demos=0, warmup_steps=10, batching="pad"),
+        examples=examples,
+    )
     tmp.rename(warm)
-    print(f"start model: {warm} (built in {time.perf_counter() - t0:.0f} s; SFT loss "
-          f"{summary['loss_first']:.2f} -> {summary['loss_last']:.2f})")
+    print(
+        f"start model: {warm} (built in {time.perf_counter() - t0:.0f} s; SFT loss "
+        f"{summary['loss_first']:.2f} -> {summary['loss_last']:.2f})"
+    )
     return warm
 
 
@@ -138,17 +153,26 @@ def run_one(model: Path, mode: str, seed: int, args, out_root: Path) -> dict:
 
     out = out_root / f"{mode}-s{seed}"
     env_kwargs = {"n_turns": args.turns, "pattern": args.pattern}
-    cfg = load_config(base={
-        "output_dir": str(out), "model": {"path": str(model)},
-        "env": {"id": "concise", "kwargs": env_kwargs},
-        "rollout": {"max_new_tokens": args.max_new_tokens, "max_turns": args.turns, "score_truncated": True,
-                    "group_size": args.group_size, "temperature": 1.0, "seed": seed},
-        "algo": {"name": ARMS[mode][0], "credit": ARMS[mode][1]},
-        "train": {"steps": args.steps, "groups_per_step": args.groups, "max_staleness": 0, "checkpoint_every": 0},
-        "eval": {"num_tasks": 0, "every": 0, "env_kwargs": {}},
-        "trainer": {"lr": args.lr, "loss_agg": "token-mean", "seed": seed, "temperature": 1.0},
-        "logging": {"tensorboard": False},
-    })
+    cfg = load_config(
+        base={
+            "output_dir": str(out),
+            "model": {"path": str(model)},
+            "env": {"id": "concise", "kwargs": env_kwargs},
+            "rollout": {
+                "max_new_tokens": args.max_new_tokens,
+                "max_turns": args.turns,
+                "score_truncated": True,
+                "group_size": args.group_size,
+                "temperature": 1.0,
+                "seed": seed,
+            },
+            "algo": {"name": ARMS[mode][0], "credit": ARMS[mode][1]},
+            "train": {"steps": args.steps, "groups_per_step": args.groups, "max_staleness": 0, "checkpoint_every": 0},
+            "eval": {"num_tasks": 0, "every": 0, "env_kwargs": {}},
+            "trainer": {"lr": args.lr, "loss_agg": "token-mean", "seed": seed, "temperature": 1.0},
+            "logging": {"tensorboard": False},
+        }
+    )
     t0 = time.perf_counter()
     # the per-kind turn scores ride along in the runner's rollout metrics (a bench-only diagnostic;
     # nothing the trainer sees changes); restored afterwards
@@ -160,9 +184,14 @@ def run_one(model: Path, mode: str, seed: int, args, out_root: Path) -> dict:
     finally:
         runner_mod.rollout_stats = base_stats
     rows = [r for r in runner.history if "rollout/reward_mean" in r]
-    return {"mode": mode, "seed": seed, "wall_s": time.perf_counter() - t0,
-            "reward": [r["rollout/reward_mean"] for r in rows], "turns": [r["rollout/turns_mean"] for r in rows],
-            **{k: [r.get(f"rollout/{k}_score") for r in rows] for k in ("short", "long")}}
+    return {
+        "mode": mode,
+        "seed": seed,
+        "wall_s": time.perf_counter() - t0,
+        "reward": [r["rollout/reward_mean"] for r in rows],
+        "turns": [r["rollout/turns_mean"] for r in rows],
+        **{k: [r.get(f"rollout/{k}_score") for r in rows] for k in ("short", "long")},
+    }
 
 
 def first_at(curve: list[float], threshold: float) -> int | None:
@@ -184,20 +213,28 @@ def summarize(runs: list[dict], args) -> dict:
         mean = [statistics.fmean(col) for col in zip(*curves)]
         std = [statistics.pstdev(col) for col in zip(*curves)]
         aucs, finals = [statistics.fmean(c) for c in curves], [statistics.fmean(c[-10:]) for c in curves]
-        out[mode] = {"mean_curve": mean, "std_curve": std,
-                     **{f"{k}_curve": mean_over_seeds([r[k] for r in mine]) for k in ("turns", "short", "long")},
-                     "steps_to_threshold": first_at(mean, args.threshold),
-                     "steps_to_threshold_per_seed": [first_at(c, args.threshold) for c in curves],
-                     "auc": statistics.fmean(aucs), "auc_per_seed": aucs,
-                     "auc_std": statistics.pstdev(aucs) if len(aucs) > 1 else 0.0,
-                     "final_per_seed": finals, "seeds_final_at_threshold": sum(f >= args.threshold for f in finals)}
+        out[mode] = {
+            "mean_curve": mean,
+            "std_curve": std,
+            **{f"{k}_curve": mean_over_seeds([r[k] for r in mine]) for k in ("turns", "short", "long")},
+            "steps_to_threshold": first_at(mean, args.threshold),
+            "steps_to_threshold_per_seed": [first_at(c, args.threshold) for c in curves],
+            "auc": statistics.fmean(aucs),
+            "auc_per_seed": aucs,
+            "auc_std": statistics.pstdev(aucs) if len(aucs) > 1 else 0.0,
+            "final_per_seed": finals,
+            "seeds_final_at_threshold": sum(f >= args.threshold for f in finals),
+        }
     if "turn_return" in out:  # paired by seed: same tasks and sampling seeds in every arm
         mine = out["turn_return"]["auc_per_seed"]
         for mode in out:
             if mode != "turn_return":
                 d = [a - b for a, b in zip(mine, out[mode]["auc_per_seed"])]
-                out[mode]["turn_return_minus_this_auc"] = {"mean": statistics.fmean(d), "per_seed": d,
-                                                           "seeds_turn_return_better": sum(x > 0 for x in d)}
+                out[mode]["turn_return_minus_this_auc"] = {
+                    "mean": statistics.fmean(d),
+                    "per_seed": d,
+                    "seeds_turn_return_better": sum(x > 0 for x in d),
+                }
     return out
 
 
@@ -216,9 +253,12 @@ def plot(summary: dict, args, path: Path) -> None:
     ax.axhline(args.threshold, color="k", ls=":", lw=0.8, label=f"threshold {args.threshold}")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("rollout reward (episode return)")
-    ax.set_title(f"concise, pattern {args.pattern} ({args.turns} turns, {args.group_size}x{args.groups} episodes/step, "
-                 f"lr {args.lr}, {args.max_new_tokens} tokens/turn):\n"
-                 f"credit modes, mean +- std over {args.seeds} seeds", fontsize=9)
+    ax.set_title(
+        f"concise, pattern {args.pattern} ({args.turns} turns, {args.group_size}x{args.groups} episodes/step, "
+        f"lr {args.lr}, {args.max_new_tokens} tokens/turn):\n"
+        f"credit modes, mean +- std over {args.seeds} seeds",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -236,8 +276,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--groups", type=int, default=2, help="prompt groups per optimizer step")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: 8 same, 24 alternate)")
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threshold", type=float, default=None,
-                    help="reward level for steps-to-threshold (default: 0.8 same, 0.7 alternate)")
+    ap.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="reward level for steps-to-threshold (default: 0.8 same, 0.7 alternate)",
+    )
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sft-steps", type=int, default=150)
@@ -245,8 +289,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model-dir", default=None, help="cache of the start model (default: temp dir)")
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/credit[-alternate].json)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {list(ARMS)}")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 1 seed, 3 steps, 1 group per step, a 20-step SFT warm start (same code path)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 seed, 3 steps, 1 group per step, a 20-step SFT warm start (same code path)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.groups, args.sft_steps = 1, 3, 1, 20
@@ -270,40 +317,57 @@ def main(argv: list[str] | None = None) -> dict:
             for mode in args.arms:  # interleaved, so machine load drifts hit both modes alike
                 r = run_one(model, mode, seed, args, Path(tmp))
                 runs.append(r)
-                print(f"  {mode:<12} seed {seed}: reward {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}, "
-                      f"turns {r['turns'][0]:.2f} -> {r['turns'][-1]:.2f} ({r['wall_s']:.0f} s)", flush=True)
+                print(
+                    f"  {mode:<12} seed {seed}: reward {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}, "
+                    f"turns {r['turns'][0]:.2f} -> {r['turns'][-1]:.2f} ({r['wall_s']:.0f} s)",
+                    flush=True,
+                )
     summary = summarize(runs, args)
     wall = time.perf_counter() - t0
     steps = sorted({s for s in (1, 2, 3, 4, 5, 10, 20, 30, 50, 100, 200) if s <= args.steps} | {args.steps})
     print(f"\npattern {args.pattern}: mean rollout reward over {args.seeds} seeds (episode return, max 1.0)")
-    print(f"{'mode':<13}" + "".join(f"{'s' + str(s):>7}" for s in steps) + f"{'->' + str(args.threshold):>8}"
-          f"{'AUC':>8}{'+-':>7}{'turns s1->end':>15}")
+    print(
+        f"{'mode':<13}" + "".join(f"{'s' + str(s):>7}" for s in steps) + f"{'->' + str(args.threshold):>8}"
+        f"{'AUC':>8}{'+-':>7}{'turns s1->end':>15}"
+    )
     for mode in args.arms:
         m = summary[mode]
         hit = m["steps_to_threshold"]
-        print(f"{mode:<13}" + "".join(f"{m['mean_curve'][s - 1]:>7.3f}" for s in steps)
-              + f"{(str(hit) if hit else 'never'):>8}{m['auc']:>8.3f}{m['auc_std']:>7.3f}"
-              f"{m['turns_curve'][0]:>9.2f}->{m['turns_curve'][-1]:.2f}")
+        print(
+            f"{mode:<13}"
+            + "".join(f"{m['mean_curve'][s - 1]:>7.3f}" for s in steps)
+            + f"{(str(hit) if hit else 'never'):>8}{m['auc']:>8.3f}{m['auc_std']:>7.3f}"
+            f"{m['turns_curve'][0]:>9.2f}->{m['turns_curve'][-1]:.2f}"
+        )
     for mode in args.arms:
-        sc = [f"{k} turns {c[0]:.3f} -> {c[-1]:.3f}" for k in ("short", "long")
-              if None not in (c := summary[mode][f"{k}_curve"])]
+        sc = [
+            f"{k} turns {c[0]:.3f} -> {c[-1]:.3f}"
+            for k in ("short", "long")
+            if None not in (c := summary[mode][f"{k}_curve"])
+        ]
         print(f"  {mode}: mean turn score (turns * r_k) of the {', '.join(sc)}")
     for mode in args.arms:
         m = summary[mode]
-        print(f"  {mode}: per-seed steps to {args.threshold}: {m['steps_to_threshold_per_seed']}, per-seed AUC: "
-              f"{[round(a, 3) for a in m['auc_per_seed']]}; last-10-step mean >= {args.threshold} on "
-              f"{m['seeds_final_at_threshold']} of {args.seeds} seeds")
+        print(
+            f"  {mode}: per-seed steps to {args.threshold}: {m['steps_to_threshold_per_seed']}, per-seed AUC: "
+            f"{[round(a, 3) for a in m['auc_per_seed']]}; last-10-step mean >= {args.threshold} on "
+            f"{m['seeds_final_at_threshold']} of {args.seeds} seeds"
+        )
     for mode in args.arms:
         paired = summary[mode].get("turn_return_minus_this_auc")
         if paired:
-            print(f"  paired by seed, AUC(turn_return) - AUC({mode}): mean {paired['mean']:+.3f}, "
-                  f"turn_return higher on {paired['seeds_turn_return_better']} of {args.seeds} seeds")
+            print(
+                f"  paired by seed, AUC(turn_return) - AUC({mode}): mean {paired['mean']:+.3f}, "
+                f"turn_return higher on {paired['seeds_turn_return_better']} of {args.seeds} seeds"
+            )
     result = {
         "benchmark": f"credit: outcome broadcast vs turn_return on concise, pattern {args.pattern}",
         "command": "python bench/bench_credit.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
         "workload": {k: v for k, v in vars(args).items() if k not in ("out", "model_dir")},
-        "wall_s": wall, "summary": summary, "runs": runs,
+        "wall_s": wall,
+        "summary": summary,
+        "runs": runs,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ Informative only (issue 5): SGLang is not built for CPUs.
 
     python bench/bench_engine.py --engine sglang [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,14 @@ def run_static(model, reqs, batch_size: int, pad_id: int) -> dict:
             mask[j, p - len(pr) :] = 1
         longest = max(n for _, n in batch)
         cfg = GenerationConfig(
-            max_new_tokens=longest, min_new_tokens=longest, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-            eos_token_id=None, pad_token_id=pad_id,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=None,
+            pad_token_id=pad_id,
         )
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
@@ -120,12 +127,17 @@ def bench_static(args, model, reqs) -> dict:
         order = ("engine", "static") if rep % 2 == 0 else ("static", "engine")
         res = {}
         for name in order:
-            res[name] = run_engine(engine, reqs) if name == "engine" else run_static(model, reqs, args.batch_size, pad_id)
+            res[name] = (
+                run_engine(engine, reqs) if name == "engine" else run_static(model, reqs, args.batch_size, pad_id)
+            )
             res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
         res["ratio"] = res["engine"]["tok_s"] / res["static"]["tok_s"]
         pairs.append(res)
-        print(f"rep {rep}: engine {res['engine']['tok_s']:8.1f} tok/s  static {res['static']['tok_s']:8.1f} tok/s"
-              f"  ratio {res['ratio']:.2f}", flush=True)
+        print(
+            f"rep {rep}: engine {res['engine']['tok_s']:8.1f} tok/s  static {res['static']['tok_s']:8.1f} tok/s"
+            f"  ratio {res['ratio']:.2f}",
+            flush=True,
+        )
     asyncio.run(engine.close())
 
     med = lambda key: statistics.median(p[key]["tok_s"] for p in pairs)  # noqa: E731
@@ -141,8 +153,10 @@ def bench_static(args, model, reqs) -> dict:
     print(f"{'system':<28}{'tok/s (median)':>16}")
     print(f"{'LocalEngine (continuous)':<28}{result['engine_tok_s_median']:>16.1f}")
     print(f"{'HF generate (static)':<28}{result['static_tok_s_median']:>16.1f}")
-    print(f"speedup (median of {len(pairs)} pair ratios): {result['speedup_median_of_pair_ratios']:.2f}x;"
-          f" static batching computes {1 / result['static_useful_fraction']:.2f}x the useful tokens")
+    print(
+        f"speedup (median of {len(pairs)} pair ratios): {result['speedup_median_of_pair_ratios']:.2f}x;"
+        f" static batching computes {1 / result['static_useful_fraction']:.2f}x the useful tokens"
+    )
     return result
 
 
@@ -154,8 +168,10 @@ def bench_sglang(args, path: Path, model, reqs) -> dict:
     t = time.perf_counter()
     # the launcher's CPU flags include --sleep-on-idle (an idle scheduler would busy-poll a core)
     sglang = SGLangEngine.launch(path, max_running_requests=args.batch_size, dtype=args.sglang_dtype)
-    print(f"SGLang server ready in {time.perf_counter() - t:.1f} s ({sglang.urls[0]}, dtype {args.sglang_dtype})",
-          flush=True)
+    print(
+        f"SGLang server ready in {time.perf_counter() - t:.1f} s ({sglang.urls[0]}, dtype {args.sglang_dtype})",
+        flush=True,
+    )
     local = LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=())
     engines = {"sglang": sglang, "local": local}
 
@@ -167,13 +183,16 @@ def bench_sglang(args, path: Path, model, reqs) -> dict:
             pairs = []
             for rep in range(args.repeats):
                 res = {}
-                for name in (("sglang", "local") if rep % 2 == 0 else ("local", "sglang")):
+                for name in ("sglang", "local") if rep % 2 == 0 else ("local", "sglang"):
                     res[name] = await generate_all(engines[name], reqs, exact=name == "local")
                     res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
                 res["ratio"] = res["sglang"]["tok_s"] / res["local"]["tok_s"]
                 pairs.append(res)
-                print(f"rep {rep}: sglang {res['sglang']['tok_s']:8.1f} tok/s  local {res['local']['tok_s']:8.1f} tok/s"
-                      f"  ratio {res['ratio']:.2f}  (sglang early stops: {res['sglang']['early_stops']})", flush=True)
+                print(
+                    f"rep {rep}: sglang {res['sglang']['tok_s']:8.1f} tok/s  local {res['local']['tok_s']:8.1f} tok/s"
+                    f"  ratio {res['ratio']:.2f}  (sglang early stops: {res['sglang']['early_stops']})",
+                    flush=True,
+                )
             return pairs
         finally:
             for eng in engines.values():
@@ -193,17 +212,26 @@ def bench_sglang(args, path: Path, model, reqs) -> dict:
     print(f"{'system':<32}{'tok/s (median)':>16}")
     print(f"{'SGLangEngine (' + args.sglang_dtype + ')':<32}{result['sglang_tok_s_median']:>16.1f}")
     print(f"{'LocalEngine (float32)':<32}{result['local_tok_s_median']:>16.1f}")
-    print(f"SGLang / local (median of {len(pairs)} pair ratios): {result['sglang_over_local_median_of_pair_ratios']:.2f}x")
+    print(
+        f"SGLang / local (median of {len(pairs)} pair ratios): {result['sglang_over_local_median_of_pair_ratios']:.2f}x"
+    )
     return result
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", choices=("local", "sglang"), default="local",
-                    help="local: LocalEngine vs HF static batching (P4); sglang: SGLangEngine vs LocalEngine")
-    ap.add_argument("--sglang-dtype", default="float32",
-                    help="SGLang --dtype (float32 = the local engine's precision; SGLang's own default, auto, "
-                         "serves this float32 checkpoint in float16)")
+    ap.add_argument(
+        "--engine",
+        choices=("local", "sglang"),
+        default="local",
+        help="local: LocalEngine vs HF static batching (P4); sglang: SGLangEngine vs LocalEngine",
+    )
+    ap.add_argument(
+        "--sglang-dtype",
+        default="float32",
+        help="SGLang --dtype (float32 = the local engine's precision; SGLang's own default, auto, "
+        "serves this float32 checkpoint in float16)",
+    )
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--prompt-min", type=int, default=16)
@@ -218,8 +246,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--intermediate", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="small smoke run (~20 s; with sglang plus its start)")
-    ap.add_argument("--out", default=None,
-                    help="JSON path (default bench/results/engine[-quick].json, engine-sglang[-quick].json)")
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default bench/results/engine[-quick].json, engine-sglang[-quick].json)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.batch_size, args.mean_new, args.max_new, args.repeats = 24, 8, 32, 128, 2
@@ -235,25 +264,43 @@ def main(argv=None) -> dict:
     reqs = workload(args)
     lens = [n for _, n in reqs]
     with tempfile.TemporaryDirectory() as tmp:  # kept while an SGLang server may read it
-        path = build_model(Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                           intermediate_size=args.intermediate, max_position_embeddings=1024)
+        path = build_model(
+            Path(tmp) / "m",
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.heads,
+            intermediate_size=args.intermediate,
+            max_position_embeddings=1024,
+        )
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
         if args.engine == "local":
             result = bench_static(args, model, reqs)
         else:
             result = bench_sglang(args, path, model, reqs)
-    result.update({
-        "command": " ".join(["python bench/bench_engine.py", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
-        "workload": {
-            "requests": args.requests, "batch_size": args.batch_size, "prompt_len": [args.prompt_min, args.prompt_max],
-            "new_tokens": {"mean": statistics.mean(lens), "cv": statistics.pstdev(lens) / statistics.mean(lens),
-                           "max": max(lens), "total": sum(lens)},
-            "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads,
-                      "intermediate": args.intermediate},
-            "seed": args.seed,
-        },
-    })
+    result.update(
+        {
+            "command": " ".join(["python bench/bench_engine.py", *(sys.argv[1:] if argv is None else argv)]),
+            "machine": {"platform": platform.platform(), "cpus": torch.get_num_threads(), "torch": torch.__version__},
+            "workload": {
+                "requests": args.requests,
+                "batch_size": args.batch_size,
+                "prompt_len": [args.prompt_min, args.prompt_max],
+                "new_tokens": {
+                    "mean": statistics.mean(lens),
+                    "cv": statistics.pstdev(lens) / statistics.mean(lens),
+                    "max": max(lens),
+                    "total": sum(lens),
+                },
+                "model": {
+                    "hidden": args.hidden,
+                    "layers": args.layers,
+                    "heads": args.heads,
+                    "intermediate": args.intermediate,
+                },
+                "seed": args.seed,
+            },
+        }
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

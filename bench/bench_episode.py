@@ -9,6 +9,7 @@ NoopEnv answers "ok". The chat template is Qwen2.5's on the built-in tokenizer.
     python bench/bench_episode.py                # 32, 1k, 16k concurrent; per-turn cost
     python bench/bench_episode.py --quick        # smaller
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def _policy(tok):
 
 def throughput(tok, concurrency: int, turns_per_episode: int, episodes: int) -> dict:
     engine = FakeEngine(_policy(tok))
-    cfg = RolloutConfig(max_turns=turns_per_episode + 1, max_concurrency=concurrency, max_context=1 << 20,
-                        max_new_tokens=64)
+    cfg = RolloutConfig(
+        max_turns=turns_per_episode + 1, max_concurrency=concurrency, max_context=1 << 20, max_new_tokens=64
+    )
     mgr = EpisodeManager(engine, lambda: NoopEnv(n_turns=turns_per_episode), tok, cfg, env_id="noop")
     specs = [EpisodeSpec(f"p{i}", 0, i) for i in range(episodes)]
     c0, w0 = time.process_time(), time.perf_counter()
@@ -46,8 +48,15 @@ def throughput(tok, concurrency: int, turns_per_episode: int, episodes: int) -> 
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     turns = sum(t.num_turns for t in trajs)
     assert all(t.outcome.value == "ok" for t in trajs), {t.outcome for t in trajs}
-    return {"concurrency": concurrency, "episodes": episodes, "turns": turns, "wall_s": wall, "cpu_s": cpu,
-            "turns_per_s": turns / wall, "turns_per_cpu_s": turns / cpu}
+    return {
+        "concurrency": concurrency,
+        "episodes": episodes,
+        "turns": turns,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "turns_per_s": turns / wall,
+        "turns_per_cpu_s": turns / cpu,
+    }
 
 
 def per_turn_cost(tok, concurrency: int, n_turns: int) -> dict:
@@ -67,13 +76,18 @@ def per_turn_cost(tok, concurrency: int, n_turns: int) -> dict:
     def med_interval(k0: int, k1: int) -> float:
         vals = []
         for ts in by_episode.values():
-            vals += [b - a for a, b in zip(ts[k0:k1], ts[k0 + 1:k1 + 1])]
+            vals += [b - a for a, b in zip(ts[k0:k1], ts[k0 + 1 : k1 + 1])]
         return statistics.median(vals) / concurrency  # one turn of each episode happens per interval
 
     early, late = med_interval(6, 10), med_interval(n_turns - 10, n_turns - 6)
-    return {"concurrency": concurrency, "turns": n_turns, "tokens_at_end": statistics.median(lens),
-            "us_per_turn_early(turn 6-10)": early * 1e6, "us_per_turn_late(turn %d-%d)" % (n_turns - 10, n_turns - 6): late * 1e6,
-            "late/early": late / early}
+    return {
+        "concurrency": concurrency,
+        "turns": n_turns,
+        "tokens_at_end": statistics.median(lens),
+        "us_per_turn_early(turn 6-10)": early * 1e6,
+        f"us_per_turn_late(turn {n_turns - 10}-{n_turns - 6})": late * 1e6,
+        "late/early": late / early,
+    }
 
 
 def main() -> None:
@@ -82,7 +96,9 @@ def main() -> None:
     ap.add_argument("--default-gc", action="store_true", help="keep Python's default GC thresholds")
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/episode[-quick].json)")
     args = ap.parse_args()
-    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"episode{'-quick' if args.quick else ''}.json")
+    args.out = args.out or str(
+        Path(__file__).resolve().parent / "results" / f"episode{'-quick' if args.quick else ''}.json"
+    )
     tok = build_tokenizer()
     if not args.default_gc:
         tune_gc()  # as `agentrl rollout` does
@@ -94,13 +110,19 @@ def main() -> None:
     for conc, turns, eps in levels:
         r = throughput(tok, conc, turns, eps)
         rows.append(r)
-        print(f"{conc:>11} {r['turns']:>7} {r['wall_s']:>7.2f} {r['turns_per_s']:>8.0f} {r['turns_per_cpu_s']:>11.0f}",
-              flush=True)
+        print(
+            f"{conc:>11} {r['turns']:>7} {r['wall_s']:>7.2f} {r['turns_per_s']:>8.0f} {r['turns_per_cpu_s']:>11.0f}",
+            flush=True,
+        )
     cost = per_turn_cost(tok, 32, 40 if args.quick else 136)
     for k, v in cost.items():
         print(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}")
-    out = {"machine": f"{os.cpu_count()} cores, python {sys.version.split()[0]}", "gc_tuned": not args.default_gc,
-           "throughput": rows, "per_turn": cost}
+    out = {
+        "machine": f"{os.cpu_count()} cores, python {sys.version.split()[0]}",
+        "gc_tuned": not args.default_gc,
+        "throughput": rows,
+        "per_turn": cost,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

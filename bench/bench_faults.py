@@ -16,6 +16,7 @@ fails. ``tests/jobs/test_resume.py`` runs the same with 4 kills in CI.
     python bench/bench_faults.py [--kills 20] [--seed 0] [--keep DIR] [--out results.json]
     python bench/bench_faults.py --quick     # smoke run: 1 kill per run (~1-2 min: 6 `agentrl run` starts)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentrl.batches.ledger import read_ledger
 from agentrl.jobs.crash_harness import (
     final_checkpoint,
     ledger_check,
@@ -33,7 +35,6 @@ from agentrl.jobs.crash_harness import (
     same_weights,
     small_run_cmd,
 )
-from agentrl.batches.ledger import read_ledger
 from agentrl.warmstart.tiny_model import build_model
 
 
@@ -56,22 +57,26 @@ def main() -> int:
     ok = True
 
     live = root / "live"
-    res = run_with_kills(small_run_cmd(model, live, steps, "train.max_staleness=2"), live, kills=args.kills,
-                         seed=args.seed)
+    res = run_with_kills(
+        small_run_cmd(model, live, steps, "train.max_staleness=2"), live, kills=args.kills, seed=args.seed
+    )
     chk = ledger_check(live)
     _show("live, staleness 2", res)
     good = chk["steps"] == list(range(1, steps + 1)) and not chk["duplicates"] and not chk["lost"]
     ok &= good
-    print(f"  ledger: {len(chk['steps'])} steps, {chk['trained']} groups trained, {chk['outstanding']} outstanding, "
-          f"positions < {chk['next']}: duplicates {chk['duplicates']} lost {chk['lost']} -> {'OK' if good else 'FAIL'}")
+    print(
+        f"  ledger: {len(chk['steps'])} steps, {chk['trained']} groups trained, {chk['outstanding']} outstanding, "
+        f"positions < {chk['next']}: duplicates {chk['duplicates']} lost {chk['lost']} -> {'OK' if good else 'FAIL'}"
+    )
 
     rec, ref, killed = root / "recorded", root / "replay_ref", root / "replay_killed"
     t0 = time.monotonic()
     subprocess.run(small_run_cmd(model, rec, steps, "train.max_staleness=1"), check=True, capture_output=True)
     subprocess.run(small_run_cmd(model, ref, steps, f"train.replay={rec}"), check=True, capture_output=True)
     print(f"recorded + uninterrupted replay: {time.monotonic() - t0:.1f} s")
-    res2 = run_with_kills(small_run_cmd(model, killed, steps, f"train.replay={rec}"), killed, kills=args.kills,
-                          seed=args.seed + 1)
+    res2 = run_with_kills(
+        small_run_cmd(model, killed, steps, f"train.replay={rec}"), killed, kills=args.kills, seed=args.seed + 1
+    )
     _show("replayed", res2)
     diff = same_weights(final_checkpoint(ref), final_checkpoint(killed))
     diff_rec = same_weights(final_checkpoint(rec), final_checkpoint(ref))
@@ -82,8 +87,11 @@ def main() -> int:
     print(f"  ledgers equal: {same_ledger}")
     print(table(res, res2, good, not diff and not diff_rec and same_ledger))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"live": res, "ledger": chk, "replay": res2, "diff": diff, "diff_recorded": diff_rec},
-                              indent=1, default=str))
+    out.write_text(
+        json.dumps(
+            {"live": res, "ledger": chk, "replay": res2, "diff": diff, "diff_recorded": diff_rec}, indent=1, default=str
+        )
+    )
     print(f"{'PASS' if ok else 'FAIL'} ({out})")
     if root_ctx:
         root_ctx.cleanup()
@@ -93,21 +101,28 @@ def main() -> int:
 def table(live: dict, replay: dict, live_ok: bool, replay_ok: bool) -> str:
     """One row per run: kills by kind, attempts, wall time, and whether its exactly-once check held."""
     lines = [f"{'run':<20} {'kills':>5} {'at step':>7} {'in ckpt':>7} {'attempts':>8} {'wall s':>7}  check"]
-    for name, res, ok, check in (("live, staleness 2", live, live_ok, "ledger: each prompt trained once"),
-                                 ("replayed", replay, replay_ok, "weights + ledger = uninterrupted")):
+    for name, res, ok, check in (
+        ("live, staleness 2", live, live_ok, "ledger: each prompt trained once"),
+        ("replayed", replay, replay_ok, "weights + ledger = uninterrupted"),
+    ):
         kinds = [k["at"] for k in res["kills"]]
-        lines.append(f"{name:<20} {len(kinds):>5} {kinds.count('step'):>7} {kinds.count('checkpoint_write'):>7} "
-                     f"{res['attempts']:>8} {res['wall_s']:>7.1f}  {check}: {'OK' if ok else 'FAIL'}")
+        lines.append(
+            f"{name:<20} {len(kinds):>5} {kinds.count('step'):>7} {kinds.count('checkpoint_write'):>7} "
+            f"{res['attempts']:>8} {res['wall_s']:>7.1f}  {check}: {'OK' if ok else 'FAIL'}"
+        )
     return "\n".join(lines)
 
 
 def _show(name: str, res: dict) -> None:
     kinds = [k["at"] for k in res["kills"]]
-    print(f"{name}: {len(kinds)} kills ({kinds.count('step')} at a step, {kinds.count('checkpoint_write')} inside a "
-          f"checkpoint write), {res['attempts']} attempts, {res['wall_s']:.1f} s")
+    print(
+        f"{name}: {len(kinds)} kills ({kinds.count('step')} at a step, {kinds.count('checkpoint_write')} inside a "
+        f"checkpoint write), {res['attempts']} attempts, {res['wall_s']:.1f} s"
+    )
     for k in res["kills"]:
         where = f"step >= {k['target']} +{k['delay_s']} s" if k["at"] == "step" else f"checkpoint write #{k['n']}"
-        print(f"  attempt {k['attempt']}: killed at {where}; checkpoint {k['checkpoint_before']} -> {k['checkpoint_after']}")
+        ckpt = f"checkpoint {k['checkpoint_before']} -> {k['checkpoint_after']}"
+        print(f"  attempt {k['attempt']}: killed at {where}; {ckpt}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ outcome or hang. ``tests/tools/test_fuzz.py`` is the short CI version (hypothesi
     python bench/bench_fuzz.py --n 5000 --episode-every 4
     python bench/bench_fuzz.py --quick              # smoke run: 200 texts, every 4th as an episode (~3 s)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fuzz_texts import (MAX_CHARS, ScriptedPolicy, Wrong, check_env_step, check_episode,  # noqa: E402
-                        check_parsers, check_scorers, episode_manager, hostile_text, make_env)
+from fuzz_texts import (  # noqa: E402
+    MAX_CHARS,
+    ScriptedPolicy,
+    Wrong,
+    check_env_step,
+    check_episode,
+    check_parsers,
+    check_scorers,
+    episode_manager,
+    hostile_text,
+    make_env,
+)
 
 from agentrl.jobs.rollout import tune_gc  # noqa: E402
-from agentrl.warmstart.tiny_model import build_tokenizer  # noqa: E402
 from agentrl.trajectory import valid_text  # noqa: E402
+from agentrl.warmstart.tiny_model import build_tokenizer  # noqa: E402
 
 STAGES = ("parser", "scorer", "env_step", "episode")
 
@@ -111,17 +122,34 @@ class Stage:
         if kind:
             self.bad[kind] += 1
             if len(self.examples) < 10:
-                self.examples.append({"kind": kind, "detail": detail[:500], "chars": len(text), "wall_s": wall,
-                                      "text": valid_text(text[:4000])})
+                self.examples.append(
+                    {
+                        "kind": kind,
+                        "detail": detail[:500],
+                        "chars": len(text),
+                        "wall_s": wall,
+                        "text": valid_text(text[:4000]),
+                    }
+                )
 
     def summary(self) -> dict:
         ts = sorted(self.times) or [0.0]
-        return {"inputs": self.n, "inputs_per_s": self.n / self.total_s if self.total_s else 0.0,
-                "crashes": self.bad["crash"], "wrong": self.bad["wrong"], "hangs": self.bad["hang"],
-                "p50_ms": ts[len(ts) // 2] * 1e3, "p99_ms": ts[min(len(ts) - 1, int(len(ts) * 0.99))] * 1e3,
-                "slowest_ms": self.slowest_s * 1e3, "slowest_chars": self.slowest_chars,
-                "slowest_wall_ms": self.slowest_wall_s * 1e3, "gc_total_s": self.gc_s, "gc_max_ms": self.gc_max_s * 1e3,
-                "slowest_head": valid_text(self.slowest_head), "examples": self.examples}
+        return {
+            "inputs": self.n,
+            "inputs_per_s": self.n / self.total_s if self.total_s else 0.0,
+            "crashes": self.bad["crash"],
+            "wrong": self.bad["wrong"],
+            "hangs": self.bad["hang"],
+            "p50_ms": ts[len(ts) // 2] * 1e3,
+            "p99_ms": ts[min(len(ts) - 1, int(len(ts) * 0.99))] * 1e3,
+            "slowest_ms": self.slowest_s * 1e3,
+            "slowest_chars": self.slowest_chars,
+            "slowest_wall_ms": self.slowest_wall_s * 1e3,
+            "gc_total_s": self.gc_s,
+            "gc_max_ms": self.gc_max_s * 1e3,
+            "slowest_head": valid_text(self.slowest_head),
+            "examples": self.examples,
+        }
 
 
 def main() -> int:
@@ -131,20 +159,33 @@ def main() -> int:
     ap.add_argument("--max-chars", type=int, default=MAX_CHARS, help="longest text (default: a 4,096-token turn)")
     ap.add_argument("--episode-every", type=int, default=1, help="run every k-th text as a whole episode too")
     ap.add_argument("--max-new-tokens", type=int, default=4096, help="episodes' turn limit")
-    ap.add_argument("--hang-s", type=float, default=None,
-                    help="an input slower than this is a hang (default 1 s; 10 s with --quick)")
-    ap.add_argument("--warmup", type=int, default=50,
-                    help="texts run first and not counted (the tokenizer's and renderer's first calls)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 200 texts, 5 warm-up, every 4th an episode; a hang is 10 s (a loaded CI "
-                         "machine preempts for longer than 1 s)")
+    ap.add_argument(
+        "--hang-s",
+        type=float,
+        default=None,
+        help="an input slower than this is a hang (default 1 s; 10 s with --quick)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=50,
+        help="texts run first and not counted (the tokenizer's and renderer's first calls)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 200 texts, 5 warm-up, every 4th an episode; a hang is 10 s (a loaded CI "
+        "machine preempts for longer than 1 s)",
+    )
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/fuzz[-quick].json)")
     args = ap.parse_args()
     if args.quick:
         args.n, args.warmup, args.episode_every = 200, 5, 4
     if args.hang_s is None:
         args.hang_s = 10.0 if args.quick else 1.0
-    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"fuzz{'-quick' if args.quick else ''}.json")
+    args.out = args.out or str(
+        Path(__file__).resolve().parent / "results" / f"fuzz{'-quick' if args.quick else ''}.json"
+    )
 
     signal.signal(signal.SIGALRM, _on_alarm)
     rng = random.Random(args.seed)
@@ -195,15 +236,21 @@ def main() -> int:
 
     rows = {s: st.summary() for s, st in stages.items()}
     print(f"\n{args.n} texts of up to {args.max_chars} chars (seed {args.seed}), {wall:.1f} s wall")
-    print("per-input CPU time without GC pauses (inputs/s = inputs per CPU second); 'gc max' is the longest GC "
-          "pause inside one input, 'wall' the slowest wall time (preemption and GC included)")
-    print(f"{'stage':<9} {'inputs':>8} {'inputs/s':>9} {'crashes':>8} {'wrong':>6} {'hangs':>6} "
-          f"{'p50 ms':>7} {'p99 ms':>7} {'slowest ms':>10} {'its chars':>9} {'gc max':>7} {'wall ms':>8}  "
-          f"slowest input starts")
+    print(
+        "per-input CPU time without GC pauses (inputs/s = inputs per CPU second); 'gc max' is the longest GC "
+        "pause inside one input, 'wall' the slowest wall time (preemption and GC included)"
+    )
+    print(
+        f"{'stage':<9} {'inputs':>8} {'inputs/s':>9} {'crashes':>8} {'wrong':>6} {'hangs':>6} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'slowest ms':>10} {'its chars':>9} {'gc max':>7} {'wall ms':>8}  "
+        f"slowest input starts"
+    )
     for s, r in rows.items():
-        print(f"{s:<9} {r['inputs']:>8} {r['inputs_per_s']:>9.0f} {r['crashes']:>8} {r['wrong']:>6} {r['hangs']:>6} "
-              f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['slowest_ms']:>10.2f} {r['slowest_chars']:>9} "
-              f"{r['gc_max_ms']:>7.1f} {r['slowest_wall_ms']:>8.1f}  {r['slowest_head'][:40]!r}")
+        print(
+            f"{s:<9} {r['inputs']:>8} {r['inputs_per_s']:>9.0f} {r['crashes']:>8} {r['wrong']:>6} {r['hangs']:>6} "
+            f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['slowest_ms']:>10.2f} {r['slowest_chars']:>9} "
+            f"{r['gc_max_ms']:>7.1f} {r['slowest_wall_ms']:>8.1f}  {r['slowest_head'][:40]!r}"
+        )
     bad = sum(r["crashes"] + r["wrong"] + r["hangs"] for r in rows.values()) + warm_bad
     if warm_bad:
         print(f"warm-up texts: {warm_bad} crashes + wrong outcomes + hangs (counted as failures)")
@@ -212,8 +259,9 @@ def main() -> int:
             print(f"  {s} {ex['kind']}: {ex['detail'][:200]} ({ex['chars']} chars: {ex['text'][:80]!r})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "wall_s": wall, "warmup_failures": warm_bad, "stages": rows},
-                              indent=2))
+    out.write_text(
+        json.dumps({"args": vars(args), "wall_s": wall, "warmup_failures": warm_bad, "stages": rows}, indent=2)
+    )
     print(f"{'PASS' if not bad else 'FAIL'}: {bad} crashes + wrong outcomes + hangs; wrote {out}")
     return 1 if bad else 0
 

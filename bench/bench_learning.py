@@ -17,6 +17,7 @@ Writes ``bench/results/learning.json`` and ``bench/results/learning.png`` (eval 
 One run of the default is ~12 minutes on 2 CPU cores; the numbers move by a few points between
 runs (500 held-out tasks: a standard error of ~2 points at 75%).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,14 +36,32 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 #: ``--quick``: the same command on a tiny workload. The model is a random tiny Qwen3 built in the
 #: run directory (seconds) instead of the built-in one, whose first build runs the SFT warm start.
-QUICK_SETS = ["train.steps=2", "train.groups_per_step=1", "rollout.group_size=2", "rollout.max_turns=2",
-              "rollout.max_new_tokens=24", "eval.num_tasks=4", "logging.tensorboard=false"]
+QUICK_SETS = [
+    "train.steps=2",
+    "train.groups_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=24",
+    "eval.num_tasks=4",
+    "logging.tensorboard=false",
+]
 
 
 def run_one(name: str, algo: str, sets: list[str], out_root: Path, env: dict) -> dict:
     run_dir = out_root / name
-    cmd = [sys.executable, "-m", "agentrl", "run", "--env", "code_exec", "--algo", algo, "-q",
-           "--set", f"output_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "run",
+        "--env",
+        "code_exec",
+        "--algo",
+        algo,
+        "-q",
+        "--set",
+        f"output_dir={run_dir}",
+    ]
     for s in sets:
         cmd += ["--set", s]
     print(f"[{name}] {' '.join(cmd)}", flush=True)
@@ -60,9 +79,17 @@ def summarise(name: str, run_dir: Path, wall_s: float | None = None, sft_s: floa
     evals = [(r["step"], r["eval/solve_rate"], r.get("eval/tool_use_rate")) for r in rows if "eval/solve_rate" in r]
     rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    return {"name": name, "run_dir": str(run_dir), "evals": evals, "reward_first10": _mean(rewards[:10]),
-            "reward_last10": _mean(rewards[-10:]), "steps": len(rewards), "wall_s": wall_s,
-            "run_s": summary.get("wall_s"), "sft_s": sft_s}
+    return {
+        "name": name,
+        "run_dir": str(run_dir),
+        "evals": evals,
+        "reward_first10": _mean(rewards[:10]),
+        "reward_last10": _mean(rewards[-10:]),
+        "steps": len(rewards),
+        "wall_s": wall_s,
+        "run_s": summary.get("wall_s"),
+        "sft_s": sft_s,
+    }
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -81,17 +108,23 @@ def report(results: list[dict]) -> None:
         curve = "  ".join(f"{s}:{v:.3f}" for s, v, _ in r["evals"])
         start, end = r["evals"][0], r["evals"][-1]
         print(f"\n{r['name']}: held-out solve rate  {curve}")
-        print(f"  start {start[1]:.3f} -> end {end[1]:.3f} ({100 * (end[1] - start[1]):+.1f} points); "
-              f"tool use {_f(start[2], '.2f')} -> {_f(end[2], '.2f')}; rollout reward first/last 10 steps "
-              f"{_f(r['reward_first10'])} -> {_f(r['reward_last10'])}")
+        print(
+            f"  start {start[1]:.3f} -> end {end[1]:.3f} ({100 * (end[1] - start[1]):+.1f} points); "
+            f"tool use {_f(start[2], '.2f')} -> {_f(end[2], '.2f')}; rollout reward first/last 10 steps "
+            f"{_f(r['reward_first10'])} -> {_f(r['reward_last10'])}"
+        )
         timing = [f"{k} {r[k]:.0f} s" for k in ("wall_s", "run_s", "sft_s") if r.get(k) is not None]
         print(f"  steps {r['steps']}; " + ", ".join(timing))
-    print(f"\n{'run':<16} {'steps':>5} {'solve start':>11} {'solve end':>9} {'reward first10':>14} "
-          f"{'reward last10':>13} {'wall s':>7}")
+    print(
+        f"\n{'run':<16} {'steps':>5} {'solve start':>11} {'solve end':>9} {'reward first10':>14} "
+        f"{'reward last10':>13} {'wall s':>7}"
+    )
     for r in results:
         start, end = (r["evals"][0][1], r["evals"][-1][1]) if r["evals"] else (None, None)
-        print(f"{r['name']:<16} {r['steps']:>5} {_f(start):>11} {_f(end):>9} {_f(r['reward_first10']):>14} "
-              f"{_f(r['reward_last10']):>13} {_f(r['wall_s'], '.0f'):>7}")
+        print(
+            f"{r['name']:<16} {r['steps']:>5} {_f(start):>11} {_f(end):>9} {_f(r['reward_first10']):>14} "
+            f"{_f(r['reward_last10']):>13} {_f(r['wall_s'], '.0f'):>7}"
+        )
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -114,16 +147,25 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algos", nargs="*", default=["grpo", "ppo"], help="algorithms run on the defaults (none: only --staleness runs)")
+    ap.add_argument(
+        "--algos",
+        nargs="*",
+        default=["grpo", "ppo"],
+        help="algorithms run on the defaults (none: only --staleness runs)",
+    )
     ap.add_argument("--staleness", nargs="*", type=int, default=[], help="extra grpo runs at these max_staleness")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="config override for every run")
     ap.add_argument("--cold", action="store_true", help="fresh AGENTRL_CACHE: the first run builds and warm-starts")
     ap.add_argument("--runs-dir", default=None, help="run directories go here (default: a temp dir)")
     ap.add_argument("--from-runs", nargs="+", default=None, help="only summarise these finished run dirs")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: grpo only, 2 steps of 1 x 2 episodes on a random tiny model, 4 eval tasks")
-    ap.add_argument("--out", default=None,
-                    help="JSON path, the PNG beside it (default: bench/results/learning[-quick].json)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: grpo only, 2 steps of 1 x 2 episodes on a random tiny model, 4 eval tasks",
+    )
+    ap.add_argument(
+        "--out", default=None, help="JSON path, the PNG beside it (default: bench/results/learning[-quick].json)"
+    )
     args = ap.parse_args()
     out = Path(args.out or RESULTS / f"learning{'-quick' if args.quick else ''}.json")
     if args.from_runs:

@@ -19,6 +19,7 @@ added milliseconds. Prints a table; writes --out (JSON).
     python bench/bench_ray.py --run-steps 6   # plus whole `agentrl run`s, local vs ray (needs the runner hook)
     python bench/bench_ray.py --quick         # smoke run: 1 round of 2 x 2 episodes (~1 min, Ray start included)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,14 @@ def samples_from(trajs):
     for group in by_group.values():
         mean = sum(t.reward for t in group) / len(group)
         for t in group:
-            out.append(TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
-                                   advantages=[(t.reward - mean) * m for m in t.loss_mask]))
+            out.append(
+                TrainSample(
+                    token_ids=t.token_ids,
+                    loss_mask=t.loss_mask,
+                    behaviour_logprobs=t.logprobs,
+                    advantages=[(t.reward - mean) * m for m in t.loss_mask],
+                )
+            )
     return out
 
 
@@ -84,34 +91,52 @@ async def step(side: dict, specs, samples_in, version: int) -> tuple[dict[str, f
 
 async def main_async(args) -> dict:
     import torch
+    from transformers import AutoTokenizer
 
     from agentrl.config.schema import load_config
     from agentrl.distributed import RayBackend, RayConfig
     from agentrl.distributed.cluster import RayCluster
     from agentrl.engine.local import LocalEngine
     from agentrl.episodes.manager import EpisodeManager, make_specs
-    from agentrl.warmstart.tiny_model import build_model
     from agentrl.trainer import Trainer
-    from transformers import AutoTokenizer
+    from agentrl.warmstart.tiny_model import build_model
 
     torch.set_num_threads(1)  # the actors get OMP_NUM_THREADS=1 from their fractional CPUs
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     model = str(build_model(tmp / "model"))
-    cfg = load_config([], ["env.id=bench/RayCount-v0", "env.kwargs={}", "rollout.max_new_tokens=16",
-                           "rollout.max_turns=1", "rollout.score_truncated=true", "trainer.lr=1e-3",
-                           "trainer.loss_agg=token-mean"])
+    cfg = load_config(
+        [],
+        [
+            "env.id=bench/RayCount-v0",
+            "env.kwargs={}",
+            "rollout.max_new_tokens=16",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            "trainer.lr=1e-3",
+            "trainer.loss_agg=token-mean",
+        ],
+    )
     rc = RayConfig(num_cpus=args.num_cpus)
     cluster = RayCluster(rc)
     cluster.connect()
     backend = RayBackend.start(cfg, model, rc=rc)
     startup = {"ray_init_s": cluster.connect_s, **{k: v for k, v in backend.timings.items() if k != "connect_s"}}
-    local_engine = LocalEngine.from_pretrained(model, max_context=cfg.rollout.max_context,
-                                               max_batch_size=cfg.engine.max_batch_size)
+    local_engine = LocalEngine.from_pretrained(
+        model, max_context=cfg.rollout.max_context, max_batch_size=cfg.engine.max_batch_size
+    )
     from agentrl.envs.registry import make
 
-    local = {"engine": local_engine, "trainer": Trainer(model, cfg.trainer),
-             "episodes": EpisodeManager(local_engine, lambda: make("bench/RayCount-v0"),
-                                        AutoTokenizer.from_pretrained(model), cfg.rollout, env_id="bench/RayCount-v0")}
+    local = {
+        "engine": local_engine,
+        "trainer": Trainer(model, cfg.trainer),
+        "episodes": EpisodeManager(
+            local_engine,
+            lambda: make("bench/RayCount-v0"),
+            AutoTokenizer.from_pretrained(model),
+            cfg.rollout,
+            env_id="bench/RayCount-v0",
+        ),
+    }
     ray_side = {"engine": backend.engine, "trainer": backend.trainer, "episodes": backend.episodes}
     times: dict[str, dict[str, list[float]]] = {s: {p: [] for p in PHASES} for s in ("inprocess", "ray")}
     try:
@@ -139,12 +164,21 @@ async def main_async(args) -> dict:
     rows = {}
     for p in PHASES:
         a, b = times["inprocess"][p], times["ray"][p]
-        rows[p] = {"inprocess_s": statistics.median(a), "ray_s": statistics.median(b),
-                   "ratio": statistics.median(y / x for x, y in zip(a, b)),
-                   "added_ms": 1000 * statistics.median(y - x for x, y in zip(a, b))}
-    return {"startup": startup, "phases": rows, "param_max_diff": diff, "repeats": args.repeats,
-            "episodes_per_step": args.prompts * args.group, "machine": platform.platform(),
-            "cpus": args.num_cpus}
+        rows[p] = {
+            "inprocess_s": statistics.median(a),
+            "ray_s": statistics.median(b),
+            "ratio": statistics.median(y / x for x, y in zip(a, b)),
+            "added_ms": 1000 * statistics.median(y - x for x, y in zip(a, b)),
+        }
+    return {
+        "startup": startup,
+        "phases": rows,
+        "param_max_diff": diff,
+        "repeats": args.repeats,
+        "episodes_per_step": args.prompts * args.group,
+        "machine": platform.platform(),
+        "cpus": args.num_cpus,
+    }
 
 
 def runner_compare(args) -> dict:
@@ -158,12 +192,28 @@ def runner_compare(args) -> dict:
     model = str(build_model(tmp / "model"))
     out: dict = {}
     for mode in ("local", "ray"):
-        cfg = load_config([], [
-            f"output_dir={tmp / mode}", f"model.path={model}", "env.id=bench/RayCount-v0", "env.kwargs={}",
-            "rollout.max_new_tokens=16", "rollout.max_turns=1", "rollout.score_truncated=true",
-            "rollout.group_size=8", "train.groups_per_step=4", f"train.steps={args.run_steps}",
-            "train.max_staleness=0", "eval.num_tasks=0", "trainer.lr=1e-3", "trainer.loss_agg=token-mean",
-            "logging.tensorboard=false", f"distributed={mode}", f"ray.num_cpus={args.num_cpus}"])
+        cfg = load_config(
+            [],
+            [
+                f"output_dir={tmp / mode}",
+                f"model.path={model}",
+                "env.id=bench/RayCount-v0",
+                "env.kwargs={}",
+                "rollout.max_new_tokens=16",
+                "rollout.max_turns=1",
+                "rollout.score_truncated=true",
+                "rollout.group_size=8",
+                "train.groups_per_step=4",
+                f"train.steps={args.run_steps}",
+                "train.max_staleness=0",
+                "eval.num_tasks=0",
+                "trainer.lr=1e-3",
+                "trainer.loss_agg=token-mean",
+                "logging.tensorboard=false",
+                f"distributed={mode}",
+                f"ray.num_cpus={args.num_cpus}",
+            ],
+        )
         t0 = time.perf_counter()
         asyncio.run(Runner(cfg, progress=False).run())
         wall = time.perf_counter() - t0
@@ -181,8 +231,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/ray[-quick].json)")
-    ap.add_argument("--run-steps", type=int, default=0,
-                    help="also time `agentrl run` local vs ray for this many steps (0: skip)")
+    ap.add_argument(
+        "--run-steps", type=int, default=0, help="also time `agentrl run` local vs ray for this many steps (0: skip)"
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 counted round of 2 prompts x 2 episodes")
     args = ap.parse_args()
     if args.quick:
@@ -195,13 +246,17 @@ def main() -> None:
     print(f"\n{'phase':<8} {'in-process s':>13} {'ray s':>9} {'ray/inproc':>11} {'added ms':>9}")
     for p, r in res["phases"].items():
         print(f"{p:<8} {r['inprocess_s']:>13.3f} {r['ray_s']:>9.3f} {r['ratio']:>11.2f} {r['added_ms']:>9.1f}")
-    print(f"\n{res['episodes_per_step']} episodes/step, {res['repeats']} interleaved rounds; "
-          f"max |param(in-process) - param(ray)| = {res['param_max_diff']:.3g}")
+    print(
+        f"\n{res['episodes_per_step']} episodes/step, {res['repeats']} interleaved rounds; "
+        f"max |param(in-process) - param(ray)| = {res['param_max_diff']:.3g}"
+    )
     if "runner" in res:
         r = res["runner"]
-        print(f"agentrl run, {args.run_steps} steps: local {r['local']['wall_s']:.1f}s wall "
-              f"({r['local']['step_s_median']:.3f}s/step), ray {r['ray']['wall_s']:.1f}s wall "
-              f"({r['ray']['step_s_median']:.3f}s/step): step ratio ray/local {r['step_ratio']:.2f}")
+        print(
+            f"agentrl run, {args.run_steps} steps: local {r['local']['wall_s']:.1f}s wall "
+            f"({r['local']['step_s_median']:.3f}s/step), ray {r['ray']['wall_s']:.1f}s wall "
+            f"({r['ray']['step_s_median']:.3f}s/step): step ratio ray/local {r['step_ratio']:.2f}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"wrote {args.out}")

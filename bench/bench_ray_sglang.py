@@ -12,6 +12,7 @@ and the median of the per-round ratios ray/in-process. Prints a table; writes --
     python bench/bench_ray_sglang.py --rounds 3 --steps 6
     python bench/bench_ray_sglang.py --quick             # smoke run: 1 round x 2 steps (~2-3 min: 2 server starts)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,21 +37,41 @@ def one_run(side: str, model: str, out: Path, steps: int, num_cpus: int) -> dict
     from agentrl.config.schema import load_config
     from agentrl.jobs.run import Runner
 
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={model}", "env.id=bench/RayCount-v0", "env.kwargs={}",
-        "rollout.max_new_tokens=16", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=8",
-        "train.groups_per_step=4", f"train.steps={steps}", "train.max_staleness=0", "eval.num_tasks=0",
-        "trainer.lr=1e-3", "trainer.loss_agg=token-mean", "logging.tensorboard=false", "engine.kind=sglang",
-        "engine.max_total_tokens=8192", f"distributed={'ray' if side == 'ray' else 'local'}",
-        f"ray.num_cpus={num_cpus}"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={model}",
+            "env.id=bench/RayCount-v0",
+            "env.kwargs={}",
+            "rollout.max_new_tokens=16",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            "rollout.group_size=8",
+            "train.groups_per_step=4",
+            f"train.steps={steps}",
+            "train.max_staleness=0",
+            "eval.num_tasks=0",
+            "trainer.lr=1e-3",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+            "engine.kind=sglang",
+            "engine.max_total_tokens=8192",
+            f"distributed={'ray' if side == 'ray' else 'local'}",
+            f"ray.num_cpus={num_cpus}",
+        ],
+    )
     t0 = time.perf_counter()
     asyncio.run(Runner(cfg, progress=False).run())
     wall = time.perf_counter() - t0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps_rows = [r for r in rows if "time/step_s" in r]
-    return {"wall_s": wall, "step_s_median": statistics.median(r["time/step_s"] for r in steps_rows[1:]),
-            "sync_s_median": statistics.median(r["time/weight_sync_s"] for r in steps_rows),
-            "infra_failures": sum(r.get("rollout/infra_failures", 0) for r in steps_rows)}
+    return {
+        "wall_s": wall,
+        "step_s_median": statistics.median(r["time/step_s"] for r in steps_rows[1:]),
+        "sync_s_median": statistics.median(r["time/weight_sync_s"] for r in steps_rows),
+        "infra_failures": sum(r.get("rollout/infra_failures", 0) for r in steps_rows),
+    }
 
 
 def main() -> None:
@@ -67,8 +88,8 @@ def main() -> None:
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (step 1 is warm-up), got {args.steps}")
 
-    from agentrl.warmstart.default_model import BASE
     from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.warmstart.default_model import BASE
     from agentrl.warmstart.tiny_model import build_model
 
     reason = unavailable_reason()
@@ -78,7 +99,7 @@ def main() -> None:
     model = str(build_model(tmp / "model", **BASE))
     runs: dict[str, list[dict]] = {s: [] for s in SIDES}
     for r in range(args.rounds):
-        for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
+        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
             res = one_run(side, model, tmp / f"{side}-{r}", args.steps, args.num_cpus)
             print(f"round {r} {side}: {res}", flush=True)
             runs[side].append(res)
@@ -94,8 +115,14 @@ def main() -> None:
     for key, t in table.items():
         print(f"{key:<15} {t['inprocess']:>11.3f} {t['ray']:>9.3f} {t['ratio']:>11.2f}")
     print(f"{args.rounds} interleaved rounds x {args.steps} steps, 4 groups x 8 episodes/step")
-    res = {"table": table, "runs": runs, "rounds": args.rounds, "steps": args.steps, "machine": platform.platform(),
-           "cpus": args.num_cpus}
+    res = {
+        "table": table,
+        "runs": runs,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "machine": platform.platform(),
+        "cpus": args.num_cpus,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"wrote {args.out}")

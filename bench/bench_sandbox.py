@@ -16,9 +16,10 @@ Then, unless ``--no-docker``: the Docker warm pool (acquire + exec) vs a cold ``
 (target >= 30x) and throughput at 64 concurrent runs, local and docker.
 
     python bench/bench_sandbox.py             # full
-    python bench/bench_sandbox.py --quick     # fewer samples
+    python bench/bench_sandbox.py --quick     # fewer samples, throughput at 16 concurrent runs (~30 s)
     python bench/bench_sandbox.py --modes no-bwrap,not-root --no-docker
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,13 +46,19 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def summary(xs: list[float]) -> dict:
-    return {"n": len(xs), "p50_ms": pct(xs, 50) * 1e3, "p99_ms": pct(xs, 99) * 1e3, "mean_ms": statistics.mean(xs) * 1e3}
+    return {
+        "n": len(xs),
+        "p50_ms": pct(xs, 50) * 1e3,
+        "p99_ms": pct(xs, 99) * 1e3,
+        "mean_ms": statistics.mean(xs) * 1e3,
+    }
 
 
 async def bare_true() -> float:
     t0 = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec("true", stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        "true", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     await proc.communicate()
     return time.perf_counter() - t0
 
@@ -66,8 +73,14 @@ async def sandbox_true(sb) -> float:
 
 async def bare_python() -> float:
     t0 = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass", stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "pass",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     await proc.communicate()
     return time.perf_counter() - t0
 
@@ -81,6 +94,7 @@ def tool_call(sb, code: str = "pass"):
         took = time.perf_counter() - t0
         assert "Error" not in out and "exit code" not in out, out
         return took
+
     return call
 
 
@@ -135,17 +149,24 @@ async def loaded_burst(sb, calls: int = 256) -> dict:
         stop.set()
         t.join()
     lat = [x for x, _ in got]
-    return {"calls": calls, "wall_s": wall, **summary(lat), "timeouts_or_wrong": sum(bad for _, bad in got),
-            "max_concurrency": sb.max_concurrency}
+    return {
+        "calls": calls,
+        "wall_s": wall,
+        **summary(lat),
+        "timeouts_or_wrong": sum(bad for _, bad in got),
+        "max_concurrency": sb.max_concurrency,
+    }
 
 
 async def mode_bench(mode: str, n: int) -> dict:
     bwrap = {"bwrap": True, "no-bwrap": False, "not-root": False}[mode]
     sb = make_sandbox("local", bwrap=bwrap)
     try:
-        out = {"describe": {k: v for k, v in sb.describe().items() if isinstance(v, (bool, int, float, str))},
-               "true": await pairs(bare_true, lambda: sandbox_true(sb), n),
-               "python_tool": await pairs(bare_python, tool_call(sb), n)}
+        out = {
+            "describe": {k: v for k, v in sb.describe().items() if isinstance(v, (bool, int, float, str))},
+            "true": await pairs(bare_true, lambda: sandbox_true(sb), n),
+            "python_tool": await pairs(bare_python, tool_call(sb), n),
+        }
     finally:
         await sb.aclose()
     burst = make_sandbox("local", bwrap=bwrap)  # the default options: what a run's shared sandbox has
@@ -164,8 +185,20 @@ def run_mode(mode: str, n: int) -> dict:
             return {"skipped": bwrap_unavailable_reason()}
     if mode == "not-root" and os.geteuid() == 0:  # re-run this mode as uid 1000 in a user namespace
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            cmd = ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, __file__,
-                   "--child-mode", mode, "--pairs", str(n), "--out", f.name]
+            cmd = [
+                "unshare",
+                "--user",
+                "--map-user=1000",
+                "--map-group=1000",
+                sys.executable,
+                __file__,
+                "--child-mode",
+                mode,
+                "--pairs",
+                str(n),
+                "--out",
+                f.name,
+            ]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 return {"skipped": f"not-root mode failed: {r.stderr.strip()[-500:]}"}
@@ -175,8 +208,12 @@ def run_mode(mode: str, n: int) -> dict:
 
 def docker_run_cold(image: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run(["docker", "run", "--rm", "--network", "none", image, "true"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", image, "true"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t0
 
 
@@ -201,7 +238,7 @@ async def docker_warm_vs_cold(n: int) -> dict:
         await sb.start()
         for _ in range(5):
             await sandbox_true(sb)
-        for i in range(n):
+        for _ in range(n):
             tc = await asyncio.to_thread(docker_run_cold, image)
             tw = await sandbox_true(sb)
             ts = await asyncio.to_thread(sdk_cold, client, image)
@@ -213,9 +250,14 @@ async def docker_warm_vs_cold(n: int) -> dict:
             ratios_sdk.append(ts / tw2)
     finally:
         await sb.aclose()
-    return {"docker_run_cold_cli": summary(cold), "cold_sdk": summary(cold_sdk), "warm_pool": summary(warm),
-            "ratio_median_vs_cli": statistics.median(ratios), "ratio_median_vs_sdk": statistics.median(ratios_sdk),
-            "target": ">= 30"}
+    return {
+        "docker_run_cold_cli": summary(cold),
+        "cold_sdk": summary(cold_sdk),
+        "warm_pool": summary(warm),
+        "ratio_median_vs_cli": statistics.median(ratios),
+        "ratio_median_vs_sdk": statistics.median(ratios_sdk),
+        "target": ">= 30",
+    }
 
 
 async def throughput(sb, concurrency: int, total: int) -> dict:
@@ -261,11 +303,16 @@ async def throughput_docker(concurrency: int, total: int) -> dict:
 
 
 def machine() -> dict:
-    info = {"python": platform.python_version(), "kernel": platform.release(), "cpus": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg()}
+    info = {
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg(),
+    }
     try:
-        info["docker"] = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                                        text=True, timeout=10).stdout.strip()
+        info["docker"] = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         info["docker"] = None
     return info
@@ -273,16 +320,20 @@ def machine() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="40 pairs, 10 cold docker runs, throughput at 16 (not 64)")
+    ap.add_argument(
+        "--concurrency", type=int, default=None, help="throughput concurrency (default 64; 16 with --quick)"
+    )
     ap.add_argument("--no-docker", action="store_true", help="local backend only")
     ap.add_argument("--modes", default="bwrap,no-bwrap,not-root", help="local isolation modes to measure")
     ap.add_argument("--pairs", type=int, default=None, help="interleaved pairs per comparison")
     ap.add_argument("--child-mode", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(ROOT / "bench/results/sandbox.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/sandbox[-quick].json)")
     args = ap.parse_args()
     n_pairs, n_cold, total = (40, 10, 640) if args.quick else (200, 40, 2560)
     n_pairs = args.pairs or n_pairs
+    args.concurrency = args.concurrency or (16 if args.quick else 64)
+    args.out = args.out or str(ROOT / "bench" / "results" / f"sandbox{'-quick' if args.quick else ''}.json")
     if args.child_mode:
         Path(args.out).write_text(json.dumps(asyncio.run(mode_bench(args.child_mode, n_pairs))))
         return
@@ -311,37 +362,79 @@ def table(out: dict) -> str:
         if "skipped" in m:
             rows.append((f"[{mode}]", "", "", f"skipped: {m['skipped'][:80]}", ""))
             continue
-        for key, bare, target in (("true", "bare asyncio exec of true", "<= 1.5x"),
-                                  ("python_tool", "bare python3 -c pass", "<= 1.0x")):
+        for key, bare, target in (
+            ("true", "bare asyncio exec of true", "<= 1.5x"),
+            ("python_tool", "bare python3 -c pass", "<= 1.0x"),
+        ):
             r = m[key]
-            rows += [(f"[{mode}] {bare}", f"{r['bare']['p50_ms']:.2f}", f"{r['bare']['p99_ms']:.2f}", "", ""),
-                     (f"[{mode}] local {'exec of true' if key == 'true' else 'python tool call'}",
-                      f"{r['ours']['p50_ms']:.2f}", f"{r['ours']['p99_ms']:.2f}", f"{r['ratio_median']:.2f}x", target)]
+            rows += [
+                (f"[{mode}] {bare}", f"{r['bare']['p50_ms']:.2f}", f"{r['bare']['p99_ms']:.2f}", "", ""),
+                (
+                    f"[{mode}] local {'exec of true' if key == 'true' else 'python tool call'}",
+                    f"{r['ours']['p50_ms']:.2f}",
+                    f"{r['ours']['p99_ms']:.2f}",
+                    f"{r['ratio_median']:.2f}x",
+                    target,
+                ),
+            ]
         b = m["burst_256_loaded"]
-        rows.append((f"[{mode}] 256 python calls, 2 torch threads busy", f"{b['p50_ms']:.0f}", f"{b['p99_ms']:.0f}",
-                     f"{b['timeouts_or_wrong']} timeouts/wrong, wall {b['wall_s']:.2f} s", "p99 <= 2000, 0"))
+        rows.append(
+            (
+                f"[{mode}] 256 python calls, 2 torch threads busy",
+                f"{b['p50_ms']:.0f}",
+                f"{b['p99_ms']:.0f}",
+                f"{b['timeouts_or_wrong']} timeouts/wrong, wall {b['wall_s']:.2f} s",
+                "p99 <= 2000, 0",
+            )
+        )
     if "docker_warm_vs_cold" in out:
         d = out["docker_warm_vs_cold"]
-        rows += [("docker run --rm (cold, CLI)", f"{d['docker_run_cold_cli']['p50_ms']:.1f}",
-                  f"{d['docker_run_cold_cli']['p99_ms']:.1f}", "", ""),
-                 ("cold via SDK (create+start+rm)", f"{d['cold_sdk']['p50_ms']:.1f}", f"{d['cold_sdk']['p99_ms']:.1f}", "", ""),
-                 ("docker warm pool (acquire+exec)", f"{d['warm_pool']['p50_ms']:.2f}", f"{d['warm_pool']['p99_ms']:.2f}",
-                  f"{d['ratio_median_vs_cli']:.0f}x faster than CLI cold ({d['ratio_median_vs_sdk']:.0f}x vs SDK cold)",
-                  ">= 30x")]
+        rows += [
+            (
+                "docker run --rm (cold, CLI)",
+                f"{d['docker_run_cold_cli']['p50_ms']:.1f}",
+                f"{d['docker_run_cold_cli']['p99_ms']:.1f}",
+                "",
+                "",
+            ),
+            (
+                "cold via SDK (create+start+rm)",
+                f"{d['cold_sdk']['p50_ms']:.1f}",
+                f"{d['cold_sdk']['p99_ms']:.1f}",
+                "",
+                "",
+            ),
+            (
+                "docker warm pool (acquire+exec)",
+                f"{d['warm_pool']['p50_ms']:.2f}",
+                f"{d['warm_pool']['p99_ms']:.2f}",
+                f"{d['ratio_median_vs_cli']:.0f}x faster than CLI cold ({d['ratio_median_vs_sdk']:.0f}x vs SDK cold)",
+                ">= 30x",
+            ),
+        ]
     tl = out["throughput_local"]
     rows.append((f"throughput local @{tl['concurrency']}", "", "", f"{tl['runs_per_s']:.0f} runs/s", ""))
     if "throughput_docker" in out:
         td = out["throughput_docker"]
-        rows.append((f"throughput docker @{td['concurrency']}", "", "",
-                     f"{td['runs_per_s']:.0f} runs/s (pool start {td['pool_start_s']:.0f} s)", ""))
+        rows.append(
+            (
+                f"throughput docker @{td['concurrency']}",
+                "",
+                "",
+                f"{td['runs_per_s']:.0f} runs/s (pool start {td['pool_start_s']:.0f} s)",
+                "",
+            )
+        )
     if "docker_skipped" in out:
         rows.append(("docker", "", "", f"skipped: {out['docker_skipped']}", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     m = out["machine"]
-    lines.append(f"machine: {m['cpus']} CPUs, kernel {m['kernel']}, docker {m['docker']}, "
-                 f"load {m['loadavg_at_start'][0]:.1f} -> {m['loadavg_at_end'][0]:.1f}")
+    lines.append(
+        f"machine: {m['cpus']} CPUs, kernel {m['kernel']}, docker {m['docker']}, "
+        f"load {m['loadavg_at_start'][0]:.1f} -> {m['loadavg_at_end'][0]:.1f}"
+    )
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ Skips a backend (saying why) where it cannot run; hostile kinds a backend cannot
 hostile suite: fork bombs and ``kill -9 -1`` on the local backend without a dedicated uid) are left
 out of its mix, and the report says which.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ from pathlib import Path
 _TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path[:0] = [str(_TESTS), str(_TESTS / "sandbox")]
 
-from leak_probe import fds as _fds, new_fds, rss_mb as _rss_mb  # noqa: E402
+import leak_probe  # noqa: E402  (tests/leak_probe.py: fds and RSS of this process)
 from test_sandbox_hostile import host_snapshot  # noqa: E402  (the hostile suite's host-state probe)
 
 from agentrl.config.schema import RolloutConfig  # noqa: E402
@@ -52,45 +53,113 @@ CODE_TIMEOUT_S = 5.0  # CodeExecEnv's default; the hostile suite gives memory/di
 # kind -> (weight, [(tool, code), ...] run one per turn before the final answer, needs, allowed statuses)
 # ``needs``: a containment fact of the backend (``facts`` below) without which the kind is not run.
 KINDS: dict[str, tuple[int, list[tuple[str, str]], str | None, set[str]]] = {
-    "ordinary": (40, [("python", "import math\nprint(math.factorial(10) % 997, sum(i * i for i in range(100)))")],
-                 None, {"ok"}),
-    "ordinary_multi": (10, [("python", "open('x.txt', 'w').write('41')\nprint('saved')"),
-                            ("bash", "echo $((6 * 7)); ls | head -3"),
-                            ("python", "print(int(open('x.txt').read()) + 1 if __import__('os').path.exists('x.txt') "
-                                       "else 'fresh dir')")], None, {"ok"}),
+    "ordinary": (
+        40,
+        [("python", "import math\nprint(math.factorial(10) % 997, sum(i * i for i in range(100)))")],
+        None,
+        {"ok"},
+    ),
+    "ordinary_multi": (
+        10,
+        [
+            ("python", "open('x.txt', 'w').write('41')\nprint('saved')"),
+            ("bash", "echo $((6 * 7)); ls | head -3"),
+            (
+                "python",
+                "print(int(open('x.txt').read()) + 1 if __import__('os').path.exists('x.txt') else 'fresh dir')",
+            ),
+        ],
+        None,
+        {"ok"},
+    ),
     "direct": (4, [], None, set()),
-    "malformed": (4, [("raw", '<tool_call>\n{"name": "python", "arguments": {"code": \n</tool_call>')], None,
-                  {"model_error"}),
+    "malformed": (
+        4,
+        [("raw", '<tool_call>\n{"name": "python", "arguments": {"code": \n</tool_call>')],
+        None,
+        {"model_error"},
+    ),
     "too_long": (2, [("long", "")], None, set()),
-    "fork_bomb": (2, [("python", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")],
-                  "pids", {"timeout"}),
+    "fork_bomb": (
+        2,
+        [("python", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")],
+        "pids",
+        {"timeout"},
+    ),
     "bash_fork_bomb": (2, [("bash", ":(){ :|:& };:")], "pids", {"ok", "exit_nonzero", "timeout"}),
     "busy_loop": (2, [("python", "while True: pass")], None, {"timeout"}),
     "sleep": (1, [("python", "import time\ntime.sleep(1000)")], None, {"timeout"}),
     "memory_bomb": (3, [("python", "x = bytearray(10 * 1024**3)")], None, {"oom"}),
     "memory_gradual": (2, [("python", "a = []\nwhile True: a.append(bytearray(50 * 2**20))")], None, {"oom"}),
-    "huge_output": (3, [("python", "import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)")],
-                    None, {"output_limit"}),
+    "huge_output": (
+        3,
+        [("python", "import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)")],
+        None,
+        {"output_limit"},
+    ),
     "kill_all": (3, [("bash", "kill -9 -1; echo survived")], "kill_all", {"ok", "killed", "exit_nonzero"}),
-    "kill_parent": (2, [("python", "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
-                                   "except OSError as e:\n    print('denied', e)\nprint('alive')")], None, {"ok"}),
+    "kill_parent": (
+        2,
+        [
+            (
+                "python",
+                "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+                "except OSError as e:\n    print('denied', e)\nprint('alive')",
+            )
+        ],
+        None,
+        {"ok"},
+    ),
     "fd_exhaustion": (3, [("python", "fs = []\nwhile True: fs.append(open('/dev/null'))")], None, {"exit_nonzero"}),
-    "orphans": (3, [("bash", "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & disown; echo started"),
-                    ("python", "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                               "        time.sleep(1000)\n    os._exit(0)\nprint('daemon started')")], None, {"ok"}),
-    "fill_disk": (2, [("python", "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (16 << 20)); i += 1")],
-                  None, {"exit_nonzero"}),
+    "orphans": (
+        3,
+        [
+            ("bash", "setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & disown; echo started"),
+            (
+                "python",
+                "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                "        time.sleep(1000)\n    os._exit(0)\nprint('daemon started')",
+            ),
+        ],
+        None,
+        {"ok"},
+    ),
+    "fill_disk": (
+        2,
+        [("python", "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (16 << 20)); i += 1")],
+        None,
+        {"exit_nonzero"},
+    ),
     "segfault": (2, [("python", "import ctypes\nctypes.string_at(0)")], None, {"killed"}),
-    "garbage_output": (2, [("python", r"import sys; sys.stdout.buffer.write(b'a\xff\xfe\x00b\x1b[2J\r\n')")], None,
-                       {"ok"}),
+    "garbage_output": (
+        2,
+        [("python", r"import sys; sys.stdout.buffer.write(b'a\xff\xfe\x00b\x1b[2J\r\n')")],
+        None,
+        {"ok"},
+    ),
     "exit_zero": (2, [("python", "import os\nos._exit(0)")], None, {"ok"}),
-    "network": (2, [("python", "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
-                               "    print('REACHED')\nexcept OSError as e:\n    print('blocked', e)")], None, {"ok"}),
+    "network": (
+        2,
+        [
+            (
+                "python",
+                "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n"
+                "    print('REACHED')\nexcept OSError as e:\n    print('blocked', e)",
+            )
+        ],
+        None,
+        {"ok"},
+    ),
 }
 ANSWER = "The answer is \\boxed{42}."
-_MARKS = [("TimeoutError: the program did not finish", "timeout"), ("[output limit exceeded", "output_limit"),
-          ("MemoryError: the program ran out of memory", "oom"), ("[the program was killed by signal", "killed"),
-          ("[the sandbox reported an error", "error"), ("[exit code ", "exit_nonzero")]
+_MARKS = [
+    ("TimeoutError: the program did not finish", "timeout"),
+    ("[output limit exceeded", "output_limit"),
+    ("MemoryError: the program ran out of memory", "oom"),
+    ("[the program was killed by signal", "killed"),
+    ("[the sandbox reported an error", "error"),
+    ("[exit code ", "exit_nonzero"),
+]
 
 
 def facts(sb) -> dict[str, bool]:
@@ -130,12 +199,14 @@ class Policy:
                     ids.append(tok.encode("blah " * max_new_tokens, add_special_tokens=False)[: max_new_tokens + 8])
                 else:
                     arg = "code" if tool == "python" else "command"
-                    ids.append(enc(f"<tool_call>\n{json.dumps({'name': tool, 'arguments': {arg: code}})}\n</tool_call>"))
+                    ids.append(
+                        enc(f"<tool_call>\n{json.dumps({'name': tool, 'arguments': {arg: code}})}\n</tool_call>")
+                    )
             self.turns[k] = ids + [enc(ANSWER)]
 
     def kind_of(self, ids) -> str:
         starts = [i for i, t in enumerate(ids) if t == self.im_start][:3]
-        key = tuple(ids[starts[1]:starts[2]]) if len(starts) == 3 else tuple(ids)
+        key = tuple(ids[starts[1] : starts[2]]) if len(starts) == 3 else tuple(ids)
         return self.cycle[hash(key) % len(self.cycle)]
 
     def __call__(self, prompt_ids, params, ctx) -> list[int]:
@@ -160,8 +231,9 @@ def _leaks(before: dict, backend: str, wait_s: float = 10.0) -> dict:
     deadline = time.monotonic() + wait_s
     while True:
         after = host_snapshot(backend)
-        diff = {k: {"before": before[k], "after": after[k]} for k in before
-                if k != "tmp_used_mb" and before[k] != after[k]}
+        diff = {
+            k: {"before": before[k], "after": after[k]} for k in before if k != "tmp_used_mb" and before[k] != after[k]
+        }
         tmp_mb = after["tmp_used_mb"] - before["tmp_used_mb"]
         if (not diff and abs(tmp_mb) < 256) or time.monotonic() > deadline:
             return {"diff": diff, "tmp_used_mb_delta": tmp_mb}
@@ -186,19 +258,30 @@ def make_backend(name: str, concurrency: int):
     return make_sandbox(name, limits=Limits(memory_mb=256), max_concurrency=concurrency)
 
 
-async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sample_every: int,
-               on_sample=None) -> dict:
+async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sample_every: int, on_sample=None) -> dict:
     from agentrl.envs.code_exec import CodeExecEnv
 
-    cfg = RolloutConfig(max_turns=6, max_new_tokens=384, max_context=8192, max_concurrency=concurrency,
-                        turn_timeout_s=60.0, episode_timeout_s=300.0, temperature=1.0)
+    cfg = RolloutConfig(
+        max_turns=6,
+        max_new_tokens=384,
+        max_context=8192,
+        max_concurrency=concurrency,
+        turn_timeout_s=60.0,
+        episode_timeout_s=300.0,
+        temperature=1.0,
+    )
     policy = Policy(tok, kinds, cfg.max_new_tokens)
     made = [0]
 
     def make_env():
         made[0] += 1
-        return CodeExecEnv(sandbox=sb, tools=("python", "bash"), code_timeout_s=CODE_TIMEOUT_S,
-                           session=made[0] % 4 == 0, tool_timeout_s=30.0)
+        return CodeExecEnv(
+            sandbox=sb,
+            tools=("python", "bash"),
+            code_timeout_s=CODE_TIMEOUT_S,
+            session=made[0] % 4 == 0,
+            tool_timeout_s=30.0,
+        )
 
     mgr = EpisodeManager(FakeEngine(policy), make_env, tok, cfg, env_id="code_exec")
     outcomes: Counter = Counter()
@@ -211,7 +294,7 @@ async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sampl
     async for traj in mgr.stream(EpisodeSpec(f"soak-{i}", 0, task_seed=i) for i in range(episodes)):
         done += 1
         outcomes[traj.outcome.value] += 1
-        kind = policy.kind_of(traj.token_ids[:traj.prompt_len])
+        kind = policy.kind_of(traj.token_ids[: traj.prompt_len])
         statuses = [tool_status(m) for m in traj.messages if m["role"] == "tool"]
         by_kind[kind]["episodes"] += 1
         for s in statuses:
@@ -223,19 +306,37 @@ async def _run(sb, tok, episodes: int, kinds: list[str], concurrency: int, sampl
             infra.append({"kind": kind, "outcome": traj.outcome.value, "detail": traj.outcome_detail[:500]})
         if traj.outcome.value not in ("ok", "truncated_length") or any(s not in allowed for s in statuses):
             if len(unexpected) < 20:
-                unexpected.append({"kind": kind, "outcome": traj.outcome.value, "statuses": statuses,
-                                   "detail": traj.outcome_detail[:300]})
+                unexpected.append(
+                    {
+                        "kind": kind,
+                        "outcome": traj.outcome.value,
+                        "statuses": statuses,
+                        "detail": traj.outcome_detail[:300],
+                    }
+                )
             by_kind[kind]["unexpected"] += 1
         if done % sample_every == 0 or done == episodes:
-            s = {"episodes": done, "rss_mb": round(_rss_mb(), 1), "fds": len(os.listdir("/proc/self/fd")),
-                 "elapsed_s": round(time.perf_counter() - t0, 1)}
+            s = {
+                "episodes": done,
+                "rss_mb": round(leak_probe.rss_mb(), 1),
+                "fds": len(os.listdir("/proc/self/fd")),
+                "elapsed_s": round(time.perf_counter() - t0, 1),
+            }
             samples.append(s)
             if on_sample:
                 on_sample(s)
     wall = time.perf_counter() - t0
-    return {"episodes": done, "wall_s": wall, "episodes_per_s": done / wall, "outcomes": dict(outcomes),
-            "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())}, "unexpected": unexpected, "infra": infra,
-            "unexpected_count": sum(v.get("unexpected", 0) for v in by_kind.values()), "samples": samples}
+    return {
+        "episodes": done,
+        "wall_s": wall,
+        "episodes_per_s": done / wall,
+        "outcomes": dict(outcomes),
+        "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+        "unexpected": unexpected,
+        "infra": infra,
+        "unexpected_count": sum(v.get("unexpected", 0) for v in by_kind.values()),
+        "samples": samples,
+    }
 
 
 def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: int = 100, verbose: bool = False) -> dict:
@@ -249,7 +350,7 @@ def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: in
     tok = build_tokenizer()
     tune_gc()  # as in `agentrl run` / `agentrl rollout`
     gc.collect()
-    fds_before, snap_before = _fds(), host_snapshot(backend)
+    fds_before, snap_before = leak_probe.fds(), host_snapshot(backend)
     sb = make_backend(backend, min(concurrency, 8))
     f = facts(sb)
     kinds = [k for k, (_, _, need, _) in KINDS.items() if need is None or f[need]]
@@ -257,8 +358,15 @@ def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: in
 
     async def main(sb) -> dict:
         try:
-            return await _run(sb, tok, episodes, kinds, concurrency, sample_every,
-                              on_sample=(lambda s: print(f"  [{backend}] {s}", flush=True)) if verbose else None)
+            return await _run(
+                sb,
+                tok,
+                episodes,
+                kinds,
+                concurrency,
+                sample_every,
+                on_sample=(lambda s: print(f"  [{backend}] {s}", flush=True)) if verbose else None,
+            )
         finally:
             await sb.aclose()
 
@@ -266,19 +374,29 @@ def soak(backend: str, episodes: int, *, concurrency: int = 16, sample_every: in
     del sb  # the leak check below runs with the sandbox object gone
     gc.collect()
     leaks = _leaks(snap_before, backend)
-    fds_after = _fds()
-    leaked_fds = new_fds(fds_before, fds_after)  # the local backend's uid-block lock is kept by design
+    fds_after = leak_probe.fds()
+    leaked_fds = leak_probe.new_fds(fds_before, fds_after)  # the local backend's uid-block lock is kept by design
     pts = [(s["episodes"], s["rss_mb"]) for s in report["samples"]]
     half = [p for p in pts if p[0] > episodes / 2] or pts
-    report.update({
-        "backend": backend, "kinds_left_out": left_out, "leaks": leaks,
-        "leaked_containers": len(leaks["diff"].get("containers", {}).get("after", [])),
-        "leaked_processes": len(set(leaks["diff"].get("sandbox_uid_procs", {}).get("after", []))
-                                | set(leaks["diff"].get("our_children", {}).get("after", []))),
-        "leaked_fds": leaked_fds, "fds_before": len(fds_before), "fds_after": len(fds_after),
-        "rss_first_mb": pts[0][1] if pts else None, "rss_last_mb": pts[-1][1] if pts else None,
-        "rss_peak_mb": round(_rss_mb("VmHWM"), 1), "rss_slope_mb_per_1k_second_half": round(_slope(half), 3),
-    })
+    report.update(
+        {
+            "backend": backend,
+            "kinds_left_out": left_out,
+            "leaks": leaks,
+            "leaked_containers": len(leaks["diff"].get("containers", {}).get("after", [])),
+            "leaked_processes": len(
+                set(leaks["diff"].get("sandbox_uid_procs", {}).get("after", []))
+                | set(leaks["diff"].get("our_children", {}).get("after", []))
+            ),
+            "leaked_fds": leaked_fds,
+            "fds_before": len(fds_before),
+            "fds_after": len(fds_after),
+            "rss_first_mb": pts[0][1] if pts else None,
+            "rss_last_mb": pts[-1][1] if pts else None,
+            "rss_peak_mb": round(leak_probe.rss_mb("VmHWM"), 1),
+            "rss_slope_mb_per_1k_second_half": round(_slope(half), 3),
+        }
+    )
     return report
 
 
@@ -286,7 +404,9 @@ def _print(r: dict) -> None:
     if r.get("skipped"):
         print(f"\n== {r['backend']}: SKIPPED ({r['skipped']})")
         return
-    print(f"\n== {r['backend']}: {r['episodes']} episodes in {r['wall_s']:.1f} s = {r['episodes_per_s']:.2f} episodes/s")
+    print(
+        f"\n== {r['backend']}: {r['episodes']} episodes in {r['wall_s']:.1f} s = {r['episodes_per_s']:.2f} episodes/s"
+    )
     print("outcomes:", ", ".join(f"{k}={v}" for k, v in sorted(r["outcomes"].items())))
     print(f"{'kind':16} {'episodes':>8}  tool statuses")
     for k, c in r["by_kind"].items():
@@ -297,11 +417,18 @@ def _print(r: dict) -> None:
     print(f"unexpected episodes: {r['unexpected_count']}", *(f"\n  {u}" for u in r["unexpected"][:5]))
     for u in r["infra"][:5]:
         print("  not trainable:", u)
-    print(f"leaks: containers={r['leaked_containers']} processes={r['leaked_processes']} "
-          f"fds={len(r['leaked_fds'])} (fds {r['fds_before']} -> {r['fds_after']}) other={r['leaks']}")
-    print(f"RSS: first {r['rss_first_mb']} MB, last {r['rss_last_mb']} MB, peak {r['rss_peak_mb']} MB, "
-          f"slope over the second half {r['rss_slope_mb_per_1k_second_half']} MB per 1k episodes")
-    print("RSS curve (episodes: MB):", " ".join(f"{s['episodes']}:{s['rss_mb']}" for s in r["samples"][::max(1, len(r["samples"]) // 20)]))
+    print(
+        f"leaks: containers={r['leaked_containers']} processes={r['leaked_processes']} "
+        f"fds={len(r['leaked_fds'])} (fds {r['fds_before']} -> {r['fds_after']}) other={r['leaks']}"
+    )
+    print(
+        f"RSS: first {r['rss_first_mb']} MB, last {r['rss_last_mb']} MB, peak {r['rss_peak_mb']} MB, "
+        f"slope over the second half {r['rss_slope_mb_per_1k_second_half']} MB per 1k episodes"
+    )
+    print(
+        "RSS curve (episodes: MB):",
+        " ".join(f"{s['episodes']}:{s['rss_mb']}" for s in r["samples"][:: max(1, len(r["samples"]) // 20)]),
+    )
 
 
 def main() -> None:
@@ -315,20 +442,26 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.concurrency = 48 * len(args.backends.split(",")), 8
-    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"soak{'-quick' if args.quick else ''}.json")
+    args.out = args.out or str(
+        Path(__file__).resolve().parent / "results" / f"soak{'-quick' if args.quick else ''}.json"
+    )
     backends = [b.strip() for b in args.backends.split(",")]
     per_backend = args.episodes // len(backends)
     every = args.sample_every or max(1, per_backend // 50)
-    print(f"soak: {args.episodes} episodes, {per_backend} per backend, {args.concurrency} in flight, machine: "
-          f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"soak: {args.episodes} episodes, {per_backend} per backend, {args.concurrency} in flight, machine: "
+        f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     reports = []
     for b in backends:
         r = soak(b, per_backend, concurrency=args.concurrency, sample_every=every, verbose=True)
         _print(r)
         reports.append(r)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "load_start": os.getloadavg(), "reports": reports},
-                                         indent=1, default=str))
+    Path(args.out).write_text(
+        json.dumps({"args": vars(args), "load_start": os.getloadavg(), "reports": reports}, indent=1, default=str)
+    )
     print(f"\nwrote {args.out}")
 
 

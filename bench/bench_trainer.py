@@ -18,6 +18,7 @@ A/B (shared machines are noisy).
     python bench/bench_trainer.py --threads 1   # default workload (~5-10 min on 2 busy cores)
     python bench/bench_trainer.py --quick       # smoke run (~1 min)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,10 +55,14 @@ def workload(args):
             mask += [turn] * seg
             turn = 1 - turn
         ids = [rng.randrange(10, 2000) for _ in range(n)]
-        samples.append(TrainSample(
-            token_ids=ids, loss_mask=mask, behaviour_logprobs=[-7.0 * m for m in mask],
-            advantages=[rng.choice([-1.0, 1.0]) * m for m in mask],
-        ))
+        samples.append(
+            TrainSample(
+                token_ids=ids,
+                loss_mask=mask,
+                behaviour_logprobs=[-7.0 * m for m in mask],
+                advantages=[rng.choice([-1.0, 1.0]) * m for m in mask],
+            )
+        )
     return samples
 
 
@@ -68,8 +73,15 @@ def step(trainer, arm: str, samples, by_len) -> dict:
     cpu = time.process_time() - cpu
     # CPU seconds are reported beside wall time: on a shared, oversubscribed machine they are far
     # less noisy (wall time also counts the time other tenants hold the cores).
-    return {"tok_s": m["tokens_per_s"], "tok_cpu_s": m["tokens"] / cpu, "wall_s": m["step_time_s"], "cpu_s": cpu,
-            "tokens": m["tokens"], "micro_batches": m["micro_batches"], "padding_frac": m["padding_frac"]}
+    return {
+        "tok_s": m["tokens_per_s"],
+        "tok_cpu_s": m["tokens"] / cpu,
+        "wall_s": m["step_time_s"],
+        "cpu_s": cpu,
+        "tokens": m["tokens"],
+        "micro_batches": m["micro_batches"],
+        "padding_frac": m["padding_frac"],
+    }
 
 
 def main(argv=None) -> dict:
@@ -97,8 +109,8 @@ def main(argv=None) -> dict:
 
     from transformers.utils import logging as hf_logging
 
-    from agentrl.warmstart.tiny_model import build_model
     from agentrl.trainer import Trainer, TrainerConfig
+    from agentrl.warmstart.tiny_model import build_model
 
     hf_logging.disable_progress_bar()
     if args.threads:
@@ -108,8 +120,14 @@ def main(argv=None) -> dict:
     lens = [len(s.token_ids) for s in samples]
     cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_model(Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                           intermediate_size=args.intermediate, max_position_embeddings=args.micro_batch_tokens)
+        path = build_model(
+            Path(tmp) / "m",
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.heads,
+            intermediate_size=args.intermediate,
+            max_position_embeddings=args.micro_batch_tokens,
+        )
         trainer = Trainer(str(path), cfg)
     try:
         warm = samples[: max(2, len(samples) // 8)]
@@ -118,17 +136,19 @@ def main(argv=None) -> dict:
         reps = []
         for rep in range(args.repeats):
             res = {}
-            for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
+            for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
                 res[arm] = step(trainer, arm, samples, by_len)
             for key, base in (("pad", "pad"), ("pad_sorted", "pad-sorted")):
                 res[f"ratio_{key}"] = res["pack"]["tok_s"] / res[base]["tok_s"]
                 res[f"cpu_ratio_{key}"] = res["pack"]["tok_cpu_s"] / res[base]["tok_cpu_s"]
             reps.append(res)
-            print(f"rep {rep}: " + "  ".join(f"{a} {res[a]['tok_s']:7.1f} tok/s ({res[a]['tok_cpu_s']:7.1f}/cpu-s)"
-                                             for a in ARMS)
-                  + f"  pack/pad {res['ratio_pad']:.2f} (cpu {res['cpu_ratio_pad']:.2f})"
-                  + f"  pack/pad-sorted {res['ratio_pad_sorted']:.2f} (cpu {res['cpu_ratio_pad_sorted']:.2f})",
-                  flush=True)
+            print(
+                f"rep {rep}: "
+                + "  ".join(f"{a} {res[a]['tok_s']:7.1f} tok/s ({res[a]['tok_cpu_s']:7.1f}/cpu-s)" for a in ARMS)
+                + f"  pack/pad {res['ratio_pad']:.2f} (cpu {res['cpu_ratio_pad']:.2f})"
+                + f"  pack/pad-sorted {res['ratio_pad_sorted']:.2f} (cpu {res['cpu_ratio_pad_sorted']:.2f})",
+                flush=True,
+            )
     finally:
         trainer.close()
 
@@ -138,17 +158,33 @@ def main(argv=None) -> dict:
         "command": " ".join(["python bench/bench_trainer.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
         "workload": {
-            "sequences": args.sequences, "micro_batch_tokens": args.micro_batch_tokens,
-            "lengths": {"mean": statistics.mean(lens), "cv": statistics.pstdev(lens) / statistics.mean(lens),
-                        "max": max(lens), "total": sum(lens)},
+            "sequences": args.sequences,
+            "micro_batch_tokens": args.micro_batch_tokens,
+            "lengths": {
+                "mean": statistics.mean(lens),
+                "cv": statistics.pstdev(lens) / statistics.mean(lens),
+                "max": max(lens),
+                "total": sum(lens),
+            },
             "loss_tokens": sum(sum(s.loss_mask) for s in samples),
-            "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads,
-                      "intermediate": args.intermediate, "attn_implementation": cfg.attn_implementation},
+            "model": {
+                "hidden": args.hidden,
+                "layers": args.layers,
+                "heads": args.heads,
+                "intermediate": args.intermediate,
+                "attn_implementation": cfg.attn_implementation,
+            },
             "seed": args.seed,
         },
-        "arms": {a: {"tok_s_median": med(a), "tok_per_cpu_s_median": med(a, "tok_cpu_s"),
-                     "micro_batches": reps[0][a]["micro_batches"], "padding_frac": reps[0][a]["padding_frac"]}
-                 for a in ARMS},
+        "arms": {
+            a: {
+                "tok_s_median": med(a),
+                "tok_per_cpu_s_median": med(a, "tok_cpu_s"),
+                "micro_batches": reps[0][a]["micro_batches"],
+                "padding_frac": reps[0][a]["padding_frac"],
+            }
+            for a in ARMS
+        },
         "speedup_vs_pad": statistics.median(r["ratio_pad"] for r in reps),
         "speedup_vs_pad_sorted": statistics.median(r["ratio_pad_sorted"] for r in reps),
         "cpu_speedup_vs_pad": statistics.median(r["cpu_ratio_pad"] for r in reps),
@@ -159,14 +195,18 @@ def main(argv=None) -> dict:
     print(f"{'arm':<12}{'tok/s (median)':>16}{'tok/cpu-s':>12}{'micro-batches':>15}{'padding':>10}")
     for a in ARMS:
         r = result["arms"][a]
-        print(f"{a:<12}{r['tok_s_median']:>16.1f}{r['tok_per_cpu_s_median']:>12.1f}{r['micro_batches']:>15.0f}"
-              f"{r['padding_frac']:>10.1%}")
-    print(f"packed vs padded: {result['speedup_vs_pad']:.2f}x wall, {result['cpu_speedup_vs_pad']:.2f}x cpu;"
-          f" vs length-sorted padded: {result['speedup_vs_pad_sorted']:.2f}x wall,"
-          f" {result['cpu_speedup_vs_pad_sorted']:.2f}x cpu (medians of {len(reps)} interleaved repeats);"
-          f" padded computes"
-          f" {1 / (1 - result['arms']['pad']['padding_frac']):.2f}x the real tokens"
-          f" (sorted: {1 / (1 - result['arms']['pad-sorted']['padding_frac']):.2f}x)")
+        print(
+            f"{a:<12}{r['tok_s_median']:>16.1f}{r['tok_per_cpu_s_median']:>12.1f}{r['micro_batches']:>15.0f}"
+            f"{r['padding_frac']:>10.1%}"
+        )
+    print(
+        f"packed vs padded: {result['speedup_vs_pad']:.2f}x wall, {result['cpu_speedup_vs_pad']:.2f}x cpu;"
+        f" vs length-sorted padded: {result['speedup_vs_pad_sorted']:.2f}x wall,"
+        f" {result['cpu_speedup_vs_pad_sorted']:.2f}x cpu (medians of {len(reps)} interleaved repeats);"
+        f" padded computes"
+        f" {1 / (1 - result['arms']['pad']['padding_frac']):.2f}x the real tokens"
+        f" (sorted: {1 / (1 - result['arms']['pad-sorted']['padding_frac']):.2f}x)"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

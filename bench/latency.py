@@ -21,6 +21,7 @@ the episode manager starts a group's samples in index order, so that number is t
 Does not: change tokens, logprobs, rewards or weights; model real contention (the real model's
 own compute still runs and adds to the injected time); live in ``agentrl/`` (bench-only).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,9 +33,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrl.envs.base import AgentEnv
-
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.envs.base import AgentEnv
 
 
 def seeded_rng(*key: Any) -> random.Random:
@@ -60,8 +60,9 @@ class LatencyEngine(Engine):
     drawn for (seed, session, turn of that session). ``enabled = False`` turns the delay off (e.g.
     for evaluation). Everything else (weights, version, start/close, limits) is the inner engine's."""
 
-    def __init__(self, inner: Engine, *, per_token_s: float, mean_tokens: float, cv: float = 1.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, inner: Engine, *, per_token_s: float, mean_tokens: float, cv: float = 1.0, seed: int = 0
+    ) -> None:
         for name, v in (("per_token_s", per_token_s), ("mean_tokens", mean_tokens), ("cv", cv)):
             if not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"LatencyEngine {name} must be a number >= 0, got {v!r}")
@@ -75,8 +76,9 @@ class LatencyEngine(Engine):
         L = lognormal_draw(self.mean_tokens, self.cv, seeded_rng(self.seed, "gen", session, turn))
         return self.per_token_s * L
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         gen = await self.inner.generate(prompt_ids, params, session=session)
         if self.enabled and self.per_token_s > 0:
             turn = self._turns[session]
@@ -125,8 +127,15 @@ class LatencyEnv(AgentEnv):
     """``inner`` env plus a tool latency before each step: lognormal(tool_mean_s, cv) seconds drawn
     for (seed, task seed, sample index, turn). ``tool_mean_s = 0`` is the inner env unchanged."""
 
-    def __init__(self, inner: AgentEnv, *, tool_mean_s: float, cv: float = 1.0, seed: int = 0,
-                 counter: SampleCounter | None = None) -> None:
+    def __init__(
+        self,
+        inner: AgentEnv,
+        *,
+        tool_mean_s: float,
+        cv: float = 1.0,
+        seed: int = 0,
+        counter: SampleCounter | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(tool_mean_s, (int, float)) or tool_mean_s < 0:
             raise ValueError(f"LatencyEnv tool_mean_s must be a number >= 0, got {tool_mean_s!r}")

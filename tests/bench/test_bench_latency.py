@@ -2,6 +2,7 @@
 episode and turn whatever the call order, have the lognormal's mean and CV, and forward the
 engine/env they wrap. Uses FakeEngine (a unit test of the wrapper, not of an engine) and the real
 concise env. No timing assertions: delays are read from the wrappers, not measured."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +15,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from agentrl.envs.concise import ConciseEnv
 from latency import LatencyEngine, LatencyEnv, SampleCounter, lognormal_draw, seeded_rng
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.fake import FakeEngine
+from agentrl.envs.concise import ConciseEnv
 
 
 def test_lognormal_draw_has_the_asked_mean_and_cv():

@@ -1,0 +1,195 @@
+"""Every bench script's ``--quick`` mode, run the way a reader of BENCHMARKS.md runs it: a subprocess
+``python bench/<script>.py --quick --out <tmp>/<name>.json`` from the repository root. Each must exit 0,
+print its results table (the header line naming the expected columns) and write its JSON with the
+expected keys where ``--out`` says. Nothing here asserts on a timing: only that the same code path as
+the full benchmark runs end to end and reports what BENCHMARKS.md quotes.
+
+Scripts needing a component skip, saying why, when it cannot run here: SGLang
+(``agentrl.engine.sglang_server.unavailable_reason``) and Ray (the ``ray`` extra). Docker is never
+required: the sandbox and soak scripts skip their docker parts themselves and say so in their table.
+The quick modes that take more than ~20 s on 2 cores are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+#: bench/ files that are modules the scripts import, not benchmarks
+NOT_SCRIPTS = {"latency.py"}
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    header: tuple[str, ...]  # column names on the printed table's header line
+    keys: tuple[str, ...]  # top-level keys of the written JSON (a list: keys of its first item)
+    args: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # "sglang", "ray"
+    slow: bool = False
+    name: str = ""
+    beside: tuple[str, ...] = ()  # suffixes of files written next to the JSON (a plot)
+
+    @property
+    def id(self) -> str:
+        return self.name or self.script.removeprefix("bench_").removesuffix(".py")
+
+
+CASES = [
+    Case(
+        "bench_episode.py",
+        ("concurrency", "turns", "wall s", "turns/s", "turns/cpu-s"),
+        ("throughput", "per_turn", "gc_tuned"),
+    ),
+    Case(
+        "bench_fuzz.py",
+        ("stage", "inputs", "crashes", "wrong", "hangs", "p50 ms", "p99 ms"),
+        ("args", "stages", "warmup_failures"),
+    ),
+    Case(
+        "bench_serve.py",
+        ("round", "http s", "direct s", "ratio", "tokens", "same"),
+        ("median_ratio_http_over_direct", "swap_s_median", "all_same_tokens", "rounds"),
+    ),
+    Case(
+        "bench_engine.py",
+        ("system", "tok/s (median)"),
+        ("engine_tok_s_median", "static_tok_s_median", "speedup_median_of_pair_ratios", "workload"),
+    ),
+    Case(
+        "bench_trainer.py",
+        ("arm", "tok/s (median)", "tok/cpu-s", "micro-batches", "padding"),
+        ("arms", "speedup_vs_pad", "speedup_vs_pad_sorted", "workload"),
+    ),
+    Case(
+        "bench_partial_rollouts.py",
+        ("mode", "tok/s", "mixed_version_turns", "drain wait", "push med"),
+        ("summary", "ratio_drained_over_partial_tokens_per_s", "runs"),
+    ),
+    Case(
+        "bench_sandbox.py",
+        ("what", "p50 ms", "p99 ms", "ratio (median of pairs) / result", "target"),
+        ("machine", "modes", "throughput_local"),
+        slow=True,
+    ),
+    Case("bench_soak.py", ("kind", "episodes", "tool statuses"), ("args", "reports"), slow=True),
+    Case(
+        "bench_credit.py",
+        ("mode", "AUC", "turns s1->end"),
+        ("summary", "runs", "workload"),
+        slow=True,
+        beside=(".png",),
+    ),
+    Case(
+        "bench_async.py",
+        ("k", "loop s", "speedup", "ceiling", "bound s", "reward AUC", "eval reward"),
+        ("summary", "runs", "workload"),
+        slow=True,
+    ),
+    Case(
+        "bench_learning.py",
+        ("run", "steps", "solve start", "solve end", "reward first10", "reward last10"),
+        ("name", "evals", "reward_first10", "reward_last10"),
+        slow=True,
+        beside=(".png",),
+    ),
+    Case(
+        "bench_faults.py",
+        ("run", "kills", "at step", "in ckpt", "attempts", "check"),
+        ("live", "ledger", "replay", "diff", "diff_recorded"),
+        slow=True,
+    ),
+    Case(
+        "bench_ray.py",
+        ("phase", "in-process s", "ray s", "ray/inproc", "added ms"),
+        ("startup", "phases", "param_max_diff"),
+        needs=("ray",),
+        slow=True,
+    ),
+    Case(
+        "bench_weight_sync.py",
+        ("model", "params", "path", "median s", "MB/s"),
+        ("rows", "repeats"),
+        needs=("sglang",),
+        slow=True,
+    ),
+    Case(
+        "bench_engine.py",
+        ("system", "tok/s (median)"),
+        ("sglang_tok_s_median", "local_tok_s_median"),
+        args=("--engine", "sglang"),
+        needs=("sglang",),
+        slow=True,
+        name="engine-sglang",
+    ),
+    Case(
+        "bench_ray_sglang.py",
+        ("metric", "in-process", "ray", "ray/inproc"),
+        ("table", "runs"),
+        needs=("ray", "sglang"),
+        slow=True,
+    ),
+]
+
+
+def _param(case: Case):
+    marks = [getattr(pytest.mark, n) for n in case.needs] + ([pytest.mark.slow] if case.slow else [])
+    return pytest.param(case, marks=marks, id=case.id)
+
+
+def _skip_reason(needs: tuple[str, ...]) -> str | None:
+    if "ray" in needs and importlib.util.find_spec("ray") is None:
+        return "Ray is not installed (pip install -e '.[ray]')"
+    if "sglang" in needs:
+        from agentrl.engine.sglang_server import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            return f"SGLang cannot run here: {reason}"
+    return None
+
+
+def header_line(stdout: str, columns: tuple[str, ...]) -> str | None:
+    """The first printed line naming every column (a table's header), or None."""
+    return next((line for line in stdout.splitlines() if all(c in line for c in columns)), None)
+
+
+def test_every_bench_script_has_a_quick_case():
+    scripts = {p.name for p in BENCH.glob("*.py")} - NOT_SCRIPTS
+    assert scripts == {c.script for c in CASES}, "a bench script without a quick-mode case here (or a stale case)"
+    for name in scripts:
+        assert '"--quick"' in (BENCH / name).read_text(), f"bench/{name} has no --quick mode"
+
+
+def test_header_line_finds_only_a_full_header():
+    out = "warming up\nstage  inputs  crashes\nparser 3 0\n"
+    assert header_line(out, ("stage", "crashes")) == "stage  inputs  crashes"
+    assert header_line(out, ("stage", "hangs")) is None
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_quick_mode_runs_and_reports(case: Case, tmp_path):
+    reason = _skip_reason(case.needs)
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / f"{case.id}.json"
+    cmd = [sys.executable, str(BENCH / case.script), "--quick", *case.args, "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
+    tail = f"\n$ {' '.join(cmd)}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}"
+    assert p.returncode == 0, f"exit {p.returncode}{tail}"
+    assert header_line(p.stdout, case.header) is not None, f"no table header with columns {case.header}{tail}"
+    assert out.exists(), f"--out {out} not written{tail}"
+    data = json.loads(out.read_text())
+    first = data[0] if isinstance(data, list) else data
+    missing = [k for k in case.keys if k not in first]
+    assert not missing, f"JSON {out.name} lacks {missing}; has {sorted(first)}"
+    for suffix in case.beside:
+        assert out.with_suffix(suffix).exists(), f"{out.with_suffix(suffix).name} not written beside the JSON{tail}"

@@ -126,8 +126,9 @@ def _fragment(rng: random.Random, n: int, raw_surrogates: bool) -> str:
                                  '"{\\"code\\": ' + "[" * k + '"', "null", "[1]", '{"code": 5}')))
     if kind == 10:  # python fences, closed and not
         return rng.choice(("```python\nprint(%d)\n```" % k, "```py\n" + "x" * n, "```python" * k, "```" * k))
-    if kind == 11:  # many "answer"/"####" lines
-        return rng.choice(("answer: ", "#### ", "answer is ", "Answer = ")) * k + _number(rng, 4)
+    if kind == 11:  # many "answer"/"####" markers and <answer> tags
+        marks = ("answer: ", "#### ", "answer is ", "Answer = ", "<answer>", "</answer><answer>", "####\n")
+        return rng.choice(marks) * k + _number(rng, 4)
     if kind == 12:  # number-like runs the regexes must stay linear on
         return rng.choice(("1," * (n // 2), "1." * (n // 2), "-" * n + "1", "1e" * (n // 2), "9" * n + "x",
                            "1 / " * (n // 4) + "2", ".5" * (n // 2), "1,000" * (n // 5)))
@@ -160,7 +161,8 @@ def hostile_text(rng: random.Random, max_chars: int = MAX_CHARS, *, raw_surrogat
 PIECES = ("<tool_call>", "</tool_call>", '{"name": "python", "arguments": {"code": "print(1)"}}', '{"name": ',
           '"arguments": ', '"\\ud83d"', "\ud83d", "\udc00", "[", "]", "{", "}", '{"a":', "\\boxed{", "\\fbox{",
           "\\frac{", "1e9999999", "9" * 50, "1/", ",", ".", "e", "-", "#### ", "answer: ", "The answer is ",
-          "```python\n", "```", "\x00", "\x1b[31m", "\n", " ", "42", "é", "\U0001F600", "\\text{", "$", "%")
+          "<answer>", "</answer>", "```python\n", "```", "\x00", "\x1b[31m", "\n", " ", "42", "é", "\U0001F600",
+          "\\text{", "$", "%")
 
 
 # ---------------------------------------------------------------- the checks

@@ -1,16 +1,38 @@
 """Rule rewards: pull a final answer out of model text and compare it with the ground truth.
 
-Owns: answer extraction (``extract_boxed``, ``extract_gsm8k_answer``, ``extract_answer``),
-number normalization (``normalize_number``), comparison (``answers_match``) and the rewards built
-from them (``gsm8k_reward``, ``rule_reward``). Pure functions of strings, usable by any env.
+Owns: answer extraction (``extract_boxed``, ``extract_gsm8k_answer``, ``extract_answer_tag``,
+``extract_answer``), number normalization (``normalize_number``), comparison (``answers_match``)
+and the rewards built from them (``gsm8k_reward``, ``rule_reward``). Pure functions of strings,
+usable by any env.
 
 Does not: run code (unit-test rewards live in the env that owns a sandbox), call a model judge,
 or give partial credit for reasoning.
 
 ``extract_answer`` looks, in this order, for the last ``\\boxed{...}``, the last ``#### x``, the
-last ``answer: x`` / ``answer is x`` (case-insensitive), and finally the last number in the text.
+last ``<answer>x</answer>``, the last ``answer: x`` / ``answer is x`` (case-insensitive), and
+finally the last number in the text. "The last ``####``" (or ``answer:``) is the last marker in
+the text with something after it on its line: ``#### 42 #### 43`` is 43, ``#### 42\n####`` is 42.
 Numbers compare exactly as fractions after normalization (``1,234.50`` == ``1234.5`` == ``2469/2``;
 ``\\frac{1}{2}`` == ``0.5``); anything else compares as a whitespace- and case-normalized string.
+A number is read whole or not at all: ``3.14.15``, ``1,234,56`` and ``1e5.3`` are not numbers (not
+3.14, 1234 or 1), so they never equal a numeric ground truth.
+
+Where ``gsm8k_reward`` differs from veRL's ``gsm8k.compute_score`` (read, not copied), and why:
+
+* veRL looks only at the last 300 characters (to bound its regex); this reads the whole text, so
+  an answer followed by a long sign-off still counts. The scanners here are linear, so no cut.
+* veRL's strict form is ``#### `` + one space + ``-?[0-9.,]+``; here any spacing, a leading ``$``,
+  ``**`` or ``:`` and trailing words (``#### $1,234 dollars``) are accepted, and a non-numeric
+  answer is kept as text. Both take the last marker that has an answer: veRL the last
+  ``#### <digits>``, this the last ``####`` with anything after it (``#### 42 #### x`` is "x"
+  here, 42 in veRL).
+* veRL compares strings after deleting ``,`` and ``$`` (``42.0`` != ``42``; ``3.14.15`` is just
+  a string); here numbers compare exactly (``42.0`` == ``42``) and malformed ones never match a
+  number, as above. Format differences must not cost reward; a wrong number must.
+* veRL expects the bare answer as ground truth; a full GSM8K solution ending in ``#### x`` works here.
+* ``method="flexible"``: veRL takes the last ``-?[0-9.,]+`` run that is not ``""`` or ``"."``
+  (``3.14.15`` included); here the last well-formed number.
+* No answer: veRL returns int 0, this 0.0.
 
 Model output is data: every function here is linear (or close) in the text, with no recursion on
 anything the text controls. A number is compared as a number only when that is cheap: at most
@@ -24,10 +46,18 @@ import re
 from fractions import Fraction
 
 _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?"
-_NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?|"
-                        r"(?<![\w.])[-+]?\.\d+")
-_GSM8K_RE = re.compile(r"####\s*([^\n]*)")
-_ANSWER_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
+# A number is read whole or not at all, never as the prefix or suffix of a longer malformed one:
+# it may not stop before ".5", ",5", "5", "e5" or "/5", nor start after "x", ".", "5," or "5/"
+# ("3.14.15" and "1,234,56" hold no number, not 3.14 or 56). Backtracking is bounded by one digit
+# run: a match can only start where a run starts.
+_NUMBER_START = r"(?<![\w.])(?<!\d[,/])"
+_NUMBER_END = r"(?![.,]?\d|[eE][-+]?\d|\s*/\s*\d)"
+_NUMBER_RE = re.compile(
+    _NUMBER_START + r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?" + _NUMBER_END
+    + "|" + _NUMBER_START + r"[-+]?\.\d+(?:[eE][-+]?\d+)?" + _NUMBER_END)
+_GSM8K_MARK = re.compile(r"#{4,}")
+_ANSWER_MARK = re.compile(r"answer\s*(?:is|:|=)\s*:?", re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 # A box opening (group 1) or one brace: one forward pass over these matches every brace.
 _BRACE_RE = re.compile(r"(\\boxed\{|\\fbox\{)|[{}]")
@@ -124,13 +154,37 @@ def _first_token(text: str) -> str:
     return s.rstrip(".").strip().strip("*").strip()
 
 
+def _last_marked(text: str, marker: re.Pattern) -> str | None:
+    """What follows the last ``marker`` match that has something after it on its line (up to the
+    line's end or the next marker), stripped; None if no marker has. Linear: scanning backwards,
+    each marker's search for a newline stops at the next marker, so the spans never overlap."""
+    nxt = len(text)
+    for m in reversed(list(marker.finditer(text))):
+        stop = text.find("\n", m.end(), nxt)
+        content = text[m.end():stop if stop != -1 else nxt].strip()
+        if content:
+            return content
+        nxt = m.start()
+    return None
+
+
 def extract_gsm8k_answer(text: str) -> str | None:
-    """The final answer after the last ``####`` (GSM8K's format), or None if there is none."""
-    matches = _GSM8K_RE.findall(text)
-    if not matches:
+    """The final answer after the last ``####`` that has one on its line (GSM8K's format), or None."""
+    content = _last_marked(text, _GSM8K_MARK)
+    return (_first_token(content) or None) if content is not None else None
+
+
+def extract_answer_tag(text: str) -> str | None:
+    """The answer inside the last closed ``<answer>...</answer>`` (case-insensitive), or None."""
+    open_end, best = None, None
+    for m in _ANSWER_TAG.finditer(text):
+        if not m.group(1):
+            open_end = m.end()
+        elif open_end is not None:
+            best, open_end = (open_end, m.start()), None
+    if best is None:
         return None
-    ans = _first_token(matches[-1])
-    return ans or None
+    return _first_token(text[best[0]:best[1]]) or None
 
 
 def extract_last_number(text: str) -> str | None:
@@ -140,16 +194,14 @@ def extract_last_number(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """Final answer by precedence: ``\\boxed{}`` > ``####`` > ``answer: x`` > last number."""
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    gsm = extract_gsm8k_answer(text)
-    if gsm is not None:
-        return gsm
-    m = _ANSWER_RE.findall(text)
-    if m:
-        ans = _first_token(m[-1])
+    """Final answer by precedence: ``\\boxed{}`` > ``####`` > ``<answer>`` > ``answer: x`` > last number."""
+    for extract in (extract_boxed, extract_gsm8k_answer, extract_answer_tag):
+        ans = extract(text)
+        if ans is not None:
+            return ans
+    content = _last_marked(text, _ANSWER_MARK)
+    if content is not None:
+        ans = _first_token(content)
         if ans:
             return ans
     return extract_last_number(text)

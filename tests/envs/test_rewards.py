@@ -5,8 +5,17 @@ import time
 
 import pytest
 
-from agentrl.envs.rewards import (answers_match, extract_answer, extract_boxed, extract_gsm8k_answer,
-                                  extract_last_number, gsm8k_reward, normalize_number, rule_reward)
+from agentrl.envs.rewards import (
+    answers_match,
+    extract_answer,
+    extract_answer_tag,
+    extract_boxed,
+    extract_gsm8k_answer,
+    extract_last_number,
+    gsm8k_reward,
+    normalize_number,
+    rule_reward,
+)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -26,6 +35,13 @@ def test_extract_boxed(text, expected):
     ("#### 1,234 dollars", "1,234"),
     ("#### $18.50", "18.50"),
     ("first #### 1\nthen #### 2", "2"),
+    ("#### 42 #### 43", "43"),  # the last marker, also within one line (issue 16)
+    ("#### 42\n####", "42"),  # ... that has an answer after it
+    ("#### 42 ####   \n", "42"),
+    ("##### 7", "7"),  # a longer run of # is one marker
+    ("#### 3.14.15", "3.14.15"),  # a malformed number is kept whole, not read as 3.14
+    ("#### 1,234,56", "1,234,56"),
+    ("#### 5.", "5"),  # a sentence's full stop is not part of the number
     ("####", None),
     ("no marker 5", None),
 ])
@@ -36,6 +52,9 @@ def test_extract_gsm8k_answer(text, expected):
 @pytest.mark.parametrize("text, expected", [
     ("\\boxed{5} even though #### 6", "5"),  # boxed wins
     ("reasoning... #### 6\nanswer: 7", "6"),  # then ####
+    ("<answer>7</answer> but answer: 8", "7"),  # then <answer> tags
+    ("answer: 42, answer: 43", "43"),  # the last "answer:" of a line
+    ("Answer is 5\nanswer:\n", "5"),
     ("The final answer is 12.", "12"),
     ("**Answer:** 17", "17"),
     ("Answer: Paris", "Paris"),
@@ -43,11 +62,42 @@ def test_extract_gsm8k_answer(text, expected):
     ("I got 3 apples and 5 pears", "5"),  # last number
     ("total 1,000,000 items", "1,000,000"),
     ("ratio 2/3", "2/3"),
+    ("ratio 2/3.5", "2/3.5"),  # as normalize_number reads it (4/7)
     ("nothing here", None),
     ("", None),
 ])
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<answer>42</answer>", "42"), ("<ANSWER> $1,024. </Answer>", "1,024"), ("<answer>Paris</answer>", "Paris"),
+    ("<answer>1</answer> then <answer>2</answer>", "2"), ("<answer>1</answer> <answer>2", "1"),
+    ("<answer><answer>3</answer>", "3"), ("<answer></answer>", None), ("</answer><answer>", None),
+])
+def test_extract_answer_tag(text, expected):
+    assert extract_answer_tag(text) == expected
+
+
+@pytest.mark.parametrize("text", ["3.14.15", "1,234,56", "1e5.3", "2/3.5.1", "1.2.3"])
+def test_malformed_numbers_hold_no_number_at_all(text):
+    # neither a prefix (3.14, 1,234, 1e5, 2/3.5) nor a suffix (15, 56, 3, 5.1) is read as the number
+    assert extract_last_number(f"so it is {text}") is None
+    assert normalize_number(text) is None
+    prefix = {"3.14.15": "3.14", "1,234,56": "1234", "1e5.3": "100000", "2/3.5.1": "4/7", "1.2.3": "1.2"}[text]
+    assert gsm8k_reward(f"#### {text}", prefix) == 0.0
+    assert gsm8k_reward(f"so {text}", prefix, method="flexible") == 0.0
+    assert rule_reward(f"The answer is {text}", prefix) == 0.0
+
+
+def test_last_marker_wins_in_every_rule():
+    assert gsm8k_reward("#### 42 #### 43", "43") == 1.0
+    assert gsm8k_reward("#### 42 #### 43", "42") == 0.0
+    assert rule_reward("answer: 42, answer: 43", 43) == 1.0
+    assert rule_reward("\\boxed{42} \\boxed{43}", 43) == 1.0
+    # format differences never cost reward (veRL's string compare would)
+    assert gsm8k_reward("####   $42.0 dollars", "42") == 1.0
+    assert gsm8k_reward("#### 42" + " sign-off" * 100, "42") == 1.0  # past veRL's 300-char window
 
 
 def test_extract_last_number():
@@ -136,3 +186,14 @@ def test_extract_boxed_is_linear(text, expected):
     # every unclosed \boxed{ rescanned to the end of the text: 12.8 s on 4,000 of them before
     assert _fast(extract_boxed, text) == expected
     assert _fast(rule_reward, text, "7") == (1.0 if expected == "7" else 0.0)
+
+
+@pytest.mark.parametrize("text", ["#### " * 50_000, "#### 1 " * 50_000, "answer: " * 50_000, "<answer>" * 50_000,
+                                  "</answer><answer>" * 30_000, "1." * 100_000, "1," * 100_000, "1/" * 100_000,
+                                  ("9" * 1000 + " " * 1000 + ".") * 100, "#### \n" * 50_000],
+                         ids=["empty-markers", "markers", "answer-markers", "open-tags", "tag-pairs", "dots",
+                              "commas", "slashes", "runs-and-spaces", "marker-lines"])
+def test_last_marker_and_whole_number_rules_stay_linear(text):
+    # the backwards marker scan and the number lookarounds are linear; a rescan per marker would not be
+    assert _fast(rule_reward, text, "1") in (0.0, 1.0)
+    assert _fast(lambda t: gsm8k_reward(t, "1", method="flexible"), text) in (0.0, 1.0)

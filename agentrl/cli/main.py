@@ -260,6 +260,9 @@ app.command("serve")(serve_cmd)
 from agentrl.cli.report import report_cmd  # noqa: E402
 
 app.command("report")(report_cmd)
+from agentrl.cli.doctor import doctor_cmd  # noqa: E402
+
+app.command("doctor")(doctor_cmd)
 
 
 def main() -> None:

@@ -51,7 +51,19 @@ def test_version_matches_pyproject_and_the_installed_distribution():
 
 
 # -- every command declares the shared options ---------------------------------------------------
-COMMANDS = ["run", "rollout", "config", "eval", "sft", "serve", "report", "check-template", "envs"]
+def _commands() -> list[str]:
+    """Every top-level command registered on the app (sub-apps such as `sandbox` aside: README says why)."""
+    import typer
+
+    group = typer.main.get_command(app)
+    return sorted(name for name, cmd in group.commands.items() if not hasattr(cmd, "commands"))
+
+
+COMMANDS = _commands()
+
+
+def test_the_commands_are_found():
+    assert {"run", "rollout", "config", "eval", "sft", "serve", "report", "check-template", "envs"} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)

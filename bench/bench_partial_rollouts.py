@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentrl.engine.base import SamplingParams
 from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
 from agentrl.engine.local import LocalEngine
-from agentrl.weights.sync import InProcessSync
+from agentrl.weights.inprocess import InProcessSync
 
 NO_STOP = (10**9,)  # no model samples it: every turn runs to its drawn length
 

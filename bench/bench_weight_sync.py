@@ -1,4 +1,4 @@
-"""P6: weight sync time per path (agentrl.weights.sync), on this machine.
+"""P6: weight sync time per path (agentrl.weights), on this machine.
 
 For each model (the built-in tiny shape, and a bigger one: --big-hidden x --big-layers), the same
 perturbed state dict (fp32, fixed by seed) is pushed --repeats times through every path:
@@ -34,8 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl.weights.disk import DiskSync
 from agentrl.weights.distributed import DistributedSync
-from agentrl.weights.sync import DiskSync, InProcessSync, TensorSync
+from agentrl.weights.inprocess import InProcessSync
+from agentrl.weights.tensor import TensorSync
 
 SGLANG_PATHS = ("disk", "tensor", "distributed")
 

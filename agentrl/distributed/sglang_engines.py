@@ -19,7 +19,7 @@ Owns three small pieces:
   a worker starting late would otherwise relabel a server with its own stale version). Its tokens
   are stamped by the servers' ``weight_versions`` spans, as the driver's are.
 
-Does not place actors (``backend``) or move weights (``agentrl.weights.sync``, run by the
+Does not place actors (``backend``) or move weights (``agentrl.weights``, run by the
 driver on the driver's engine: the disk path needs a weights dir every server can read).
 """
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """The Engine seam: token ids in, sampled token ids + behaviour logprobs out.
 
-Owns the interface every rollout engine implements (local HF engine, SGLang server, fakes) and
-the request/response records. Does not render chat or parse tool calls: engines see only ids.
+Owns the interface every rollout engine implements (local HF engine, SGLang server, fakes), the
+request/response records, and :func:`named_tensors`, the check of a weight update's state dict
+(HF names -> tensors) shared by engines and weight syncs. Does not render chat or parse tool calls:
+engines see only ids.
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+
+from agentrl.errors import EngineError
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,21 @@ class Generation:
     finish_reason: str  # "stop" (a stop/eos id was sampled) | "length" | "abort"
     versions: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def named_tensors(state_dict: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``state_dict`` as ``(name, detached tensor)`` pairs in its order. Raises EngineError when it is
+    empty or a value is not a torch tensor (naming it)."""
+    import torch
+
+    if not state_dict:
+        raise EngineError("weight sync: the state dict is empty")
+    out = []
+    for name, t in state_dict.items():
+        if not isinstance(t, torch.Tensor):
+            raise EngineError(f"weight sync: {name!r} is a {type(t).__name__}, not a tensor")
+        out.append((str(name), t.detach()))
+    return out
 
 
 class Engine(abc.ABC):

@@ -6,7 +6,9 @@ a dead one), one shared ``httpx.AsyncClient`` sized for thousands of requests in
 mapping of their answers to :class:`Generation`, crash recovery (the :class:`Supervision` mixin in
 :mod:`agentrl.engine.sglang_supervision`), pause/resume/flush around weight
 updates, admin calls to every server, and server stats for metrics. Does not: launch flags (the
-launcher, ``agentrl.engine.sglang_server``), move weights (``agentrl.weights.sync``), render chat.
+launcher, ``agentrl.engine.sglang_server``), choose or run weight-sync paths (``agentrl.weights``
+drives this engine through ``pause``/``post_all``/``resume``; the seam's own ``update_weights``
+goes through disk, ``agentrl.engine.sglang_disk``), render chat.
 
 Conventions (match :class:`agentrl.engine.local.LocalEngine` where SGLang allows):
 
@@ -44,6 +46,7 @@ import httpx
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.engine.router import Backend, Router
+from agentrl.engine.sglang_disk import load_from_disk
 from agentrl.engine.sglang_server import SGLangServer
 from agentrl.engine.sglang_supervision import Supervision
 from agentrl.engine.sglang_wire import ENGINE_COUNTERS, load_stats, model_limits, sampling_params, to_generation
@@ -375,9 +378,9 @@ class SGLangEngine(Supervision, Engine):
         await self.post_all("/flush_cache", {})
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        from agentrl.weights.sync import DiskSync
-
-        await DiskSync(self).push(state_dict, version)
+        """Through a checkpoint on disk (:func:`agentrl.engine.sglang_disk.load_from_disk`); the weight
+        syncs in ``agentrl.weights`` drive this engine for the other paths."""
+        await load_from_disk(self, state_dict, version)
 
     async def server_stats(self) -> dict[str, float]:
         """Numbers for metrics: the server side from SGLang's ``/v1/loads`` (keys documented in

@@ -1,8 +1,8 @@
 """Weight sync over a process group: :class:`DistributedSync` and the trainer's side of its group.
 
 Owns :class:`DistributedSync` (``/init_weights_update_group`` once, then per push flattened buckets
-announced by ``/update_weights_from_distributed`` and broadcast from rank 0; see
-``agentrl.weights.sync`` for the seam and the other paths) and :class:`WeightGroup`:
+announced by ``/update_weights_from_distributed`` and broadcast from rank 0; NCCL on GPUs, gloo also
+on CPU; see ``agentrl.weights.base`` for the seam) and :class:`WeightGroup`:
 creating a process group of its own (rank 0 = this process, hosting the TCP rendezvous; the
 servers' ranks join through ``/init_weights_update_group``) WITHOUT touching the default process
 group (the trainer may run FSDP in one), broadcasting a tensor from rank 0, and destroying the group.
@@ -20,8 +20,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from agentrl.weights.sync import _buckets, _ServerSync
 from agentrl.errors import EngineError
+from agentrl.weights.base import ServerSync, buckets
 
 _GROUP_IDS = itertools.count()
 
@@ -87,7 +87,7 @@ class WeightGroup:
                 pass
 
 
-class DistributedSync(_ServerSync):
+class DistributedSync(ServerSync):
     """``/init_weights_update_group`` once, then per push ``bucket_bytes`` buckets, each announced by
     ``/update_weights_from_distributed`` (flattened bucket) and sent by a broadcast from rank 0.
     ``backend="nccl"`` needs GPUs (tensors go to ``device``, default ``cuda``); ``"gloo"`` also runs
@@ -151,12 +151,12 @@ class DistributedSync(_ServerSync):
             t0 = time.perf_counter()
             await self._connect()
             phases["connect_s"] = time.perf_counter() - t0
-        buckets = _buckets(named, self.bucket_bytes)
+        parts = buckets(named, self.bucket_bytes)
         group = self.group
 
         async def calls() -> None:
-            for i, bucket in enumerate(buckets):
-                last = i == len(buckets) - 1
+            for i, bucket in enumerate(parts):
+                last = i == len(parts) - 1
                 flat = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in bucket]).to(self.device)
                 meta = {"names": [n for n, _ in bucket],
                         "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],

@@ -22,9 +22,9 @@ drained body propagate unchanged and the gate always reopens; ``close()`` fails 
 EngineError. Everything not part of the Engine seam (``pause``, ``post_all``, ``urls``...) is
 forwarded to the inner engine, so weight syncs built on the wrapper work unchanged.
 
-Does not: move weights (``agentrl.weights.sync``), decide when to sync (the runner), bound how
-long a drain may wait (the inner engine's request timeouts and the turn deadline do), or coordinate
-several event loops: all calls must come from one loop.
+Does not: move weights (the WeightSync paths, ``agentrl.weights.base``), decide when to sync (the
+runner), bound how long a drain may wait (the inner engine's request timeouts and the turn deadline
+do), or coordinate several event loops: all calls must come from one loop.
 """
 from __future__ import annotations
 

@@ -301,7 +301,7 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
     from conftest import start_sglang_or_skip
 
     from agentrl.distributed import RayBackend
-    from agentrl.weights.sync import make_weight_sync
+    from agentrl.weights.factory import make_weight_sync
     from agentrl.episodes.manager import make_specs
 
     server = start_sglang_or_skip(sglang_model_dir, max_total_tokens=4096)

@@ -308,8 +308,6 @@ async def test_64_concurrent_multi_turn_episodes(engine, hf, tokenizer):
 async def test_outputs_follow_a_weight_update(engine, hf):
     """After update_weights(perturbed, v) the logprobs are those of the new weights and every token
     is stamped v; the original weights are restored (and checked) afterwards."""
-    if engine.kind == "sglang":
-        pytest.importorskip("agentrl.weights.sync", reason="DiskSync (agentrl/weights/sync.py) not built yet")
     original = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     new = copy.deepcopy(hf)
     g = torch.Generator().manual_seed(11)

@@ -33,7 +33,7 @@ async def _update_mid_generation(engine, inner, weights) -> tuple[list[Generatio
     the runner's path (gate + InProcessSync); two more generations are asked for meanwhile. The
     sync talks to the inner engine, as the SGLang syncs do (pause/post_all bypass the wrapper's
     update_weights): only the gate keeps the update from interrupting."""
-    from agentrl.weights.sync import InProcessSync
+    from agentrl.weights.inprocess import InProcessSync
 
     params = SamplingParams(max_new_tokens=150, stop_token_ids=NO_STOP, seed=3)
     first = [asyncio.create_task(engine.generate([5 + i, 6, 7], params)) for i in range(4)]
@@ -104,7 +104,7 @@ async def test_sglang_partial_spans_and_drained_does_not(drain_server, sglang_mo
     from safetensors.torch import load_file
 
     from agentrl.engine.sglang import SGLangEngine
-    from agentrl.weights.sync import DiskSync
+    from agentrl.weights.disk import DiskSync
 
     base = load_file(str(sglang_model_dir / "model.safetensors"))
     g = torch.Generator().manual_seed(0)

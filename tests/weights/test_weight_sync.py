@@ -1,4 +1,4 @@
-"""Weight sync paths (agentrl.weights.sync).
+"""Weight sync paths (agentrl.weights).
 
 Unit tests run everywhere. The SGLang tests push perturbed weights into a live SGLang server through
 each path and check that its greedy tokens and logprobs then match an HF transformers forward pass
@@ -15,16 +15,13 @@ import pytest
 import torch
 
 from agentrl.engine.base import SamplingParams
-from agentrl.weights.distributed import DistributedSync
-from agentrl.weights.sync import (
-    DiskSync,
-    InProcessSync,
-    TensorSync,
-    _buckets,
-    resolve_sync_kind,
-    serialize_named_tensors,
-)
 from agentrl.errors import ConfigError, EngineError
+from agentrl.weights.base import buckets
+from agentrl.weights.disk import DiskSync
+from agentrl.weights.distributed import DistributedSync
+from agentrl.weights.factory import resolve_sync_kind
+from agentrl.weights.inprocess import InProcessSync
+from agentrl.weights.tensor import TensorSync, serialize_named_tensors
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12, 64]
 MAX_NEW = 8
@@ -33,9 +30,9 @@ MAX_NEW = 8
 # -- units -------------------------------------------------------------------------------------
 def test_buckets_respect_the_byte_budget_and_keep_order():
     named = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 5])]  # 40, 40, 120, 20, 20 bytes
-    got = [[n for n, _ in b] for b in _buckets(named, 80)]
+    got = [[n for n, _ in b] for b in buckets(named, 80)]
     assert got == [["t0", "t1"], ["t2"], ["t3", "t4"]]
-    assert [n for b in _buckets(named, 1) for n, _ in b] == [n for n, _ in named]
+    assert [n for b in buckets(named, 1) for n, _ in b] == [n for n, _ in named]
 
 
 def test_cpu_payload_is_in_band_and_round_trips():

@@ -101,7 +101,7 @@ JOB_BASES = {"run": _run_base, "rollout": _rollout_base}
 @app.command()
 def rollout(
     env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name[@revision]); default: the built-in tiny model."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in tiny model."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", help="Tasks to sample (rollout.num_prompts)."),
     group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="Samples per task (rollout.group_size)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (output_dir)."),
@@ -127,7 +127,7 @@ def rollout(
 def run(
     env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
     algo: str = typer.Option("grpo", "--algo", "-a", help="grpo | dr_grpo | rloo | reinforce_pp | ppo (algo.name)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name[@revision]); default: the built-in SFT-warm-started tiny model."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in SFT-warm-started tiny model."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),

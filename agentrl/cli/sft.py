@@ -25,7 +25,7 @@ console = Console()
 
 def sft_cmd(
     model: Optional[str] = typer.Option(None, "--model", "-m",
-                                        help="Local HF model dir or Hub id (org/name[@revision]) to fine-tune; default: the built-in tiny model before its warm start."),
+                                        help="Local HF model dir or Hub id (org/name, org/name@revision) to fine-tune; default: the built-in tiny model before its warm start."),
     data: Optional[List[str]] = typer.Option(None, "--data", "-d",
                                              help="Chat JSONL file(s): rows {\"messages\": [...], \"tools\": [...]} (repeatable)."),
     out: str = typer.Option("runs/sft", "--out", "-o", help="Where the fine-tuned HF model directory is written."),

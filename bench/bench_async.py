@@ -73,7 +73,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench-local modules 
 
 from latency import LatencyEngine, LatencyEnv, SampleCounter
 
-from agentrl.jobs.run import Runner, rollout_stats
+from agentrl.episodes.summary import episode_return, rollout_stats
+from agentrl.jobs.run import Runner
 
 ENV_ID = "bench/concise-latency-v0"  # bench-only registration: never part of agentrl/
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -114,8 +115,9 @@ class _GroupRecorder:
 
 class LatencyRunner(Runner):
     """The real Runner with the engine wrapped in a LatencyEngine after setup (the weight sync
-    keeps the inner engine, which is the one holding the weights), group durations recorded, and an
-    evaluation that reports the mean reward with latencies off."""
+    keeps the inner engine, which is the one holding the weights; the training episode manager is
+    rebuilt on the wrapper), group durations recorded, and an evaluation that reports the mean
+    reward with latencies off."""
 
     def __init__(self, cfg, *, latency: dict, eval_at_start: bool = False) -> None:
         super().__init__(cfg, progress=False)
@@ -123,15 +125,21 @@ class LatencyRunner(Runner):
         self.group_durations: list[list[float]] = []  # per step, per trained group: seconds
 
     def _setup(self) -> None:
+        from agentrl.episodes.manager import EpisodeManager
+
         super()._setup()
         self.engine = LatencyEngine(self.engine, **self.latency)
+        # the backend's manager was built on the bare engine: training episodes must see the delays
+        self.backend.episodes = EpisodeManager(
+            self.engine, self.make_env, self.tokenizer, self.cfg.rollout, env_id=self.cfg.env.id
+        )
         self.trajectory_log = _GroupRecorder(self.trajectory_log, self.group_durations)
 
-    async def evaluate(self) -> dict[str, float]:
+    async def evaluate(self, first: bool = False) -> dict[str, float]:
         from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 
         n = self.cfg.eval.num_tasks
-        if n <= 0 or (self.step == 0 and not self.eval_at_start):
+        if n <= 0 or (first and not self.eval_at_start):
             return {}
         rcfg = dataclasses.replace(self.cfg.rollout, temperature=self.cfg.eval.temperature, group_size=1)
         mgr = EpisodeManager(self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id)
@@ -142,8 +150,6 @@ class LatencyRunner(Runner):
         finally:
             self.engine.enabled = True
         s = rollout_stats([trajs])
-        from agentrl.batches.samples import episode_return
-
         rets = [episode_return(t) for t in trajs if t.trainable]
         se = statistics.stdev(rets) / len(rets) ** 0.5 if len(rets) > 1 else float("nan")
         return {

@@ -16,6 +16,7 @@ the median of the per-pair ratios drained/partial of tokens/s. Prints a table; w
     python bench/bench_partial_rollouts.py             # 3 pairs, ~2 min on 2 busy cores
     python bench/bench_partial_rollouts.py --quick     # 1 pair, fewer updates
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.engine.base import SamplingParams
-from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
 from agentrl.engine.local import LocalEngine
+from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
 from agentrl.weights.inprocess import InProcessSync
 
 NO_STOP = (10**9,)  # no model samples it: every turn runs to its drawn length
@@ -61,8 +62,9 @@ async def run_mode(model, partial: bool, args, pair: int) -> dict:
         for j, n in enumerate(turn_lengths(args.seed * 1000 + i, 10_000, args.median_tokens, args.max_tokens)):
             if stop.is_set():
                 return
-            g = await engine.generate([5 + i % 50, 6, 7], SamplingParams(max_new_tokens=n, stop_token_ids=NO_STOP,
-                                                                      seed=i * 100_003 + j))
+            g = await engine.generate(
+                [5 + i % 50, 6, 7], SamplingParams(max_new_tokens=n, stop_token_ids=NO_STOP, seed=i * 100_003 + j)
+            )
             turns.append(g.versions)
 
     pushes = []
@@ -87,10 +89,15 @@ async def run_mode(model, partial: bool, args, pair: int) -> dict:
         await engine.close()
     done = [v for v in turns if v]
     return {
-        "mode": "partial" if partial else "drained", "pair": pair, "wall_s": wall, "tokens": tokens,
-        "tokens_per_s": tokens / wall, "turns": len(done),
+        "mode": "partial" if partial else "drained",
+        "pair": pair,
+        "wall_s": wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "turns": len(done),
         "mixed_version_turns": sum(len(set(v)) > 1 for v in done) / max(1, len(done)),
-        "drain_wait_s": [p["drain_wait_s"] for p in pushes], "push_s": [p["push_s"] for p in pushes],
+        "drain_wait_s": [p["drain_wait_s"] for p in pushes],
+        "push_s": [p["push_s"] for p in pushes],
     }
 
 
@@ -104,10 +111,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="1 pair, 3 updates")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "partial_rollouts.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/partial_rollouts[-quick].json)")
     args = ap.parse_args(argv)
     if args.quick:
         args.pairs, args.updates = 1, 3
+    args.out = args.out or str(
+        Path(__file__).parent / "results" / f"partial_rollouts{'-quick' if args.quick else ''}.json"
+    )
     from transformers import AutoModelForCausalLM
 
     from agentrl.warmstart.tiny_model import build_model
@@ -120,8 +130,11 @@ def main(argv=None) -> dict:
         for partial in (True, False):
             r = asyncio.run(run_mode(model, partial, args, pair))
             runs.append(r)
-            print(f"pair {pair} {r['mode']:8s} {r['tokens_per_s']:8.0f} tok/s  mixed turns {r['mixed_version_turns']:.3f}"
-                  f"  drain wait median {statistics.median(r['drain_wait_s']):.3f}s", flush=True)
+            print(
+                f"pair {pair} {r['mode']:8s} {r['tokens_per_s']:8.0f} tok/s  mixed turns {r['mixed_version_turns']:.3f}"
+                f"  drain wait median {statistics.median(r['drain_wait_s']):.3f}s",
+                flush=True,
+            )
     ratios = [d["tokens_per_s"] / p["tokens_per_s"] for p, d in zip(runs[0::2], runs[1::2])]
     summary = {}
     for mode in ("partial", "drained"):
@@ -135,14 +148,23 @@ def main(argv=None) -> dict:
         }
     print("\nmode      tok/s   mixed_version_turns  drain wait med/max (s)  push med (s)")
     for mode, s in summary.items():
-        print(f"{mode:8s} {s['tokens_per_s_median']:7.0f}   {s['mixed_version_turns_median']:18.3f}"
-              f"  {s['drain_wait_s_median']:9.3f} / {s['drain_wait_s_max']:.3f}  {s['push_s_median']:12.3f}")
+        print(
+            f"{mode:8s} {s['tokens_per_s_median']:7.0f}   {s['mixed_version_turns_median']:18.3f}"
+            f"  {s['drain_wait_s_median']:9.3f} / {s['drain_wait_s_max']:.3f}  {s['push_s_median']:12.3f}"
+        )
     print(f"drained/partial tokens/s, median of {len(ratios)} pair ratios: {statistics.median(ratios):.3f}")
-    result = {"args": vars(args), "machine": platform.platform(), "cpus": torch.get_num_threads(),
-              "summary": summary, "ratio_drained_over_partial_tokens_per_s": statistics.median(ratios),
-              "pair_ratios": ratios, "runs": runs}
+    result = {
+        "args": vars(args),
+        "machine": platform.platform(),
+        "cpus": torch.get_num_threads(),
+        "summary": summary,
+        "ratio_drained_over_partial_tokens_per_s": statistics.median(ratios),
+        "pair_ratios": ratios,
+        "runs": runs,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
     return result
 
 

@@ -18,6 +18,7 @@ it, the server reports the pushed version. Prints a table; writes --out (JSON).
     python bench/bench_weight_sync.py            # tiny + 1024x8 models, ~5 min on 2 busy cores
     python bench/bench_weight_sync.py --quick    # tiny model only, 2 repeats
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ def perturbed(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(seed)
-    return {k: v + 0.01 * torch.randn(v.shape, generator=g, dtype=v.dtype)
-            for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    return {
+        k: v + 0.01 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+        for k, v in load_file(str(model_dir / "model.safetensors")).items()
+    }
 
 
 async def bench_inprocess(model_dir: Path, state: dict, repeats: int) -> list[float]:
@@ -68,9 +71,11 @@ async def bench_sglang(model_dir: Path, state: dict, repeats: int, bucket_bytes:
     from agentrl.engine.sglang import SGLangEngine
 
     eng = SGLangEngine.launch(str(model_dir), max_total_tokens=4096)
-    syncs = {"disk": DiskSync(eng, tmp / "weights", model_path=model_dir),
-             "tensor": TensorSync(eng, bucket_bytes=bucket_bytes),
-             "distributed": DistributedSync(eng, backend="gloo", bucket_bytes=bucket_bytes, timeout_s=600)}
+    syncs = {
+        "disk": DiskSync(eng, tmp / "weights", model_path=model_dir),
+        "tensor": TensorSync(eng, bucket_bytes=bucket_bytes),
+        "distributed": DistributedSync(eng, backend="gloo", bucket_bytes=bucket_bytes, timeout_s=600),
+    }
     out: dict = {p: {"seconds": [], "phases": []} for p in SGLANG_PATHS}
     version = 0
     try:
@@ -80,10 +85,16 @@ async def bench_sglang(model_dir: Path, state: dict, repeats: int, bucket_bytes:
                 for path in SGLANG_PATHS:
                     version += 1
                     stats = await syncs[path].push(state, version)
-                    r = (await client.post(eng.urls[0] + "/generate", json={
-                        "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}})).json()
+                    r = (
+                        await client.post(
+                            eng.urls[0] + "/generate",
+                            json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}},
+                        )
+                    ).json()
                     if r["meta_info"]["weight_version"] != str(version):
-                        raise RuntimeError(f"{path}: server serves {r['meta_info']['weight_version']}, pushed {version}")
+                        raise RuntimeError(
+                            f"{path}: server serves {r['meta_info']['weight_version']}, pushed {version}"
+                        )
                     out[path]["seconds"].append(stats.seconds)
                     out[path]["phases"].append(stats.phases)
                     out[path]["bytes"] = stats.bytes
@@ -95,14 +106,32 @@ async def bench_sglang(model_dir: Path, state: dict, repeats: int, bucket_bytes:
 
 
 def summarize(name: str, params: int, nbytes: int, inproc: list[float], sg: dict) -> list[dict]:
-    rows = [{"model": name, "params": params, "path": "inprocess", "median_s": statistics.median(inproc),
-             "runs_s": inproc, "MB_per_s": nbytes / 1e6 / statistics.median(inproc), "phases": {}}]
+    rows = [
+        {
+            "model": name,
+            "params": params,
+            "path": "inprocess",
+            "median_s": statistics.median(inproc),
+            "runs_s": inproc,
+            "MB_per_s": nbytes / 1e6 / statistics.median(inproc),
+            "phases": {},
+        }
+    ]
     for path in SGLANG_PATHS:
         secs = sg[path]["seconds"]
         keys = sorted({k for p in sg[path]["phases"] for k in p})
         phases = {k: statistics.median(p.get(k, 0.0) for p in sg[path]["phases"]) for k in keys}
-        rows.append({"model": name, "params": params, "path": path, "median_s": statistics.median(secs),
-                     "runs_s": secs, "MB_per_s": nbytes / 1e6 / statistics.median(secs), "phases": phases})
+        rows.append(
+            {
+                "model": name,
+                "params": params,
+                "path": path,
+                "median_s": statistics.median(secs),
+                "runs_s": secs,
+                "MB_per_s": nbytes / 1e6 / statistics.median(secs),
+                "phases": phases,
+            }
+        )
     return rows
 
 
@@ -113,13 +142,14 @@ def main() -> None:
     ap.add_argument("--big-layers", type=int, default=8)
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--quick", action="store_true", help="tiny model only, 2 repeats")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: bench/results/weight_sync[-quick].json)")
     args = ap.parse_args()
     if args.quick:
         args.repeats = 2
+    args.out = args.out or str(Path(__file__).parent / "results" / f"weight_sync{'-quick' if args.quick else ''}.json")
 
-    from agentrl.warmstart.default_model import BASE
     from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.warmstart.default_model import BASE
     from agentrl.warmstart.tiny_model import build_model
 
     reason = unavailable_reason()
@@ -128,8 +158,20 @@ def main() -> None:
     models = [("tiny", BASE)]
     if not args.quick:
         h = args.big_hidden
-        models.append((f"{h}x{args.big_layers}", dict(hidden_size=h, num_layers=args.big_layers, num_heads=h // 64,
-                                                      intermediate_size=4 * h, vocab_size=2048, arch="qwen3", seed=0)))
+        models.append(
+            (
+                f"{h}x{args.big_layers}",
+                dict(
+                    hidden_size=h,
+                    num_layers=args.big_layers,
+                    num_heads=h // 64,
+                    intermediate_size=4 * h,
+                    vocab_size=2048,
+                    arch="qwen3",
+                    seed=0,
+                ),
+            )
+        )
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-weight-sync-") as tmp:
         for name, shape in models:
@@ -139,18 +181,32 @@ def main() -> None:
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
             print(f"[{name}] {params / 1e6:.1f}M params, {nbytes / 1e6:.0f} MB fp32", flush=True)
             inproc = asyncio.run(bench_inprocess(model_dir, state, args.repeats))
-            sg = asyncio.run(bench_sglang(model_dir, state, args.repeats, args.bucket_mb << 20, Path(tmp) / f"{name}-w"))
+            sg = asyncio.run(
+                bench_sglang(model_dir, state, args.repeats, args.bucket_mb << 20, Path(tmp) / f"{name}-w")
+            )
             rows += summarize(name, params, nbytes, inproc, sg)
 
-    print(f"\nP6 weight sync ({platform.node()}, {torch.get_num_threads()} threads, repeats={args.repeats}; "
-          "SGLang on CPU serves fp16)")
+    print(
+        f"\nP6 weight sync ({platform.node()}, {torch.get_num_threads()} threads, repeats={args.repeats}; "
+        "SGLang on CPU serves fp16)"
+    )
     print(f"{'model':>10} {'params':>8} {'path':>12} {'median s':>9} {'MB/s':>8}  phases (median s)")
     for r in rows:
         ph = " ".join(f"{k}={v:.3f}" for k, v in r["phases"].items())
-        print(f"{r['model']:>10} {r['params'] / 1e6:>7.1f}M {r['path']:>12} {r['median_s']:>9.3f} {r['MB_per_s']:>8.0f}  {ph}")
+        size = f"{r['params'] / 1e6:>7.1f}M"
+        print(f"{r['model']:>10} {size} {r['path']:>12} {r['median_s']:>9.3f} {r['MB_per_s']:>8.0f}  {ph}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": platform.platform(), "time": time.strftime("%Y-%m-%d %H:%M"),
-                                          "repeats": args.repeats, "rows": rows}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "machine": platform.platform(),
+                "time": time.strftime("%Y-%m-%d %H:%M"),
+                "repeats": args.repeats,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -9,6 +9,7 @@ internal error (Type: message)`` and exits 1. Under ``--debug`` both raise, so t
 Does not decide what a bad input is: the config loader, dataset reader, model-directory check and
 the commands raise ``AgentRLError`` subclasses naming the file, field or row.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,11 +10,11 @@ seed and concurrency). Each setting is its flag when given, else the config fiel
 ``--set`` names it, else this command's own default (1024 tokens a turn, 8 in flight, the env's
 ``max_turns`` hint, the provider's temperature). ``--env-arg`` items merge over ``env.kwargs``.
 """
+
 from __future__ import annotations
 
 import asyncio
 import sys
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -27,14 +27,19 @@ from agentrl.errors import AgentRLError, ConfigError
 console = Console()
 #: setting -> (the run-config field it reads, this command's default when neither flag nor config names it)
 FIELDS = {
-    "env": ("env.id", None), "max_turns": ("rollout.max_turns", None), "max_tokens": ("rollout.max_new_tokens", 1024),
-    "temperature": ("rollout.temperature", None), "top_p": ("rollout.top_p", None),
-    "concurrency": ("rollout.max_concurrency", 8), "episode_timeout_s": ("rollout.episode_timeout_s", 1800.0),
-    "seed": ("rollout.seed", 0), "score_truncated": ("rollout.score_truncated", False),
+    "env": ("env.id", None),
+    "max_turns": ("rollout.max_turns", None),
+    "max_tokens": ("rollout.max_new_tokens", 1024),
+    "temperature": ("rollout.temperature", None),
+    "top_p": ("rollout.top_p", None),
+    "concurrency": ("rollout.max_concurrency", 8),
+    "episode_timeout_s": ("rollout.episode_timeout_s", 1800.0),
+    "seed": ("rollout.seed", 0),
+    "score_truncated": ("rollout.score_truncated", False),
 }
 
 
-def _pairs(items: Optional[List[str]], what: str) -> dict:
+def _pairs(items: list[str] | None, what: str) -> dict:
     """``k=v`` items -> dict, values read as YAML (``3``, ``true``, ``[a, b]``, ``{x: 1}``)."""
     import yaml
 
@@ -51,26 +56,65 @@ def _pairs(items: Optional[List[str]], what: str) -> dict:
 
 
 def eval_cmd(
-    env: Optional[str] = typer.Option(None, "--env", "-e", help="Env id (see `agentrl envs`; env.id, default code_exec)."),
+    env: str | None = typer.Option(None, "--env", "-e", help="Env id (see `agentrl envs`; env.id, default code_exec)."),
     model: str = typer.Option(..., "--model", "-m", help="litellm provider/name, e.g. openai/gpt-4o-mini."),
-    api_base: Optional[str] = typer.Option(None, "--api-base", help="Endpoint URL (an OpenAI-compatible server: http://host:port/v1)."),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Read the API key from this environment variable (default: the provider's own, e.g. OPENAI_API_KEY)."),
+    api_base: str | None = typer.Option(
+        None, "--api-base", help="Endpoint URL (an OpenAI-compatible server: http://host:port/v1)."
+    ),
+    api_key_env: str | None = typer.Option(
+        None,
+        "--api-key-env",
+        help="Read the API key from this environment variable (default: the provider's own, e.g. OPENAI_API_KEY).",
+    ),
     n: int = typer.Option(8, "--num-episodes", "-n", help="Episodes (one task each)."),
-    out: str = typer.Option("runs/eval/episodes.jsonl", "--out", "-o", help="Chat JSONL for `agentrl sft --data`; X.episodes.jsonl and X.summary.json are written beside it."),
-    env_args: Optional[List[str]] = typer.Option(None, "--env-arg", help="Env kwarg: --env-arg split=eval (repeatable, YAML values; merged over env.kwargs)."),
-    sampling: Optional[List[str]] = typer.Option(None, "--sampling", help="Sampling param for every call: --sampling top_p=0.9 (repeatable, YAML values)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", "-t", help="Sampling temperature (rollout.temperature; default: the provider's)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Most tokens per assistant turn (rollout.max_new_tokens; default 1024)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Assistant turns per episode (rollout.max_turns; default: the env's hint, else 8)."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Episodes (and API calls) in flight at once (rollout.max_concurrency; default 8)."),
+    out: str = typer.Option(
+        "runs/eval/episodes.jsonl",
+        "--out",
+        "-o",
+        help="Chat JSONL for `agentrl sft --data`; X.episodes.jsonl and X.summary.json are written beside it.",
+    ),
+    env_args: list[str] | None = typer.Option(
+        None, "--env-arg", help="Env kwarg: --env-arg split=eval (repeatable, YAML values; merged over env.kwargs)."
+    ),
+    sampling: list[str] | None = typer.Option(
+        None, "--sampling", help="Sampling param for every call: --sampling top_p=0.9 (repeatable, YAML values)."
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", "-t", help="Sampling temperature (rollout.temperature; default: the provider's)."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", help="Most tokens per assistant turn (rollout.max_new_tokens; default 1024)."
+    ),
+    max_turns: int | None = typer.Option(
+        None, "--max-turns", help="Assistant turns per episode (rollout.max_turns; default: the env's hint, else 8)."
+    ),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", help="Episodes (and API calls) in flight at once (rollout.max_concurrency; default 8)."
+    ),
     timeout_s: float = typer.Option(120.0, "--timeout", help="Seconds one API call may take."),
     retries: int = typer.Option(3, "--retries", help="Retries of a failed API call (connection errors, 429, 5xx)."),
-    episode_timeout_s: Optional[float] = typer.Option(None, "--episode-timeout", help="Seconds one episode may take, outcome 'deadline' (rollout.episode_timeout_s; default 1800)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Task selection seed: the same tasks as `agentrl rollout` with this seed (rollout.seed; default 0)."),
-    score_truncated: Optional[bool] = typer.Option(None, "--score-truncated/--no-score-truncated", help="Hand a turn cut at max-tokens to the env as the final answer (rollout.score_truncated; default off)."),
-    min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Write only ok episodes with at least this reward to the chat JSONL (default: every ok episode)."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    episode_timeout_s: float | None = typer.Option(
+        None,
+        "--episode-timeout",
+        help="Seconds one episode may take, outcome 'deadline' (rollout.episode_timeout_s; default 1800).",
+    ),
+    seed: int | None = typer.Option(
+        None,
+        "--seed",
+        help="Task selection seed: the same tasks as `agentrl rollout` with this seed (rollout.seed; default 0).",
+    ),
+    score_truncated: bool | None = typer.Option(
+        None,
+        "--score-truncated/--no-score-truncated",
+        help="Hand a turn cut at max-tokens to the env as the final answer (rollout.score_truncated; default off).",
+    ),
+    min_reward: float | None = typer.Option(
+        None,
+        "--min-reward",
+        help="Write only ok episodes with at least this reward to the chat JSONL (default: every ok episode).",
+    ),
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-episode lines."),
 ) -> None:
     """Run an env with an API model (text level): solve rate / reward summary, trajectories as chat JSONL."""
@@ -84,37 +128,78 @@ def eval_cmd(
             console.print(f"episode {ep.index}: {ep.outcome} reward={ep.reward:g} turns={ep.turns}", highlight=False)
 
     try:
-        s = settings(config, sets, env=env, max_turns=max_turns, max_tokens=max_tokens, temperature=temperature,
-                     concurrency=concurrency, episode_timeout_s=episode_timeout_s, seed=seed,
-                     score_truncated=score_truncated)
+        s = settings(
+            config,
+            sets,
+            env=env,
+            max_turns=max_turns,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            concurrency=concurrency,
+            episode_timeout_s=episode_timeout_s,
+            seed=seed,
+            score_truncated=score_truncated,
+        )
         env = s["env"]
         params = {"max_tokens": s["max_tokens"], **_pairs(sampling, "--sampling")}
         for name in ("temperature", "top_p"):
             if s[name] is not None:
                 params.setdefault(name, s[name])
-        client = ApiClient(model, api_base=api_base, api_key_env=api_key_env, timeout_s=timeout_s,
-                           max_retries=retries, concurrency=s["concurrency"], sampling=params)
-        summary = asyncio.run(run_eval(env, client, n=n, env_kwargs={**s["env_kwargs"], **_pairs(env_args, "--env-arg")},
-                                       seed=s["seed"], max_turns=s["max_turns"], concurrency=s["concurrency"],
-                                       episode_timeout_s=s["episode_timeout_s"], score_truncated=s["score_truncated"],
-                                       min_reward=min_reward, out=out, on_episode=progress))
+        client = ApiClient(
+            model,
+            api_base=api_base,
+            api_key_env=api_key_env,
+            timeout_s=timeout_s,
+            max_retries=retries,
+            concurrency=s["concurrency"],
+            sampling=params,
+        )
+        summary = asyncio.run(
+            run_eval(
+                env,
+                client,
+                n=n,
+                env_kwargs={**s["env_kwargs"], **_pairs(env_args, "--env-arg")},
+                seed=s["seed"],
+                max_turns=s["max_turns"],
+                concurrency=s["concurrency"],
+                episode_timeout_s=s["episode_timeout_s"],
+                score_truncated=s["score_truncated"],
+                min_reward=min_reward,
+                out=out,
+                on_episode=progress,
+            )
+        )
     except AgentRLError as e:
         fail(e)
     tab = Table(title=f"agentrl eval: {env} / {model}")
     tab.add_column("metric")
     tab.add_column("value", justify="right")
-    for key in ("episodes", "solve_rate", "infra_failure_rate", "infra_failures", "reward_mean", "tool_use_rate",
-                "turns_mean", "prompt_tokens", "completion_tokens", "chat_rows", "wall_s"):
+    for key in (
+        "episodes",
+        "solve_rate",
+        "infra_failure_rate",
+        "infra_failures",
+        "reward_mean",
+        "tool_use_rate",
+        "turns_mean",
+        "prompt_tokens",
+        "completion_tokens",
+        "chat_rows",
+        "wall_s",
+    ):
         v = summary[key]
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     tab.add_row("outcomes", ", ".join(f"{k}={v}" for k, v in sorted(summary["outcomes"].items())))
     console.print(tab)
     files = summary["files"]
-    console.print(f"wrote {files['chat']} ({summary['chat_rows']} chat rows), {files['episodes']}, {files['summary']}",
-                  highlight=False)
+    console.print(
+        f"wrote {files['chat']} ({summary['chat_rows']} chat rows), {files['episodes']}, {files['summary']}",
+        highlight=False,
+    )
 
 
-def settings(config: Optional[List[str]], sets: Optional[List[str]], **flags) -> dict:
+def settings(config: list[str] | None, sets: list[str] | None, **flags) -> dict:
     """Each :data:`FIELDS` setting from its flag (None: not given), else the config when it names the
     field, else the default; plus ``env_kwargs``, the config's ``env.kwargs`` when its env is the one run."""
     from agentrl.cli.options import load, named, pick

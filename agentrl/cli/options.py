@@ -9,21 +9,29 @@ command that has no use for a config (:func:`refuse`).
 Does not define the tree, merge layers or check values (``agentrl.config.schema``) nor decide what a
 command does with a field (each command's module says which fields it reads).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 
 from agentrl.errors import ConfigError
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file(s), merged in order (see configs/; repeatable).")
-SetOpt = typer.Option(None, "--set", "-s", help="Override a config field by its dotted name: --set rollout.group_size=8 "
-                                                "(repeatable; `agentrl config --docs` lists every field).")
+ConfigOpt = typer.Option(
+    None, "--config", "-c", help="YAML config file(s), merged in order (see configs/; repeatable)."
+)
+SetOpt = typer.Option(
+    None,
+    "--set",
+    "-s",
+    help="Override a config field by its dotted name: --set rollout.group_size=8 "
+    "(repeatable; `agentrl config --docs` lists every field).",
+)
 
 
-def load(config: Optional[List[str]], sets: Optional[List[str]], base: dict | None = None):
+def load(config: list[str] | None, sets: list[str] | None, base: dict | None = None):
     """The ``RunConfig`` of defaults <- ``base`` <- the ``-c`` files <- the ``--set`` items, validated
     (a ConfigError names the file, the field and the bad value)."""
     from agentrl.config.schema import load_config
@@ -31,7 +39,7 @@ def load(config: Optional[List[str]], sets: Optional[List[str]], base: dict | No
     return load_config(config or [], sets or [], base=base or {})
 
 
-def named(config: Optional[List[str]], sets: Optional[List[str]]) -> set[str]:
+def named(config: list[str] | None, sets: list[str] | None) -> set[str]:
     """Every dotted field name the ``-c`` files and ``--set`` items give a value, parents included
     (``{"rollout", "rollout.seed"}`` for ``--set rollout.seed=3``). Call after :func:`load` has
     accepted the same arguments, so every file here is known to be readable."""
@@ -69,7 +77,7 @@ def pick(flag: Any, cfg: Any, dotted: str, given: set[str], default: Any = None)
     return default
 
 
-def refuse(command: str, config: Optional[List[str]], sets: Optional[List[str]], why: str) -> None:
+def refuse(command: str, config: list[str] | None, sets: list[str] | None, why: str) -> None:
     """ConfigError when a command that reads no config field was given ``-c`` or ``--set``."""
     if config or sets:
         given = ", ".join([*(f"-c {c}" for c in config or []), *(f"--set {s}" for s in sets or [])])

@@ -5,12 +5,12 @@ PNG screenshot of it taken with headless Chromium when one is installed.
 against, laid over the run's own (its ``config.yaml``): ``--set monitor.kl_spike_factor=2`` asks
 "would a stricter monitor have alerted?". Without RUN_DIR the config's ``output_dir`` is reported.
 """
+
 from __future__ import annotations
 
 import shutil
 import subprocess
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -25,14 +25,26 @@ def find_chromium() -> str | None:
     return next((p for p in map(shutil.which, CHROMIUMS) if p), None)
 
 
-def screenshot(html_path: Path, png_path: Path, *, width: int = 1280, height: int = 2400, timeout_s: float = 120) -> Path:
+def screenshot(
+    html_path: Path, png_path: Path, *, width: int = 1280, height: int = 2400, timeout_s: float = 120
+) -> Path:
     """Render ``html_path`` in headless Chromium to ``png_path``; RuntimeError naming the reason if it cannot."""
     exe = find_chromium()
     if exe is None:
-        raise RuntimeError(f"no headless Chromium found (looked for {', '.join(CHROMIUMS)}); "
-                           "on Debian: apt-get install chromium-headless-shell")
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},{height}",
-           f"--screenshot={png_path}", html_path.resolve().as_uri()]
+        raise RuntimeError(
+            f"no headless Chromium found (looked for {', '.join(CHROMIUMS)}); "
+            "on Debian: apt-get install chromium-headless-shell"
+        )
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={width},{height}",
+        f"--screenshot={png_path}",
+        html_path.resolve().as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0 or not png_path.exists():
         raise RuntimeError(f"{exe} failed (exit {proc.returncode}): {proc.stderr[-500:]}")
@@ -40,12 +52,16 @@ def screenshot(html_path: Path, png_path: Path, *, width: int = 1280, height: in
 
 
 def report_cmd(
-    run_dir: Optional[Path] = typer.Argument(None, help="A run directory (what `agentrl run` wrote); default: the config's output_dir."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default RUN_DIR/report.html)."),
-    png: Optional[Path] = typer.Option(None, "--screenshot", help="Also save a PNG of the page (needs headless Chromium)."),
+    run_dir: Path | None = typer.Argument(
+        None, help="A run directory (what `agentrl run` wrote); default: the config's output_dir."
+    ),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default RUN_DIR/report.html)."),
+    png: Path | None = typer.Option(
+        None, "--screenshot", help="Also save a PNG of the page (needs headless Chromium)."
+    ),
     max_trajectories: int = typer.Option(24, help="Newest saved trajectories shown in the token viewer."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
 ) -> None:
     """Write a static HTML report of a run: curves, monitors, outcomes, token-level trajectory viewer."""
     from rich.console import Console
@@ -66,10 +82,10 @@ def report_cmd(
             console.print(f"screenshot: {screenshot(path, png)}")
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             console.print(f"[red]screenshot failed:[/] {e}")
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
 
 
-def settings(config: Optional[List[str]], sets: Optional[List[str]], run_dir: Optional[Path]):
+def settings(config: list[str] | None, sets: list[str] | None, run_dir: Path | None):
     """(run dir, monitor thresholds or None for the run's own): RUN_DIR, else the config's named
     ``output_dir``; the thresholds are the run's ``monitor`` section under the ``-c/--set`` layers."""
     from agentrl.cli.options import load, named, pick

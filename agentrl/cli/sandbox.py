@@ -7,6 +7,7 @@ is in ``agentrl.sandbox`` (``make_sandbox``), ``agentrl.sandbox.image`` (``build
 Does not: keep anything running (``exec`` starts a sandbox, runs one program, and removes what it
 started), or touch containers that lack the ``agentrl.sandbox`` label.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,6 @@ import dataclasses
 import json
 import sys
 import time
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -24,8 +24,11 @@ from rich.table import Table
 from agentrl.cli.errors import fail as _fail
 from agentrl.errors import AgentRLError, ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Sandboxed execution: run a program, build the Docker image, list/clean containers.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Sandboxed execution: run a program, build the Docker image, list/clean containers.",
+)
 console = Console()
 #: Longest --timeout: a deadline is a number of seconds the program may run; beyond a day it is a typo
 #: (and an unbounded one overflows the rlimits and timers it becomes).
@@ -43,14 +46,14 @@ def _docker_client():
 
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def exec_cmd(
-    cmd: List[str] = typer.Argument(..., help="The program and its arguments (after `--`)."),
+    cmd: list[str] = typer.Argument(..., help="The program and its arguments (after `--`)."),
     backend: str = typer.Option("local", "--backend", "-b", help="local | docker | subprocess | auto."),
     timeout: float = typer.Option(10.0, "--timeout", "-t", help="Deadline in seconds."),
-    memory: Optional[int] = typer.Option(None, "--memory", "-m", help="Memory limit in MB (Limits.memory_mb)."),
-    stdin_file: Optional[str] = typer.Option(None, "--stdin", help="Feed this file on stdin ('-': our stdin)."),
-    files: Optional[List[str]] = typer.Option(None, "--file", "-f", help="NAME=PATH: copy a host file in (repeatable)."),
-    collect: Optional[List[str]] = typer.Option(None, "--collect", help="Copy this work-dir path out (repeatable)."),
-    image: Optional[str] = typer.Option(None, "--image", help="Docker image (docker backend)."),
+    memory: int | None = typer.Option(None, "--memory", "-m", help="Memory limit in MB (Limits.memory_mb)."),
+    stdin_file: str | None = typer.Option(None, "--stdin", help="Feed this file on stdin ('-': our stdin)."),
+    files: list[str] | None = typer.Option(None, "--file", "-f", help="NAME=PATH: copy a host file in (repeatable)."),
+    collect: list[str] | None = typer.Option(None, "--collect", help="Copy this work-dir path out (repeatable)."),
+    image: str | None = typer.Option(None, "--image", help="Docker image (docker backend)."),
 ) -> None:
     """Run CMD once in a sandbox and print the ExecResult as JSON (collected files base64)."""
     from agentrl.sandbox.base import Limits
@@ -81,8 +84,9 @@ def exec_cmd(
 
     async def go():
         try:
-            return await sandbox.run(list(cmd), stdin=stdin, timeout_s=timeout, files=in_files or None,
-                                     collect=list(collect or ()))
+            return await sandbox.run(
+                list(cmd), stdin=stdin, timeout_s=timeout, files=in_files or None, collect=list(collect or ())
+            )
         finally:
             await sandbox.aclose()
 
@@ -104,7 +108,7 @@ def _read_host_file(path: str, what: str) -> bytes:
         raise ConfigError(f"{what} {path!r}: {e.strerror or e}") from None
 
 
-def _check_args(timeout: float, memory: Optional[int]) -> None:
+def _check_args(timeout: float, memory: int | None) -> None:
     import math
 
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
@@ -115,9 +119,11 @@ def _check_args(timeout: float, memory: Optional[int]) -> None:
 
 @app.command("build")
 def build_cmd(
-    tag: Optional[str] = typer.Option(None, "--tag", help="Image tag (default agentrl-sandbox:latest)."),
-    rootfs_cache: Optional[str] = typer.Option(None, "--rootfs-cache", help="Keep the debootstrapped tree here and reuse it."),
-    mirror: Optional[str] = typer.Option(None, "--mirror", help="Debian mirror (default http://deb.debian.org/debian)."),
+    tag: str | None = typer.Option(None, "--tag", help="Image tag (default agentrl-sandbox:latest)."),
+    rootfs_cache: str | None = typer.Option(
+        None, "--rootfs-cache", help="Keep the debootstrapped tree here and reuse it."
+    ),
+    mirror: str | None = typer.Option(None, "--mirror", help="Debian mirror (default http://deb.debian.org/debian)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if the image exists."),
 ) -> None:
     """Build the sandbox image offline: debootstrap a minimal Debian with python3, docker import."""
@@ -126,8 +132,14 @@ def build_cmd(
     client = _docker_client()
     t0 = time.monotonic()
     try:
-        build_image(client, tag=tag or DEFAULT_TAG, rootfs_cache=rootfs_cache, mirror=mirror or DEFAULT_MIRROR,
-                    force=force, log=lambda m: console.print(m, highlight=False))
+        build_image(
+            client,
+            tag=tag or DEFAULT_TAG,
+            rootfs_cache=rootfs_cache,
+            mirror=mirror or DEFAULT_MIRROR,
+            force=force,
+            log=lambda m: console.print(m, highlight=False),
+        )
     except AgentRLError as e:
         _fail(e)
     console.print(f"done in {time.monotonic() - t0:.0f} s")
@@ -149,13 +161,16 @@ def ps_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
     for col in ("id", "status", "owner", "owner alive", "limits"):
         tab.add_column(col)
     for r in rows:
-        tab.add_row(r["id"][:12], r["status"], r["owner"], {True: "yes", False: "no", None: "?"}[r["owner_alive"]],
-                    r["limits"])
+        tab.add_row(
+            r["id"][:12], r["status"], r["owner"], {True: "yes", False: "no", None: "?"}[r["owner_alive"]], r["limits"]
+        )
     console.print(tab)
 
 
 @app.command("clean")
-def clean_cmd(stale: bool = typer.Option(False, "--stale", help="Only containers whose owner process is gone.")) -> None:
+def clean_cmd(
+    stale: bool = typer.Option(False, "--stale", help="Only containers whose owner process is gone."),
+) -> None:
     """Remove sandbox containers (all of them, or only leaked ones with --stale)."""
     from agentrl.sandbox.docker_daemon import list_containers, remove_containers, remove_stale
 

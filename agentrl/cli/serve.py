@@ -8,11 +8,11 @@ when no PATH is given: the run's newest checkpoint), else ``model.path``; ``engi
 backend), ``model.device`` and ``model.dtype``. A flag or PATH wins over the config, a field the
 config names wins over this command's default.
 """
+
 from __future__ import annotations
 
 import asyncio
 import signal
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -26,18 +26,34 @@ BACKENDS = ("auto", "local", "sglang")
 
 
 def serve_cmd(
-    path: Optional[str] = typer.Argument(None, help="HF model dir, a checkpoint (RUN/checkpoints/step_N) or a run dir (its newest checkpoint); default: the config's output_dir, else model.path."),
+    path: str | None = typer.Argument(
+        None,
+        help="HF model dir, a checkpoint (RUN/checkpoints/step_N) or a run dir (its newest checkpoint); "
+        "default: the config's output_dir, else model.path.",
+    ),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: pick a free one)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; there is no authentication, keep it local."),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="local | sglang | auto: sglang when installed, else local (default: engine.kind when the config names it, else auto)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Watch the run for newer complete checkpoints and hot-swap them."),
-    name: Optional[str] = typer.Option(None, "--name", help="Served model name; default: the run's or model dir's name."),
-    device: Optional[str] = typer.Option(None, "--device", help="local backend: torch device, cpu, cuda, cuda:1 (model.device; default cpu)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="local backend: torch dtype of the weights (model.dtype; default float32)."),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        "-b",
+        help="local | sglang | auto: sglang when installed, else local "
+        "(default: engine.kind when the config names it, else auto).",
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Watch the run for newer complete checkpoints and hot-swap them."
+    ),
+    name: str | None = typer.Option(None, "--name", help="Served model name; default: the run's or model dir's name."),
+    device: str | None = typer.Option(
+        None, "--device", help="local backend: torch device, cpu, cuda, cuda:1 (model.device; default cpu)."
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="local backend: torch dtype of the weights (model.dtype; default float32)."
+    ),
     poll_s: float = typer.Option(2.0, "--poll-s", help="--follow: seconds between looks for a new checkpoint."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="local backend: log every request."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
 ) -> None:
     """Serve a model OpenAI-compatibly (/v1/models, /v1/chat/completions, /v1/completions) for debugging.
 
@@ -86,8 +102,18 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
         finally:
             service.stop()
         return
-    server = LocalServer(target, host=host, port=port, name=name, device=device, dtype=dtype, follow=follow,
-                         poll_s=poll_s, verbose=verbose, log=say)
+    server = LocalServer(
+        target,
+        host=host,
+        port=port,
+        name=name,
+        device=device,
+        dtype=dtype,
+        follow=follow,
+        poll_s=poll_s,
+        verbose=verbose,
+        log=say,
+    )
     try:
         server.start()
         _ready(server.url, server.name, target, "local", follow)
@@ -96,8 +122,14 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
         server.stop()
 
 
-def settings(config: Optional[List[str]], sets: Optional[List[str]], path: Optional[str], backend: Optional[str],
-             device: Optional[str], dtype: Optional[str]) -> tuple[str, str, str, str]:
+def settings(
+    config: list[str] | None,
+    sets: list[str] | None,
+    path: str | None,
+    backend: str | None,
+    device: str | None,
+    dtype: str | None,
+) -> tuple[str, str, str, str]:
     """(path, backend, device, dtype): each flag when given, else the config field it names, else the
     default; ConfigError when neither PATH nor a config names what to serve."""
     from agentrl.cli.options import load, named, pick
@@ -107,8 +139,12 @@ def settings(config: Optional[List[str]], sets: Optional[List[str]], path: Optio
     path = pick(path, cfg, "output_dir", given) or pick(None, cfg, "model.path", given)
     if path is None:
         raise AgentRLError("serve needs something to serve: PATH, or a config naming output_dir (a run) or model.path")
-    return (str(path), pick(backend, cfg, "engine.kind", given, "auto"), pick(device, cfg, "model.device", given, "cpu"),
-            pick(dtype, cfg, "model.dtype", given, "float32"))
+    return (
+        str(path),
+        pick(backend, cfg, "engine.kind", given, "auto"),
+        pick(device, cfg, "model.device", given, "cpu"),
+        pick(dtype, cfg, "model.dtype", given, "float32"),
+    )
 
 
 def _interrupt(signum, frame) -> None:
@@ -117,8 +153,14 @@ def _interrupt(signum, frame) -> None:
 
 def _ready(url: str, name: str, target, backend: str, follow: bool) -> None:
     what = f"{target.checkpoint} (policy version {target.version})" if target.checkpoint else str(target.model_dir)
-    console.print(f"serving [bold]{name}[/] = {what} with the {backend} backend at {url}/v1"
-                  + (f"; following {target.run_dir}" if follow else ""), highlight=False)
-    console.print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-                  f"-d '{{\"model\": \"{name}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}'",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"serving [bold]{name}[/] = {what} with the {backend} backend at {url}/v1"
+        + (f"; following {target.run_dir}" if follow else ""),
+        highlight=False,
+    )
+    console.print(
+        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{name}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',
+        highlight=False,
+        soft_wrap=True,
+    )

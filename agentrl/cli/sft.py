@@ -7,10 +7,10 @@ model to fine-tune when ``--model`` is not given). Layers: the built-in warm-sta
 ``--steps``, ``--data``'s ``sft.num_demos=0``) <- the ``-c`` files <- ``--set``. The flat names of
 0.1.0 (``--set lr=1e-3``) still work for one release, as ``sft.lr``, with a deprecation note.
 """
+
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -24,14 +24,20 @@ console = Console()
 
 
 def sft_cmd(
-    model: Optional[str] = typer.Option(None, "--model", "-m",
-                                        help="Local HF model dir or Hub id (org/name, org/name@revision) to fine-tune; default: the built-in tiny model before its warm start."),
-    data: Optional[List[str]] = typer.Option(None, "--data", "-d",
-                                             help="Chat JSONL file(s): rows {\"messages\": [...], \"tools\": [...]} (repeatable)."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Local HF model dir or Hub id (org/name, org/name@revision) to fine-tune; "
+        "default: the built-in tiny model before its warm start.",
+    ),
+    data: list[str] | None = typer.Option(
+        None, "--data", "-d", help='Chat JSONL file(s): rows {"messages": [...], "tools": [...]} (repeatable).'
+    ),
     out: str = typer.Option("runs/sft", "--out", "-o", help="Where the fine-tuned HF model directory is written."),
-    steps: Optional[int] = typer.Option(None, "--steps", "-n", help="Optimizer steps (sft.steps)."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    steps: int | None = typer.Option(None, "--steps", "-n", help="Optimizer steps (sft.steps)."),
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Fine-tune on oracle tool-use demonstrations of code_exec and/or your chat JSONL.
@@ -59,7 +65,9 @@ def sft_cmd(
         cfg = build_sft_config(base=dataclasses.asdict(tree.sft))  # the checks beyond one field (difficulties)
         model = pick(model, tree, "model.path", named(config, sets))
         model_path = base_model_path() if model is None else resolve_model_path(model)
-        summary = run_sft(model_path, out, cfg, data=data or [], log=_progress(cfg.steps, not quiet and sys.stderr.isatty()))
+        summary = run_sft(
+            model_path, out, cfg, data=data or [], log=_progress(cfg.steps, not quiet and sys.stderr.isatty())
+        )
     except AgentRLError as e:
         fail(e)
     tab = Table(title="sft")
@@ -76,8 +84,14 @@ def _progress(total: int, enabled: bool):
         return None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[status]}"), transient=False)
+    bar = Progress(
+        TextColumn("[bold]sft"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        transient=False,
+    )
     task = bar.add_task("sft", total=total, status="")
     bar.start()
 
@@ -93,7 +107,7 @@ def _deprecated(msg: str) -> None:
     Console(stderr=True, soft_wrap=True).print(f"[yellow]deprecated:[/] {msg}", highlight=False)
 
 
-def dotted_sets(sets: List[str], note) -> List[str]:
+def dotted_sets(sets: list[str], note) -> list[str]:
     """``--set`` items with 0.1.0's flat SFT names (``lr=1e-3``) rewritten to their dotted field
     (``sft.lr=1e-3``), calling ``note`` once per rewrite; every other item is unchanged."""
     from dataclasses import fields

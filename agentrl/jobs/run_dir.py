@@ -9,6 +9,7 @@ or unrelated directory is used as it is.
 Does not create the directory or write anything into it (``agentrl.jobs.run`` does) and does not
 find checkpoints to resume from.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,21 +44,26 @@ def prepare_run_dir(run_dir: str | Path, *, resume: bool, overwrite: bool) -> Pa
     the directory and the way out when it holds a run and neither flag is set, or when both are."""
     p = Path(run_dir)
     if resume and overwrite:
-        raise ConfigError(f"--resume and --overwrite contradict each other for run directory {str(p)!r}: "
-                          "--resume continues the run there, --overwrite sets it aside and starts afresh")
+        raise ConfigError(
+            f"--resume and --overwrite contradict each other for run directory {str(p)!r}: "
+            "--resume continues the run there, --overwrite sets it aside and starts afresh"
+        )
     if p.exists() and not p.is_dir():
         raise ConfigError(f"run directory {str(p)!r} is a file, not a directory")
     found = run_markers(p)
     if not found or resume:
         return None
     if not overwrite:
-        raise ConfigError(f"run directory {str(p)!r} already holds a run ({', '.join(found)}); "
-                          f"continue it with --resume, or start afresh with --overwrite (moves the old run to "
-                          f"{set_aside_path(p).name}), or choose another directory with --out")
+        raise ConfigError(
+            f"run directory {str(p)!r} already holds a run ({', '.join(found)}); "
+            f"continue it with --resume, or start afresh with --overwrite (moves the old run to "
+            f"{set_aside_path(p).name}), or choose another directory with --out"
+        )
     dest = set_aside_path(p)
     try:
         p.rename(dest)
     except OSError as e:
-        raise ConfigError(f"--overwrite: cannot move run directory {str(p)!r} to {str(dest)!r}: "
-                          f"{e.strerror or e}") from None
+        raise ConfigError(
+            f"--overwrite: cannot move run directory {str(p)!r} to {str(dest)!r}: {e.strerror or e}"
+        ) from None
     return dest

@@ -1,4 +1,5 @@
 """The `agentrl` command line, run in-process (typer's CliRunner) and once as the installed binary."""
+
 import json
 import re
 import shutil
@@ -23,8 +24,27 @@ def test_envs_lists_builtins():
 
 def test_rollout_writes_trajectories_config_and_metrics(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    res = runner.invoke(app, ["rollout", "--env", "code_exec", "--model", str(tiny_model_dir), "-n", "2", "-g", "2",
-                              "-o", str(out), "--set", "rollout.max_new_tokens=16", "--set", "rollout.max_turns=2", "-q"])
+    res = runner.invoke(
+        app,
+        [
+            "rollout",
+            "--env",
+            "code_exec",
+            "--model",
+            str(tiny_model_dir),
+            "-n",
+            "2",
+            "-g",
+            "2",
+            "-o",
+            str(out),
+            "--set",
+            "rollout.max_new_tokens=16",
+            "--set",
+            "rollout.max_turns=2",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "rollout summary" in res.output or "rollout: code_exec" in res.output
     trajs = load(out / "trajectories.jsonl")

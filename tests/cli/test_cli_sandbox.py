@@ -1,4 +1,5 @@
 """`agentrl sandbox ...` through typer's CliRunner: exec (local and one real docker run), build, ps, clean."""
+
 import base64
 import json
 
@@ -17,14 +18,31 @@ def _docker_reason():
 
 
 def _json(output: str) -> dict:
-    return json.loads(output[output.index("{"):])
+    return json.loads(output[output.index("{") :])
 
 
 def test_exec_local_prints_the_result_as_json(tmp_path):
     src = tmp_path / "in.txt"
     src.write_bytes(b"data")
-    res = runner.invoke(app, ["sandbox", "exec", "--backend", "local", "--timeout", "10", "--file", f"a.txt={src}",
-                              "--collect", "b.txt", "--", "sh", "-c", "cat a.txt > b.txt; echo hi; exit 4"])
+    res = runner.invoke(
+        app,
+        [
+            "sandbox",
+            "exec",
+            "--backend",
+            "local",
+            "--timeout",
+            "10",
+            "--file",
+            f"a.txt={src}",
+            "--collect",
+            "b.txt",
+            "--",
+            "sh",
+            "-c",
+            "cat a.txt > b.txt; echo hi; exit 4",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = _json(res.output)
     assert (out["status"], out["exit_code"], out["stdout"], out["backend"]) == ("ok", 4, "hi\n", "local")
@@ -53,13 +71,43 @@ def test_exec_docker_ps_clean_build():
         pytest.skip(f"docker sandbox unavailable: {reason}")
     from agentrl.sandbox.docker_daemon import list_containers
 
-    res = runner.invoke(app, ["sandbox", "exec", "--backend", "docker", "--memory", "128", "--timeout", "20", "--",
-                              "python3", "-c", "import os; print(os.getuid(), sorted(os.listdir('/sys/class/net')))"])
+    res = runner.invoke(
+        app,
+        [
+            "sandbox",
+            "exec",
+            "--backend",
+            "docker",
+            "--memory",
+            "128",
+            "--timeout",
+            "20",
+            "--",
+            "python3",
+            "-c",
+            "import os; print(os.getuid(), sorted(os.listdir('/sys/class/net')))",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = _json(res.output)
     assert (out["status"], out["stdout"], out["backend"]) == ("ok", "1000 ['lo']\n", "docker"), out
-    res = runner.invoke(app, ["sandbox", "exec", "--backend", "docker", "--memory", "64", "--timeout", "20", "--",
-                              "python3", "-c", "a = bytearray(2**30)"])
+    res = runner.invoke(
+        app,
+        [
+            "sandbox",
+            "exec",
+            "--backend",
+            "docker",
+            "--memory",
+            "64",
+            "--timeout",
+            "20",
+            "--",
+            "python3",
+            "-c",
+            "a = bytearray(2**30)",
+        ],
+    )
     assert _json(res.output)["status"] == "oom", res.output
 
     res = runner.invoke(app, ["sandbox", "ps", "--json"])

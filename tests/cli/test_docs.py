@@ -5,6 +5,7 @@ resolve in this checkout (a path to a file or folder; a dotted name to a module 
 name that module defines or re-exports), and no document or file under agentrl/, bench/, configs/
 cites a guide (the word GUIDE).
 """
+
 import re
 from pathlib import Path
 
@@ -71,8 +72,10 @@ def test_the_resolvers_reject_what_does_not_exist():
     assert resolve_dotted("agentrl.trajectory.Trajectory") is None
     assert resolve_dotted("agentrl.batches.no_such_module") is not None
     assert resolve_dotted("agentrl.trajectory.NoSuchClass") is not None
-    assert _paths("see agentrl/jobs/run.py, `agentrl/sandbox/`, \"agentrl/CodeExec-v0\".") == {
-        "agentrl/jobs/run.py", "agentrl/sandbox"}
+    assert _paths('see agentrl/jobs/run.py, `agentrl/sandbox/`, "agentrl/CodeExec-v0".') == {
+        "agentrl/jobs/run.py",
+        "agentrl/sandbox",
+    }
 
 
 def _texts():

@@ -1,12 +1,14 @@
 """Every `agentrl` command takes -c/--config and --set (or refuses them saying why), `agentrl --version`,
 and `agentrl run` never silently reuses a run directory. In process through typer's CliRunner."""
+
 import importlib.metadata
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
+from scripted_openai import ScriptedOpenAI
 from typer.testing import CliRunner
 
 import agentrl
@@ -17,7 +19,6 @@ from agentrl.cli.main import app
 from agentrl.cli.options import named
 from agentrl.cli.sft import dotted_sets
 from agentrl.errors import AgentRLError
-from scripted_openai import ScriptedOpenAI
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +75,13 @@ def test_every_command_documents_config_and_set(cmd):
 
 
 BAD_KEY = {  # command -> argv (before the options) that fails on the bad key before doing any work
-    "run": ["run"], "rollout": ["rollout"], "config": ["config"], "eval": ["eval", "--model", "openai/x"],
-    "sft": ["sft"], "serve": ["serve", "/nonexistent-model"], "report": ["report", "/nonexistent-run"],
+    "run": ["run"],
+    "rollout": ["rollout"],
+    "config": ["config"],
+    "eval": ["eval", "--model", "openai/x"],
+    "sft": ["sft"],
+    "serve": ["serve", "/nonexistent-model"],
+    "report": ["report", "/nonexistent-run"],
     "check-template": ["check-template", "--model", "/nonexistent-model"],
 }
 
@@ -120,8 +126,28 @@ def test_eval_command_sends_what_the_config_names(tmp_path, monkeypatch):
     f = _yaml(tmp_path / "c.yaml", "env: {id: noop}\nrollout: {max_new_tokens: 77, temperature: 0.25, max_turns: 1}\n")
     out = tmp_path / "ev.jsonl"
     with ScriptedOpenAI([{"content": "hello"}]) as srv:
-        res = _invoke(["eval", "--model", "openai/scripted", "--api-base", srv.url, "--api-key-env", KEY_ENV,
-                       "-n", "2", "-o", str(out), "-q", "-c", str(f), "--set", "rollout.seed=4", "--max-tokens", "99"])
+        res = _invoke(
+            [
+                "eval",
+                "--model",
+                "openai/scripted",
+                "--api-base",
+                srv.url,
+                "--api-key-env",
+                KEY_ENV,
+                "-n",
+                "2",
+                "-o",
+                str(out),
+                "-q",
+                "-c",
+                str(f),
+                "--set",
+                "rollout.seed=4",
+                "--max-tokens",
+                "99",
+            ]
+        )
     assert res.exit_code == 0, res.output
     body = srv.requests[0]["body"]
     assert body["max_tokens"] == 99 and body["temperature"] == 0.25  # the flag wins, the config's field is used
@@ -131,7 +157,9 @@ def test_eval_command_sends_what_the_config_names(tmp_path, monkeypatch):
 
 # -- serve ----------------------------------------------------------------------------------------
 def test_serve_settings_take_the_run_and_engine_from_the_config(tmp_path):
-    f = _yaml(tmp_path / "c.yaml", f"output_dir: {tmp_path / 'run'}\nmodel: {{dtype: bfloat16}}\nengine: {{kind: local}}\n")
+    f = _yaml(
+        tmp_path / "c.yaml", f"output_dir: {tmp_path / 'run'}\nmodel: {{dtype: bfloat16}}\nengine: {{kind: local}}\n"
+    )
     assert serve_cli.settings([f], None, None, None, None, None) == (str(tmp_path / "run"), "local", "cpu", "bfloat16")
     assert serve_cli.settings([f], None, "/m", "sglang", "cuda", None) == ("/m", "sglang", "cuda", "bfloat16")
     assert serve_cli.settings(None, ["model.path=/base"], None, None, None, None)[0] == "/base"
@@ -151,8 +179,16 @@ def spiky_run(tmp_path):
     """A run whose KL jumps 50x at step 25 as reward rises: a kl_spike alert at the default thresholds."""
     d = tmp_path / "run"
     d.mkdir()
-    rows = [{"step": s, "rollout/reward_mean": 0.5 + s / 100, "train/ppo_kl": 0.01 if s != 25 else 0.5, "train/entropy": 1.0,
-             "rollout/tokens_per_episode": 100.0 + (s % 3)} for s in range(1, 31)]
+    rows = [
+        {
+            "step": s,
+            "rollout/reward_mean": 0.5 + s / 100,
+            "train/ppo_kl": 0.01 if s != 25 else 0.5,
+            "train/entropy": 1.0,
+            "rollout/tokens_per_episode": 100.0 + (s % 3),
+        }
+        for s in range(1, 31)
+    ]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (d / "config.yaml").write_text("env: {id: code_exec}\nmonitor: {window: 10, retired_knob: 1}\n")
     return d
@@ -204,9 +240,12 @@ def test_sft_help_lists_dotted_fields():
 @pytest.mark.slow
 def test_sft_reads_its_section_and_model_from_a_config(tiny_model_dir, tmp_path):
     data = tmp_path / "chat.jsonl"
-    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                             {"role": "assistant", "content": "hello"}]}) + "\n")
-    f = _yaml(tmp_path / "c.yaml", f"model: {{path: {tiny_model_dir}}}\nsft: {{steps: 2, batch_size: 1, device: cpu}}\n")
+    data.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
+    f = _yaml(
+        tmp_path / "c.yaml", f"model: {{path: {tiny_model_dir}}}\nsft: {{steps: 2, batch_size: 1, device: cpu}}\n"
+    )
     res = _invoke(["sft", "-c", f, "--data", str(data), "-o", str(tmp_path / "out"), "-q"])
     assert res.exit_code == 0, res.output
     assert re.search(r"steps\s+│\s+2\b", res.output), res.output

@@ -4,6 +4,7 @@ file, field or row and the problem, exit code 2 and no traceback; ``--debug`` sh
 
 ``CASES`` is the table: id -> (argv builder, words the error line must contain).
 """
+
 import json
 import os
 import shutil
@@ -67,6 +68,7 @@ def _bad_model(cmd: str, mutate):
         if cmd == "sft":
             return ["sft", "--model", model, "-o", str(tmp / "out"), "-q", "--steps", "1"]
         return ["serve", model, "--backend", "local", "--port", "0"]
+
     return build
 
 
@@ -81,91 +83,174 @@ CASES = {
     # -- config files and --set values ------------------------------------------------------------
     "config_is_directory": (lambda t, m: ["config", "-c", str(t)], ["config file", "is a directory"]),
     "config_is_binary": (lambda t, m: ["config", "-c", _write(t / "c.yaml", RANDOM)], ["c.yaml", "UTF-8"]),
-    "config_deep_list": (lambda t, m: ["config", "-c", _write(t / "c.yaml", "a: " + "[" * DEEP + "]" * DEEP)],
-                         ["c.yaml", "nested"]),
-    "config_deep_map": (lambda t, m: ["config", "-c", _write(t / "c.yaml", "a: " + "{a: " * DEEP + "1" + "}" * DEEP)],
-                        ["c.yaml", "nested"]),
-    "config_huge_int": (lambda t, m: ["config", "-c", _write(t / "c.yaml", f"rollout:\n  seed: {BIG}\n")],
-                        ["c.yaml", "digits"]),
-    "config_nan_value": (lambda t, m: ["config", "-c", _write(t / "c.yaml", "rollout:\n  temperature: .nan\n")],
-                         ["rollout.temperature", "finite"]),
+    "config_deep_list": (
+        lambda t, m: ["config", "-c", _write(t / "c.yaml", "a: " + "[" * DEEP + "]" * DEEP)],
+        ["c.yaml", "nested"],
+    ),
+    "config_deep_map": (
+        lambda t, m: ["config", "-c", _write(t / "c.yaml", "a: " + "{a: " * DEEP + "1" + "}" * DEEP)],
+        ["c.yaml", "nested"],
+    ),
+    "config_huge_int": (
+        lambda t, m: ["config", "-c", _write(t / "c.yaml", f"rollout:\n  seed: {BIG}\n")],
+        ["c.yaml", "digits"],
+    ),
+    "config_nan_value": (
+        lambda t, m: ["config", "-c", _write(t / "c.yaml", "rollout:\n  temperature: .nan\n")],
+        ["rollout.temperature", "finite"],
+    ),
     "set_huge_int": (lambda t, m: ["config", "--set", f"rollout.seed={BIG}"], ["rollout.seed", "digits"]),
     "set_huge_int_in_kwargs": (lambda t, m: ["config", "--set", f"env.kwargs={{x: {BIG}}}"], ["env.kwargs", "digits"]),
-    "set_int_beyond_int64": (lambda t, m: ["config", "--set", "rollout.max_turns=" + "9" * 30],
-                             ["rollout.max_turns", "too large"]),
-    "set_temperature_nan": (lambda t, m: ["config", "--set", "rollout.temperature=.nan"],
-                            ["rollout.temperature", "finite"]),
-    "set_temperature_inf": (lambda t, m: ["config", "--set", "rollout.temperature=.inf"],
-                            ["rollout.temperature", "finite"]),
-    "set_eval_temperature_nan": (lambda t, m: ["config", "--set", "eval.temperature=nan"],
-                                 ["eval.temperature", "finite"]),
+    "set_int_beyond_int64": (
+        lambda t, m: ["config", "--set", "rollout.max_turns=" + "9" * 30],
+        ["rollout.max_turns", "too large"],
+    ),
+    "set_temperature_nan": (
+        lambda t, m: ["config", "--set", "rollout.temperature=.nan"],
+        ["rollout.temperature", "finite"],
+    ),
+    "set_temperature_inf": (
+        lambda t, m: ["config", "--set", "rollout.temperature=.inf"],
+        ["rollout.temperature", "finite"],
+    ),
+    "set_eval_temperature_nan": (
+        lambda t, m: ["config", "--set", "eval.temperature=nan"],
+        ["eval.temperature", "finite"],
+    ),
     "set_top_p_nan": (lambda t, m: ["config", "--set", "rollout.top_p=.NaN"], ["rollout.top_p", "finite"]),
     "set_lr_overflow": (lambda t, m: ["config", "--set", "trainer.lr=1e999"], ["trainer.lr", "finite"]),
-    "set_timeout_inf": (lambda t, m: ["config", "--set", "rollout.turn_timeout_s=.inf"],
-                        ["rollout.turn_timeout_s", "finite"]),
-    "set_float_from_huge_int": (lambda t, m: ["config", "--set", "algo.gamma=" + "9" * 400],
-                                ["algo.gamma", "finite"]),
-    "set_deep_kwargs": (lambda t, m: ["config", "--set", "env.kwargs=" + "{a: " * DEEP + "1" + "}" * DEEP],
-                        ["env.kwargs", "nested"]),
-    "set_deep_list": (lambda t, m: ["config", "--set", "engine.urls=" + "[" * DEEP + "]" * DEEP], ["engine.urls", "nested"]),
+    "set_timeout_inf": (
+        lambda t, m: ["config", "--set", "rollout.turn_timeout_s=.inf"],
+        ["rollout.turn_timeout_s", "finite"],
+    ),
+    "set_float_from_huge_int": (lambda t, m: ["config", "--set", "algo.gamma=" + "9" * 400], ["algo.gamma", "finite"]),
+    "set_deep_kwargs": (
+        lambda t, m: ["config", "--set", "env.kwargs=" + "{a: " * DEEP + "1" + "}" * DEEP],
+        ["env.kwargs", "nested"],
+    ),
+    "set_deep_list": (
+        lambda t, m: ["config", "--set", "engine.urls=" + "[" * DEEP + "]" * DEEP],
+        ["engine.urls", "nested"],
+    ),
     "set_empty_key": (lambda t, m: ["config", "--set", "rollout..seed=1"], ["rollout..seed", "empty"]),
     # -- datasets (code_exec's dataset=PATH) --------------------------------------------------------
     "dataset_binary_jsonl": (lambda t, m: _dataset(t, m, "d.jsonl", RANDOM), ["d.jsonl", "line", "UTF-8"]),
     "dataset_binary_json": (lambda t, m: _dataset(t, m, "d.json", RANDOM), ["d.json", "UTF-8"]),
-    "dataset_deep_row": (lambda t, m: _dataset(t, m, "d.jsonl", "[" * DEEP + "]" * DEEP + "\n"),
-                         ["d.jsonl", "line 1", "nested"]),
+    "dataset_deep_row": (
+        lambda t, m: _dataset(t, m, "d.jsonl", "[" * DEEP + "]" * DEEP + "\n"),
+        ["d.jsonl", "line 1", "nested"],
+    ),
     "dataset_deep_json": (lambda t, m: _dataset(t, m, "d.json", "[" * DEEP + "]" * DEEP), ["d.json", "nested"]),
-    "dataset_deep_extra_info": (lambda t, m: _dataset(t, m, "d.jsonl", json.dumps(
-        {"prompt": "q", "answer": "1", "extra_info": {}})[:-3] + '{"a": ' * 500 + "1" + "}" * 500 + "}\n"),
-        ["d.jsonl", "line 1", "nested"]),
-    "dataset_huge_number": (lambda t, m: _dataset(t, m, "d.jsonl", '{"prompt": "q", "answer": ' + BIG + "}\n"),
-                            ["d.jsonl", "line 1", "digits"]),
-    "dataset_inf_answer": (lambda t, m: _dataset(t, m, "d.jsonl", '{"prompt": "q", "answer": 1e999}\n'),
-                           ["d.jsonl", "line 1", "finite"]),
-    "dataset_nan_answer": (lambda t, m: _dataset(t, m, "d.jsonl", '{"prompt": "q", "answer": NaN}\n'),
-                           ["d.jsonl", "line 1", "finite"]),
+    "dataset_deep_extra_info": (
+        lambda t, m: _dataset(
+            t,
+            m,
+            "d.jsonl",
+            json.dumps({"prompt": "q", "answer": "1", "extra_info": {}})[:-3]
+            + '{"a": ' * 500
+            + "1"
+            + "}" * 500
+            + "}\n",
+        ),
+        ["d.jsonl", "line 1", "nested"],
+    ),
+    "dataset_huge_number": (
+        lambda t, m: _dataset(t, m, "d.jsonl", '{"prompt": "q", "answer": ' + BIG + "}\n"),
+        ["d.jsonl", "line 1", "digits"],
+    ),
+    "dataset_inf_answer": (
+        lambda t, m: _dataset(t, m, "d.jsonl", '{"prompt": "q", "answer": 1e999}\n'),
+        ["d.jsonl", "line 1", "finite"],
+    ),
+    "dataset_nan_answer": (
+        lambda t, m: _dataset(t, m, "d.jsonl", '{"prompt": "q", "answer": NaN}\n'),
+        ["d.jsonl", "line 1", "finite"],
+    ),
     "dataset_directory": (lambda t, m: _dataset(t, m, "d.jsonl", None), ["d.jsonl", "is a directory"]),
     # -- model directories ------------------------------------------------------------------------
     "model_missing": (lambda t, m: _rollout_with(str(t / "nope"), f"output_dir={t / 'out'}"), ["model.path", "nope"]),
-    "model_is_file": (lambda t, m: _rollout_with(_write(t / "m.bin", b"x"), f"output_dir={t / 'out'}"),
-                      ["model.path", "m.bin"]),
+    "model_is_file": (
+        lambda t, m: _rollout_with(_write(t / "m.bin", b"x"), f"output_dir={t / 'out'}"),
+        ["model.path", "m.bin"],
+    ),
     "model_no_weights": (_bad_model("rollout", _rm("model.safetensors")), ["model.path", "weights"]),
-    "model_empty_weights": (_bad_model("rollout", lambda d: (d / "model.safetensors").write_bytes(b"")),
-                            ["model.safetensors", "empty"]),
-    "model_truncated_weights": (_bad_model("rollout", lambda d: _truncate(d / "model.safetensors")),
-                                ["model.safetensors", "truncated"]),
-    "model_random_weights": (_bad_model("rollout", lambda d: (d / "model.safetensors").write_bytes(RANDOM)),
-                             ["model.safetensors", "not a safetensors file"]),
-    "model_missing_shard": (_bad_model("rollout", lambda d: ((d / "model.safetensors").rename(d / "x"), (
-        d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})))),
-        ["model-00001-of-00002.safetensors", "missing"]),
+    "model_empty_weights": (
+        _bad_model("rollout", lambda d: (d / "model.safetensors").write_bytes(b"")),
+        ["model.safetensors", "empty"],
+    ),
+    "model_truncated_weights": (
+        _bad_model("rollout", lambda d: _truncate(d / "model.safetensors")),
+        ["model.safetensors", "truncated"],
+    ),
+    "model_random_weights": (
+        _bad_model("rollout", lambda d: (d / "model.safetensors").write_bytes(RANDOM)),
+        ["model.safetensors", "not a safetensors file"],
+    ),
+    "model_missing_shard": (
+        _bad_model(
+            "rollout",
+            lambda d: (
+                (d / "model.safetensors").rename(d / "x"),
+                (d / "model.safetensors.index.json").write_text(
+                    json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})
+                ),
+            ),
+        ),
+        ["model-00001-of-00002.safetensors", "missing"],
+    ),
     "model_no_tokenizer": (_bad_model("rollout", NOTOK), ["model.path", "tokenizer"]),
-    "model_config_not_json": (_bad_model("rollout", lambda d: (d / "config.json").write_text("{oops")),
-                              ["config.json", "not valid JSON"]),
-    "model_config_not_object": (_bad_model("rollout", lambda d: (d / "config.json").write_text("[1]")),
-                                ["config.json", "object"]),
-    "model_config_bad_type": (_bad_model("rollout", lambda d: (d / "config.json").write_text('{"model_type": "nope"}')),
-                              ["config.json", "nope"]),
-    "model_config_binary": (_bad_model("rollout", lambda d: (d / "config.json").write_bytes(RANDOM)),
-                            ["config.json", "UTF-8"]),
-    "run_model_truncated_weights": (_bad_model("run", lambda d: _truncate(d / "model.safetensors")),
-                                    ["model.safetensors", "truncated"]),
+    "model_config_not_json": (
+        _bad_model("rollout", lambda d: (d / "config.json").write_text("{oops")),
+        ["config.json", "not valid JSON"],
+    ),
+    "model_config_not_object": (
+        _bad_model("rollout", lambda d: (d / "config.json").write_text("[1]")),
+        ["config.json", "object"],
+    ),
+    "model_config_bad_type": (
+        _bad_model("rollout", lambda d: (d / "config.json").write_text('{"model_type": "nope"}')),
+        ["config.json", "nope"],
+    ),
+    "model_config_binary": (
+        _bad_model("rollout", lambda d: (d / "config.json").write_bytes(RANDOM)),
+        ["config.json", "UTF-8"],
+    ),
+    "run_model_truncated_weights": (
+        _bad_model("run", lambda d: _truncate(d / "model.safetensors")),
+        ["model.safetensors", "truncated"],
+    ),
     "run_model_no_tokenizer": (_bad_model("run", NOTOK), ["model.path", "tokenizer"]),
-    "sft_model_random_weights": (_bad_model("sft", lambda d: (d / "model.safetensors").write_bytes(RANDOM)),
-                                 ["model.safetensors", "not a safetensors file"]),
+    "sft_model_random_weights": (
+        _bad_model("sft", lambda d: (d / "model.safetensors").write_bytes(RANDOM)),
+        ["model.safetensors", "not a safetensors file"],
+    ),
     "serve_model_no_tokenizer": (_bad_model("serve", NOTOK), ["tokenizer"]),
-    "serve_model_empty_weights": (_bad_model("serve", lambda d: (d / "model.safetensors").write_bytes(b"")),
-                                  ["model.safetensors", "empty"]),
+    "serve_model_empty_weights": (
+        _bad_model("serve", lambda d: (d / "model.safetensors").write_bytes(b"")),
+        ["model.safetensors", "empty"],
+    ),
     # -- sandbox CLI arguments --------------------------------------------------------------------
     "sandbox_timeout_inf": (lambda t, m: ["sandbox", "exec", "--timeout", "inf", "--", "true"], ["--timeout", "inf"]),
     "sandbox_timeout_nan": (lambda t, m: ["sandbox", "exec", "--timeout", "nan", "--", "true"], ["--timeout", "nan"]),
-    "sandbox_timeout_negative": (lambda t, m: ["sandbox", "exec", "--timeout", "-1", "--", "true"], ["--timeout", "-1"]),
+    "sandbox_timeout_negative": (
+        lambda t, m: ["sandbox", "exec", "--timeout", "-1", "--", "true"],
+        ["--timeout", "-1"],
+    ),
     "sandbox_timeout_zero": (lambda t, m: ["sandbox", "exec", "--timeout", "0", "--", "true"], ["--timeout", "0"]),
-    "sandbox_timeout_huge": (lambda t, m: ["sandbox", "exec", "--timeout", "1e300", "--", "true"], ["--timeout", "1e+300"]),
+    "sandbox_timeout_huge": (
+        lambda t, m: ["sandbox", "exec", "--timeout", "1e300", "--", "true"],
+        ["--timeout", "1e+300"],
+    ),
     "sandbox_memory_zero": (lambda t, m: ["sandbox", "exec", "--memory", "0", "--", "true"], ["--memory", "0"]),
     "sandbox_memory_negative": (lambda t, m: ["sandbox", "exec", "--memory", "-5", "--", "true"], ["--memory", "-5"]),
-    "sandbox_stdin_directory": (lambda t, m: ["sandbox", "exec", "--stdin", str(t), "--", "true"], ["--stdin", "directory"]),
-    "sandbox_file_missing": (lambda t, m: ["sandbox", "exec", "--file", f"a={t / 'nope'}", "--", "true"], ["--file", "nope"]),
+    "sandbox_stdin_directory": (
+        lambda t, m: ["sandbox", "exec", "--stdin", str(t), "--", "true"],
+        ["--stdin", "directory"],
+    ),
+    "sandbox_file_missing": (
+        lambda t, m: ["sandbox", "exec", "--file", f"a={t / 'nope'}", "--", "true"],
+        ["--file", "nope"],
+    ),
     "sandbox_bad_backend": (lambda t, m: ["sandbox", "exec", "--backend", "bogus", "--", "true"], ["bogus"]),
 }
 
@@ -240,11 +325,31 @@ def _register_broken_env():
 def test_a_run_whose_every_episode_fails_alike_stops_with_the_reason(tiny_model_dir, tmp_path, num_eval, what):
     _register_broken_env()
     out = tmp_path / "run"
-    sets = ["rollout.max_new_tokens=4", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=4",
-            "train.groups_per_step=2", "train.max_staleness=0", f"eval.num_tasks={num_eval}", "eval.env_kwargs={}",
-            "env.kwargs={}", "logging.tensorboard=false", "train.checkpoint_every=1"]
-    argv = ["run", "--env", "test/AlwaysBrokenSandbox-v0", "--model", str(tiny_model_dir), "--steps", "2", "-o",
-            str(out), "-q"] + [a for s in sets for a in ("--set", s)]
+    sets = [
+        "rollout.max_new_tokens=4",
+        "rollout.max_turns=1",
+        "rollout.score_truncated=true",
+        "rollout.group_size=4",
+        "train.groups_per_step=2",
+        "train.max_staleness=0",
+        f"eval.num_tasks={num_eval}",
+        "eval.env_kwargs={}",
+        "env.kwargs={}",
+        "logging.tensorboard=false",
+        "train.checkpoint_every=1",
+    ]
+    argv = [
+        "run",
+        "--env",
+        "test/AlwaysBrokenSandbox-v0",
+        "--model",
+        str(tiny_model_dir),
+        "--steps",
+        "2",
+        "-o",
+        str(out),
+        "-q",
+    ] + [a for s in sets for a in ("--set", s)]
     res = runner.invoke(app, argv)
     assert res.exit_code == 2, res.output
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]

@@ -1,4 +1,5 @@
 """The run-directory rule (agentrl.jobs.run_dir): a directory holding a run is never silently reused."""
+
 import pytest
 
 from agentrl.errors import ConfigError

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-import tomllib
 from scripted_openai import ScriptedOpenAI
 from typer.testing import CliRunner
 
@@ -42,7 +41,8 @@ def test_version_prints_the_package_version():
 
 
 def test_version_matches_pyproject_and_the_installed_distribution():
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    project = (ROOT / "pyproject.toml").read_text().split("[project]", 1)[1]  # tomllib is 3.11+, agentrl 3.10+
+    declared = re.search(r'^version\s*=\s*"([^"]+)"', project, re.M).group(1)
     assert agentrl.__version__ == declared
     try:
         installed = importlib.metadata.version("agentrl")

@@ -93,6 +93,7 @@ async def main_async(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    from agentrl.config.plan import resolve
     from agentrl.config.schema import load_config
     from agentrl.distributed import RayBackend, RayConfig
     from agentrl.distributed.cluster import RayCluster
@@ -104,18 +105,16 @@ async def main_async(args) -> dict:
     torch.set_num_threads(1)  # the actors get OMP_NUM_THREADS=1 from their fractional CPUs
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     model = str(build_model(tmp / "model"))
-    cfg = load_config(
-        [],
-        [
-            "env.id=bench/RayCount-v0",
-            "env.kwargs={}",
-            "rollout.max_new_tokens=16",
-            "rollout.max_turns=1",
-            "rollout.score_truncated=true",
-            "trainer.lr=1e-3",
-            "trainer.loss_agg=token-mean",
-        ],
-    )
+    overrides = [
+        "env.id=bench/RayCount-v0",
+        "env.kwargs={}",
+        "rollout.max_new_tokens=16",
+        "rollout.max_turns=1",
+        "rollout.score_truncated=true",
+        "trainer.lr=1e-3",
+        "trainer.loss_agg=token-mean",
+    ]
+    cfg = resolve(load_config([], overrides), "run").cfg  # auto fields (device, dtypes) resolved, as a run does
     rc = RayConfig(num_cpus=args.num_cpus)
     cluster = RayCluster(rc)
     cluster.connect()

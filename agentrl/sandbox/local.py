@@ -75,9 +75,9 @@ import tempfile
 import threading
 
 from agentrl.errors import ConfigError, SandboxError
+from agentrl.sandbox import jail
 from agentrl.sandbox.base import Limits
 from agentrl.sandbox.docker_probe import docker_unavailable_reason
-from agentrl.sandbox import jail
 from agentrl.sandbox.executor_client import executor
 from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env, killpg
 

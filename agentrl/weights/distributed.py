@@ -56,8 +56,9 @@ class WeightGroup:
                                                    PrefixStore(self.group_name, store), group_name=self.group_name,
                                                    backend_options=None, timeout=self.timeout)
         except Exception as e:  # torch raises DistStoreError/RuntimeError with the reason
-            raise EngineError(f"weight group {self.group_name!r} ({self.backend}, world {self.world_size}, "
-                              f"{self.master_address}:{self.master_port}) failed to form: {type(e).__name__}: {e}") from e
+            where = f"{self.backend}, world {self.world_size}, {self.master_address}:{self.master_port}"
+            raise EngineError(f"weight group {self.group_name!r} ({where}) failed to form: "
+                              f"{type(e).__name__}: {e}") from e
 
     def broadcast(self, tensor: Any) -> None:
         """Send ``tensor`` from rank 0 to every rank; blocks until done."""

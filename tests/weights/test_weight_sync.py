@@ -208,7 +208,8 @@ def test_disk_sync_serves_the_new_weights(weight_server, sglang_model_dir, tmp_p
     # written atomically, the old dirs cleaned, config/tokenizer copied beside the weights
     dirs = sorted(p.name for p in (tmp_path / "weights").iterdir())
     assert dirs == ["v00000005"]
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "weights" / dirs[0]).iterdir()}
+    written = {p.name for p in (tmp_path / "weights" / dirs[0]).iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= written
 
 
 @pytest.mark.sglang

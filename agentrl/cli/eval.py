@@ -2,7 +2,9 @@
 
 Owns the command's arguments, the progress line and the summary table; everything it runs is
 ``agentrl.jobs.eval`` (episodes, files) and ``agentrl.common.llm_api`` (the model calls). API keys come
-from the environment only (``OPENAI_API_KEY``... or the variable named by ``--api-key-env``).
+from the environment only (``OPENAI_API_KEY``... or the variable named by ``--api-key-env``); an
+``--api-base`` on this machine (``agentrl serve``) needs none, and a hosted model without its key
+stops here with one error, before any episode.
 
 ``-c/--set`` give the fields of the run config an API episode shares with a rollout
 (:data:`FIELDS`: ``env.id``, ``env.kwargs`` and the ``rollout.*`` turns, tokens, sampling, deadline,
@@ -64,7 +66,8 @@ def eval_cmd(
     api_key_env: str | None = typer.Option(
         None,
         "--api-key-env",
-        help="Read the API key from this environment variable (default: the provider's own, e.g. OPENAI_API_KEY).",
+        help="Read the API key from this environment variable (default: the provider's own, e.g. OPENAI_API_KEY; "
+        "an --api-base on this machine needs none).",
     ),
     n: int = typer.Option(8, "--num-episodes", "-n", help="Episodes (one task each)."),
     out: str = typer.Option(
@@ -92,7 +95,11 @@ def eval_cmd(
         None, "--concurrency", help="Episodes (and API calls) in flight at once (rollout.max_concurrency; default 8)."
     ),
     timeout_s: float = typer.Option(120.0, "--timeout", help="Seconds one API call may take."),
-    retries: int = typer.Option(3, "--retries", help="Retries of a failed API call (connection errors, 429, 5xx)."),
+    retries: int = typer.Option(
+        3,
+        "--retries",
+        help="Retries of a transient API failure (timeouts, connection errors, 429, 5xx; never 401/400).",
+    ),
     episode_timeout_s: float | None = typer.Option(
         None,
         "--episode-timeout",
@@ -154,6 +161,7 @@ def eval_cmd(
             concurrency=s["concurrency"],
             sampling=params,
         )
+        client.check_credentials()  # a hosted model without its key: one clear error (exit 2) before any episode
         summary = asyncio.run(
             run_eval(
                 env,

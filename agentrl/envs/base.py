@@ -16,6 +16,13 @@ The contract (what the episode manager relies on):
   ``bad_arguments``, ``over_limit``, ``timeouts``, ``exceptions``).
 * ``areset``/``astep`` are the async variants (preferred). Infrastructure failures raise
   ``agentrl.errors`` EpisodeError subclasses; model mistakes never raise.
+* Held-out tasks: ``agentrl run`` evaluates on envs made with ``eval.env_kwargs`` (default
+  ``split="eval"``). An env with held-out tasks takes a ``split`` keyword (``"train"`` by default,
+  ``"eval"`` drawing tasks training never sees) and may say so with ``has_eval_split = True``. An
+  env without any sets the class attribute ``has_eval_split = False`` (or registers with
+  ``has_eval_split=False``): ``make(id, split=...)`` then drops ``split`` with a warning and
+  evaluation runs on training-distribution tasks. An env that does neither is a ``ConfigError``
+  when made with ``split`` (``agentrl.envs.registry``), and ``check_agent_env`` reports it.
 
 Does not: enforce ``max_turns`` or token budgets (the episode manager does), tokenize, or sandbox.
 """
@@ -89,6 +96,9 @@ class AgentEnv(gym.Env[str, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
+    #: the eval-split declaration (module docstring): True = takes ``split``, False = has no held-out
+    #: tasks (``split`` is dropped with a warning), None = undeclared (``split`` must be accepted)
+    has_eval_split: bool | None = None
 
     def __init__(self, *, max_text_length: int = 1 << 20) -> None:
         self.observation_space = TextSpace(max_text_length)

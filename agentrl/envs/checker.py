@@ -17,11 +17,17 @@ What it checks, in order:
 4. A scripted call of the first tool (arguments synthesized from its schema) gets a ``tool``
    message back and does not end the episode; for ``ToolEnv`` with ``on_bad_call="observe"``, a
    malformed call and an unknown tool are answered too and counted in ``tool_stats``.
+5. The eval split (the contract in ``agentrl.envs.base``): an env that declares
+   ``has_eval_split = False`` passes; otherwise it must be makeable with ``split="eval"`` (by id:
+   ``make(id, **kwargs, split="eval")``; an instance: its class called with ``split="eval"``,
+   skipped when the class needs arguments the checker cannot guess) and give other tasks than
+   training on the same seeds.
 
 The scripted calls really run the tool (e.g. ``print(1)`` through the python tool). Call from
 sync code; inside a running event loop the checks run in a worker thread.
 Does not: judge task quality, reward correctness, or anything about tokens.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -79,7 +85,60 @@ def _check(env_or_id: Any, n_episodes: int, seed: int, make_kwargs: dict) -> lis
     for s in range(seed, seed + n_episodes):
         problems += _check_episode(env, s, STAT_KEYS)
     problems += _check_tool_calls(env, seed, STAT_KEYS)
+    problems += _check_eval_split(env_or_id, env, make_kwargs, seed, n_episodes)
     return list(dict.fromkeys(problems))  # the same problem from several seeds once
+
+
+def _held_out_env(env_or_id: Any, env: Any, make_kwargs: dict) -> tuple[Any, list[str]]:
+    """(the env made with split="eval", problems); (None, []) when it declares no split or cannot be made here."""
+    from agentrl.envs.registry import load_entry_point, make, no_split_message, spec
+    from agentrl.errors import ConfigError
+
+    if isinstance(env_or_id, str):
+        s = spec(env_or_id)
+        declared = s.has_eval_split
+        if declared is None:
+            declared = getattr(load_entry_point(s.entry_point, s.id), "has_eval_split", None)
+        if declared is False:
+            return None, []
+        try:
+            return make(env_or_id, **{**make_kwargs, "split": "eval"}), []
+        except ConfigError as e:
+            return None, [f"eval split: {e}"]
+        except Exception as e:
+            return None, [f"eval split: make({env_or_id!r}, split='eval') raised {type(e).__name__}: {e}"]
+    cls = type(env)
+    if getattr(cls, "has_eval_split", None) is False:
+        return None, []
+    try:
+        return cls(split="eval"), []
+    except TypeError as e:
+        if "'split'" in str(e):
+            return None, [f"eval split: {no_split_message(cls.__name__, 'eval')}"]
+        return None, []  # the class needs arguments the checker cannot guess: check it by id instead
+    except Exception as e:
+        return None, [f"eval split: {cls.__name__}(split='eval') raised {type(e).__name__}: {e}"]
+
+
+def _check_eval_split(env_or_id: Any, env: Any, make_kwargs: dict, seed: int, n: int) -> list[str]:
+    held, problems = _held_out_env(env_or_id, env, make_kwargs)
+    if held is None:
+        return problems
+    try:
+        same = []
+        for s in range(seed, seed + max(n, 1)):
+            train_task, eval_task = env.reset(seed=s)[1].get("task"), held.reset(seed=s)[1].get("task")
+            same.append(train_task == eval_task)
+    except Exception as e:
+        return [f"eval split: reset of the split='eval' env raised {type(e).__name__}: {e}"]
+    finally:
+        held.close()
+    if all(same):
+        return [
+            f"eval split: split='eval' gives the same tasks as training on seeds {seed}..{seed + max(n, 1) - 1}; "
+            "held-out tasks must differ (or declare has_eval_split = False)"
+        ]
+    return []
 
 
 def _messages_problems(messages: Any, where: str, need_user: bool) -> list[str]:
@@ -101,12 +160,22 @@ def _schema_problems(tools: Any) -> list[str]:
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         params = fn.get("parameters") if isinstance(fn, dict) else None
-        if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(fn, dict)
-                and isinstance(fn.get("name"), str) and fn["name"] and isinstance(fn.get("description"), str)
-                and isinstance(params, dict) and params.get("type") == "object"
-                and isinstance(params.get("properties", {}), dict)):
-            out.append(f"reset info['tools'][{i}] is not a function schema "
-                       f"{{type: function, function: {{name, description, parameters: {{type: object, properties}}}}}}: {t!r:.160}")
+        if not (
+            isinstance(t, dict)
+            and t.get("type") == "function"
+            and isinstance(fn, dict)
+            and isinstance(fn.get("name"), str)
+            and fn["name"]
+            and isinstance(fn.get("description"), str)
+            and isinstance(params, dict)
+            and params.get("type") == "object"
+            and isinstance(params.get("properties", {}), dict)
+        ):
+            out.append(
+                f"reset info['tools'][{i}] is not a function schema "
+                "{type: function, function: {name, description, parameters: {type: object, properties}}}: "
+                f"{t!r:.160}"
+            )
     return out
 
 
@@ -191,8 +260,15 @@ def _example_args(params: dict) -> dict:
             continue
         kind = prop.get("type")
         kind = kind[0] if isinstance(kind, list) else kind
-        args[name] = {"string": by_name.get(name, "test"), "integer": 1, "number": 1.0, "boolean": True,
-                      "array": [], "object": {}, "null": None}.get(kind, by_name.get(name, "test"))
+        args[name] = {
+            "string": by_name.get(name, "test"),
+            "integer": 1,
+            "number": 1.0,
+            "boolean": True,
+            "array": [],
+            "object": {},
+            "null": None,
+        }.get(kind, by_name.get(name, "test"))
     return args
 
 
@@ -207,14 +283,20 @@ def _check_tool_calls(env: Any, s: int, stat_keys: tuple) -> list[str]:
     parser = getattr(env, "parser", "hermes")
     fn = tools[0]["function"]
     if parser == "hermes":
-        action = "<tool_call>" + json.dumps({"name": fn["name"], "arguments": _example_args(fn["parameters"])}) + "</tool_call>"
+        action = (
+            "<tool_call>"
+            + json.dumps({"name": fn["name"], "arguments": _example_args(fn["parameters"])})
+            + "</tool_call>"
+        )
     elif parser == "python_block" and fn["name"] == "python":
         action = "```python\nprint(1)\n```"
     else:
         return []  # no scripted call for an unknown parser
     out = _expect_tool_answer(env, s, action, f"a scripted call of tool {fn['name']!r}", None, stat_keys)
     if parser == "hermes" and getattr(env, "on_bad_call", None) == "observe":
-        out += _expect_tool_answer(env, s, "<tool_call>{not json</tool_call>", "a malformed call", "malformed", stat_keys)
+        out += _expect_tool_answer(
+            env, s, "<tool_call>{not json</tool_call>", "a malformed call", "malformed", stat_keys
+        )
         bad = '<tool_call>{"name": "no_such_tool_xyz", "arguments": {}}</tool_call>'
         out += _expect_tool_answer(env, s, bad, "a call of an unknown tool", "unknown_tool", stat_keys)
     return out

@@ -6,10 +6,11 @@ checkpoint ``RUN/checkpoints/step_N/`` with its COMPLETE marker — itself an HF
 following a run (:class:`CheckpointFollower` polls for newer complete checkpoints and hot-swaps the
 weights, so the policy under training is what answers); and the two backends:
 
-- ``local`` (:class:`LocalServer`): a stdlib ``ThreadingHTTPServer`` whose handler threads hand
-  each request to :class:`agentrl.jobs.serve_api.OpenAIAPI` on one asyncio loop that drives an
-  in-process :class:`~agentrl.engine.local.LocalEngine` (which batches concurrent requests).
-  Weight swaps go through ``LocalEngine.update_weights``.
+- ``local`` (:class:`LocalServer`): one asyncio loop (in a thread of its own) runs both the HTTP
+  server (FastAPI + uvicorn, :mod:`agentrl.jobs.serve_app`) and an in-process
+  :class:`~agentrl.engine.local.LocalEngine` (which batches concurrent requests); requests are
+  answered by :class:`agentrl.jobs.serve_api.OpenAIAPI`, streams token by token. Weight swaps go
+  through ``LocalEngine.update_weights``.
 - ``sglang`` (:class:`SGLangService`): launches ``sglang.launch_server`` on the weights through
   :mod:`agentrl.engine.sglang_server` (SGLang serves ``/v1`` itself), restarts it on the newest
   weights if it dies, and swaps weights with ``/update_weights_from_disk``.
@@ -17,6 +18,7 @@ weights, so the policy under training is what answers); and the two backends:
 Does not: authenticate (bind it to localhost), batch across servers, or write anything into the
 run directory (it only reads checkpoints the trainer has finished).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,15 +26,13 @@ import json
 import re
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from agentrl.errors import AgentRLError, ConfigError, EngineError
 
 MARKER = "COMPLETE"  # agentrl.trainer.checkpoint.MARKER (not imported: that module pulls in torch.distributed)
-MAX_BODY = 32 << 20
 _STEP = re.compile(r"step_(\d+)")
 
 
@@ -81,7 +81,9 @@ def _run_initial_model(run_dir: Path) -> Path:
     try:
         model_path = ((yaml.safe_load(cfg_file.read_text()) or {}).get("model") or {}).get("path")
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"run directory {run_dir} has no checkpoint yet and its config.yaml cannot be read: {e}") from e
+        raise ConfigError(
+            f"run directory {run_dir} has no checkpoint yet and its config.yaml cannot be read: {e}"
+        ) from e
     return resolve_model_path(model_path)
 
 
@@ -95,28 +97,37 @@ def resolve_target(path: str | Path, *, follow: bool = False) -> ServeTarget:
     if not p.exists():
         raise ConfigError(f"serve: {str(path)!r} does not exist")
     if not p.is_dir():
-        raise ConfigError(f"serve: {str(path)!r} is a file; pass an HF model directory, a checkpoint directory or a run directory")
+        raise ConfigError(
+            f"serve: {str(path)!r} is a file; pass an HF model directory, a checkpoint directory or a run directory"
+        )
     if (p / "checkpoints").is_dir() or ((p / "config.yaml").is_file() and not (p / "config.json").exists()):
         run = p
         ckpt = latest_checkpoint(run)
         if ckpt is not None:
             return ServeTarget(ckpt, run, ckpt, checkpoint_version(ckpt))
         if not follow:
-            raise ConfigError(f"serve: run directory {str(path)!r} has no complete checkpoint yet "
-                              f"(none of {run / 'checkpoints'}/step_*/ has a {MARKER} marker); "
-                              "pass --follow to serve its initial model until one appears")
+            raise ConfigError(
+                f"serve: run directory {str(path)!r} has no complete checkpoint yet "
+                f"(none of {run / 'checkpoints'}/step_*/ has a {MARKER} marker); "
+                "pass --follow to serve its initial model until one appears"
+            )
         return ServeTarget(_run_initial_model(run), run, None, 0)
     if checkpoint_step(p) is not None and p.parent.name == "checkpoints":
         if not (p / MARKER).exists():
-            raise ConfigError(f"serve: checkpoint {str(path)!r} is incomplete (no {MARKER} marker): "
-                              "it is still being written or its save failed")
+            raise ConfigError(
+                f"serve: checkpoint {str(path)!r} is incomplete (no {MARKER} marker): "
+                "it is still being written or its save failed"
+            )
         return ServeTarget(p, p.parent.parent if follow else None, p, checkpoint_version(p))
     if not (p / "config.json").is_file():
-        raise ConfigError(f"serve: {str(path)!r} is not an HF model directory (no config.json), a checkpoint "
-                          "(RUN/checkpoints/step_N/) or a run directory (with checkpoints/)")
+        raise ConfigError(
+            f"serve: {str(path)!r} is not an HF model directory (no config.json), a checkpoint "
+            "(RUN/checkpoints/step_N/) or a run directory (with checkpoints/)"
+        )
     if follow:
-        raise ConfigError(f"serve: --follow needs a run directory or one of its checkpoints; {str(path)!r} is a "
-                          "plain model directory")
+        raise ConfigError(
+            f"serve: --follow needs a run directory or one of its checkpoints; {str(path)!r} is a plain model directory"
+        )
     return ServeTarget(p)
 
 
@@ -126,8 +137,14 @@ class CheckpointFollower:
     served appears, awaits ``apply(checkpoint, version)``. A failed swap (a checkpoint rotated away
     mid-read, a server error) is logged and retried at the next poll; the old weights stay served."""
 
-    def __init__(self, target: ServeTarget, apply: Callable[[Path, int], Awaitable[None]], *,
-                 poll_s: float = 2.0, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        target: ServeTarget,
+        apply: Callable[[Path, int], Awaitable[None]],
+        *,
+        poll_s: float = 2.0,
+        log: Callable[[str], None] = print,
+    ) -> None:
         if target.run_dir is None:
             raise ConfigError("CheckpointFollower needs a target with a run directory")
         self.target, self.apply, self.poll_s, self.log = target, apply, poll_s, log
@@ -150,8 +167,10 @@ class CheckpointFollower:
             return None
         self.target.model_dir, self.target.checkpoint, self.target.version = newest, newest, version
         self.swaps += 1
-        self.log(f"agentrl serve: now serving {newest} (policy version {version}, swapped in "
-                 f"{time.perf_counter() - t0:.2f}s)")
+        self.log(
+            f"agentrl serve: now serving {newest} (policy version {version}, swapped in "
+            f"{time.perf_counter() - t0:.2f}s)"
+        )
         return newest
 
     async def run(self) -> None:
@@ -161,82 +180,28 @@ class CheckpointFollower:
 
 
 # ---------------------------------------------------------------------------------------- local
-class _Handler(BaseHTTPRequestHandler):
-    server: "_HTTP"
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args) -> None:  # quiet: the caller decides what to print
-        if self.server.owner.verbose:
-            super().log_message(fmt, *args)
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def _serve(self, method: str) -> None:
-        from agentrl.jobs.serve_api import APIError, stream_events
-
-        body = None
-        try:
-            if method == "POST":
-                try:
-                    size = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    size = -1
-                if size < 0:
-                    self.close_connection = True
-                    raise APIError(f"bad Content-Length header {self.headers.get('Content-Length')!r}")
-                if size > MAX_BODY:
-                    self.close_connection = True  # the unread body must not be parsed as the next request
-                    raise APIError(f"request body of {size} bytes is over the {MAX_BODY}-byte limit", status=413)
-                raw = self.rfile.read(size)
-                try:
-                    body = json.loads(raw or b"null")
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise APIError(f"the request body is not valid JSON: {e}") from e
-            if self.path.split("?")[0].rstrip("/") in ("/health", "/v1/health"):
-                return self._send(200, {"status": "ok", **self.server.owner.api.meta()})
-            fut = asyncio.run_coroutine_threadsafe(self.server.owner.api.handle(method, self.path, body),
-                                                   self.server.owner.loop)
-            result = fut.result()
-        except APIError as e:
-            return self._send(e.status, e.body())
-        except Exception as e:  # a bug must still answer, not hang the client
-            return self._send(500, APIError(f"internal error: {type(e).__name__}: {e}", status=500,
-                                            kind="internal_error").body())
-        if isinstance(body, dict) and body.get("stream"):
-            opts = body.get("stream_options") or {}
-            events = stream_events(result, include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")))
-            data = b"".join(f"data: {json.dumps(ev)}\n\n".encode() for ev in events) + b"data: [DONE]\n\n"
-            return self._send(200, data, content_type="text/event-stream")
-        self._send(200, result)
-
-    def _send(self, status: int, payload, content_type: str = "application/json") -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _HTTP(ThreadingHTTPServer):
-    daemon_threads = True
-    owner: "LocalServer"
-
-
 class LocalServer:
     """The local backend: an in-process engine behind an OpenAI-compatible HTTP server.
 
     ``start()`` loads the model and listens (``port=0`` picks a free port; see :attr:`url`);
     ``stop()`` closes the socket, the follower and the engine. ``follow`` needs ``target.run_dir``."""
 
-    def __init__(self, target: ServeTarget, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
-                 device: str = "cpu", dtype: str = "float32", max_batch_size: int = 32, follow: bool = False,
-                 poll_s: float = 2.0, default_max_tokens: int = 512, verbose: bool = False,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        target: ServeTarget,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        name: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        follow: bool = False,
+        poll_s: float = 2.0,
+        default_max_tokens: int = 512,
+        verbose: bool = False,
+        log: Callable[[str], None] = print,
+    ) -> None:
         if follow and target.run_dir is None:
             raise ConfigError(f"serve: --follow needs a run directory; {target.model_dir} is not in one")
         self.target, self.host, self.port = target, host, port
@@ -247,13 +212,13 @@ class LocalServer:
         self.loop = asyncio.new_event_loop()
         self.follower: CheckpointFollower | None = None
         self._threads: list[threading.Thread] = []
-        self._http: _HTTP | None = None
+        self._http = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "LocalServer":
+    def start(self) -> LocalServer:
         import torch
         from transformers import AutoTokenizer
 
@@ -265,12 +230,14 @@ class LocalServer:
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"dtype {self.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
             tokenizer = AutoTokenizer.from_pretrained(str(self.target.model_dir))
-            self.engine = LocalEngine.from_pretrained(str(self.target.model_dir), device=self.device, dtype=dtype,
-                                                      max_batch_size=self.max_batch_size)
+            self.engine = LocalEngine.from_pretrained(
+                str(self.target.model_dir), device=self.device, dtype=dtype, max_batch_size=self.max_batch_size
+            )
         except (OSError, ValueError, AttributeError) as e:
             raise ConfigError(f"serve: cannot load a model from {self.target.model_dir}: {e}") from e
-        self.api = OpenAIAPI(self.engine, tokenizer, self.name, default_max_tokens=self.default_max_tokens,
-                             weights=self.target.describe)
+        self.api = OpenAIAPI(
+            self.engine, tokenizer, self.name, default_max_tokens=self.default_max_tokens, weights=self.target.describe
+        )
         loop_thread = threading.Thread(target=self.loop.run_forever, name="agentrl-serve-loop", daemon=True)
         loop_thread.start()
         self._threads.append(loop_thread)
@@ -280,16 +247,14 @@ class LocalServer:
         if self.follow:
             self.follower = CheckpointFollower(self.target, self._swap, poll_s=self.poll_s, log=self.log)
             self._follow_task = asyncio.run_coroutine_threadsafe(self.follower.run(), self.loop)
+        from agentrl.jobs.serve_app import HTTPServer, build_app
+
         try:
-            self._http = _HTTP((self.host, self.port), _Handler)
-        except OSError as e:
+            self._http = HTTPServer(build_app(self.api), self.host, self.port, self.loop, verbose=self.verbose).start()
+        except BaseException:
             self.stop()
-            raise ConfigError(f"serve: cannot listen on {self.host}:{self.port}: {e}") from e
-        self._http.owner = self
-        self.port = self._http.server_address[1]
-        http_thread = threading.Thread(target=self._http.serve_forever, name="agentrl-serve-http", daemon=True)
-        http_thread.start()
-        self._threads.append(http_thread)
+            raise
+        self.port = self._http.port
         return self
 
     async def _swap(self, ckpt: Path, version: int) -> None:
@@ -311,21 +276,32 @@ class LocalServer:
 
     def stop(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop()
+            self._http = None
         if self.follower is not None:
             self.loop.call_soon_threadsafe(self._follow_task.cancel)
         if hasattr(self, "engine") and self.loop.is_running():
             self._call(self.engine.close(), timeout=60)
+        if self.loop.is_running():
+            self._call(_cancel_pending(), timeout=30)  # e.g. the SSE library's shutdown watchers
         self.loop.call_soon_threadsafe(self.loop.stop)
         for t in self._threads:
             t.join(timeout=10)
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def _cancel_pending() -> None:
+    """Cancel and await every other task of the running loop, so none is destroyed pending."""
+    me = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not me]
+    for t in rest:
+        t.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 def default_name(target: ServeTarget) -> str:
@@ -341,8 +317,18 @@ class SGLangService:
     its ``/v1/models`` lists the checkpoint's path (its own behaviour); ``/model_info`` has the
     ``weight_version`` (the policy version)."""
 
-    def __init__(self, target: ServeTarget, *, host: str = "127.0.0.1", port: int | None = None, name: str | None = None,
-                 follow: bool = False, poll_s: float = 2.0, log: Callable[[str], None] = print, **server_kwargs) -> None:
+    def __init__(
+        self,
+        target: ServeTarget,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        name: str | None = None,
+        follow: bool = False,
+        poll_s: float = 2.0,
+        log: Callable[[str], None] = print,
+        **server_kwargs,
+    ) -> None:
         from agentrl.engine.sglang_server import SGLangServer, unavailable_reason
 
         reason = unavailable_reason()
@@ -363,7 +349,7 @@ class SGLangService:
     def _args(self) -> list[str]:
         return [*self._base_args, "--served-model-name", self.name, "--weight-version", str(self.target.version)]
 
-    def start(self) -> "SGLangService":
+    def start(self) -> SGLangService:
         self.server.extra_args = self._args()
         self.server.start()
         return self
@@ -372,8 +358,9 @@ class SGLangService:
         import httpx
 
         async with httpx.AsyncClient(timeout=600) as client:
-            r = await client.post(f"{self.url}/update_weights_from_disk",
-                                  json={"model_path": str(ckpt), "weight_version": str(version)})
+            r = await client.post(
+                f"{self.url}/update_weights_from_disk", json={"model_path": str(ckpt), "weight_version": str(version)}
+            )
         if r.status_code != 200 or not r.json().get("success", False):
             raise EngineError(f"SGLang refused {ckpt}: HTTP {r.status_code} {r.text[:300]}")
 
@@ -382,8 +369,10 @@ class SGLangService:
         last_poll = 0.0
         while True:
             if not self.server.alive():
-                self.log(f"agentrl serve: the SGLang server died; restarting on {self.target.model_dir}\n"
-                         f"{self.server.log_tail()}")
+                self.log(
+                    f"agentrl serve: the SGLang server died; restarting on {self.target.model_dir}\n"
+                    f"{self.server.log_tail()}"
+                )
                 self.server.model_path = str(self.target.model_dir)
                 self.server.extra_args = self._args()
                 await asyncio.to_thread(self.server.restart)

@@ -2,94 +2,68 @@
 
 Owns: validating ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` request bodies
 (a bad value is an :class:`APIError` naming the field and the value: HTTP 4xx), rendering chats
-with the model's own chat template (:mod:`agentrl.episodes.chat`), running the engine, and building the
-response dicts: text, ``usage``, tool calls (Hermes ``<tool_call>`` blocks when the request
-declares ``tools``), OpenAI-style logprobs on request, and — always — an ``agentrl`` field per
-choice with the exact sampled ``token_ids``, their behaviour ``logprobs``, the ``prompt_token_ids``
-and the policy version that sampled them (for debugging RL).
+with the model's own chat template (:mod:`agentrl.episodes.chat`), running the engine, and building
+the responses — whole, or streamed token by token — with text, ``usage``, tool calls (Hermes
+``<tool_call>`` blocks, shaped by ``tool_choice`` as :mod:`agentrl.jobs.serve_reply` says),
+OpenAI-style logprobs on request, and — always — an ``agentrl`` field per choice with the exact
+sampled ``token_ids``, their behaviour ``logprobs``, the ``prompt_token_ids`` and the policy
+version that sampled them (for debugging RL).
 
 Semantics worth knowing:
 
-- ``stop`` strings are applied to the decoded text after generation (the engine stops on token ids
-  only): the text is cut at the first stop string and ``finish_reason`` is "stop", while the
-  ``agentrl.token_ids`` still list every sampled token. ``stop_token_ids`` (an extension, as in
-  vLLM/SGLang) stop the engine itself.
-- ``stream: true`` is answered as server-sent events carrying the whole completion in one chunk
-  once generation ends (the engine does not stream tokens): clients that insist on streaming work,
-  nothing arrives early.
+- ``stream: true`` sends each piece of text as soon as it is sampled (``chat.completion.chunk`` /
+  ``text_completion`` chunks; usage last with ``stream_options.include_usage``). Text that could
+  still become a stop string or a ``<tool_call>`` tag is held back until it is known; a tool call
+  is sent whole once the reply ends. A reply that must pass a check (``tool_choice`` "required" or
+  a named function, ``parallel_tool_calls=false`` with tools, ``response_format`` JSON) is checked
+  before anything of it is sent, so it arrives in one piece.
+- ``stop`` strings are applied to the decoded text (the engine stops on token ids only): the text
+  is cut at the first stop string, ``finish_reason`` is "stop" and, when streaming, the generation
+  is cancelled there; ``agentrl.token_ids`` list every sampled token. ``stop_token_ids`` (an
+  extension, as in vLLM/SGLang) stop the engine itself.
 - Only the sampled token's logprob exists: ``top_logprobs`` > 0 (chat) or ``logprobs`` > 0
   (completions) is refused with 400; penalties and ``logit_bias`` are refused, not ignored.
 
-Does not: speak HTTP (``agentrl.jobs.serve``), load models or follow checkpoints.
+Does not: speak HTTP (:mod:`agentrl.jobs.serve_app`), load models or follow checkpoints.
 """
+
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from agentrl.episodes.chat import ChatRenderer, render
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.episodes.chat import ChatRenderer, render
 from agentrl.errors import EngineError, TemplateError
-from agentrl.tools.calls import parse_hermes
+from agentrl.jobs.serve_errors import APIError
+from agentrl.jobs.serve_fields import (
+    MAX_N,
+    check_refused,
+    cut_at_stop,
+    include_usage,
+    num,
+    stop_strings,
+    stop_token_ids,
+    template_message,
+)
+from agentrl.jobs.serve_reply import MAX_ATTEMPTS, ReplyPlan, build_message, plan_reply
+from agentrl.jobs.serve_stream import TextDeltas, chunk, message_deltas, replay
+from agentrl.tools.calls import OPEN
 
-MAX_N = 16
-_REFUSED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "echo": False, "best_of": None,
-            "suffix": None}
-
-
-class APIError(Exception):
-    """A request the server answers with ``status`` and an OpenAI-style error body."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.param, self.kind = status, param, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.status}}
-
-
-def _num(body: dict, name: str, default, *, lo: float | None = None, hi: float | None = None, integer: bool = False):
-    v = body.get(name)
-    if v is None:
-        return default
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok:
-        raise APIError(f"{name} must be {'an integer' if integer else 'a number'}, got {v!r}", param=name)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise APIError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {v!r}", param=name)
-    return v
+__all__ = ["APIError", "OpenAIAPI", "MAX_N"]
 
 
-def _stop_strings(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise APIError(f"stop must be a non-empty string or a list of them, got {stop!r}", param="stop")
-    return stops
+@dataclasses.dataclass
+class _Job:
+    """One choice to sample: its index in the response, prompt and sampling parameters."""
 
-
-def _stop_ids(body: dict, vocab: int) -> list[int]:
-    ids = body.get("stop_token_ids") or []
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
-        raise APIError(f"stop_token_ids must be a list of token ids in [0, {vocab}), got {ids!r}", param="stop_token_ids")
-    return ids
-
-
-def _check_refused(body: dict) -> None:
-    for name, neutral in _REFUSED.items():
-        v = body.get(name)
-        if v is not None and v != neutral and v != {}:
-            raise APIError(f"{name}={v!r} is not supported by this server", param=name)
-
-
-def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    hits = [i for i in (text.find(s) for s in stops) if i != -1]
-    return (text[:min(hits)], True) if hits else (text, False)
+    index: int
+    prompt: list[int]
+    params: SamplingParams
 
 
 class OpenAIAPI:
@@ -98,8 +72,15 @@ class OpenAIAPI:
     ``model_name`` is the only model served (others get 404); ``weights`` returns a description of
     the weights loaded now (path, step) that goes into every response's ``agentrl`` field."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, model_name: str, *, default_max_tokens: int = 512,
-                 weights: Callable[[], dict] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        model_name: str,
+        *,
+        default_max_tokens: int = 512,
+        weights: Callable[[], dict] | None = None,
+    ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.default_max_tokens = default_max_tokens
         self.weights = weights or (lambda: {})
@@ -108,11 +89,15 @@ class OpenAIAPI:
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ endpoints
-    async def handle(self, method: str, path: str, body: Any) -> dict:
-        """Route one request; raises APIError for anything but a success."""
+    async def handle(self, method: str, path: str, body: Any) -> dict | AsyncIterator[dict]:
+        """Route one request -> a response dict, or the chunks of a stream (``stream: true``; the
+        request is fully validated before the iterator is returned). Raises APIError otherwise."""
         path = path.split("?", 1)[0].rstrip("/")
-        routes = {"/v1/models": ("GET", self.models), "/v1/chat/completions": ("POST", self.chat),
-                  "/v1/completions": ("POST", self.completions)}
+        routes = {
+            "/v1/models": ("GET", self.models),
+            "/v1/chat/completions": ("POST", self.chat),
+            "/v1/completions": ("POST", self.completions),
+        }
         if path not in routes:
             raise APIError(f"no route {path!r}; this server answers {sorted(routes)}", status=404, kind="not_found")
         want, fn = routes[path]
@@ -125,95 +110,266 @@ class OpenAIAPI:
         return await fn(body)
 
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
-                                            "owned_by": "agentrl", "agentrl": self.meta()}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "agentrl",
+                    "agentrl": self.meta(),
+                }
+            ],
+        }
 
-    async def chat(self, body: dict) -> dict:
+    async def chat(self, body: dict) -> dict | AsyncIterator[dict]:
         self._check_model(body)
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise APIError(f"messages must be a non-empty list of {{'role': ..., 'content': ...}} objects, got {messages!r:.200}",
-                           param="messages")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise APIError(f"tools must be a list, got {tools!r:.200}", param="tools")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) and "role" in m for m in messages)
+        ):
+            raise APIError(
+                f"messages must be a non-empty list of {{'role': ..., 'content': ...}} objects, got {messages!r:.200}",
+                param="messages",
+            )
+        plan = plan_reply(body)
         logprobs = bool(body.get("logprobs"))
-        if _num(body, "top_logprobs", 0, lo=0, integer=True):
-            raise APIError("top_logprobs > 0 is not supported: only the sampled token's logprob is known", param="top_logprobs")
+        if num(body, "top_logprobs", 0, lo=0, integer=True):
+            raise APIError(
+                "top_logprobs > 0 is not supported: only the sampled token's logprob is known", param="top_logprobs"
+            )
         try:
-            text = render(self.tokenizer, [_plain(m) for m in messages], tools=tools, add_generation_prompt=True)
+            text = render(
+                self.tokenizer, [template_message(m) for m in messages], tools=plan.tools, add_generation_prompt=True
+            )
         except TemplateError as e:
             raise APIError(f"cannot render messages with the model's chat template: {e}", param="messages") from e
-        prompt = self.renderer.encode(text)
-        stops = _stop_strings(body)
-        stop_ids = tuple(dict.fromkeys([*self.renderer.stop_token_ids, *_stop_ids(body, self.vocab)]))
-        gens = await self._generate(body, [prompt], stop_ids, key_tokens="max_completion_tokens")
-        choices = []
-        for i, g in enumerate(gens):
-            content, cut = _cut_at_stop(self.renderer.decode(g.token_ids), stops)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            finish = "stop" if cut else g.finish_reason
-            if tools:
-                parsed = parse_hermes(content)
-                if parsed.calls:
-                    message["content"] = parsed.content or None
-                    message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                        "name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed.calls]
-                    finish = "tool_calls"
-            choice = {"index": i, "message": message, "finish_reason": finish,
-                      "agentrl": self._choice_extra(prompt, g)}
-            if logprobs:
-                choice["logprobs"] = {"content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for t, lp in self._token_strings(g)]}
-            choices.append(choice)
-        return self._response("chat.completion", "chatcmpl", choices, [prompt], gens)
+        prompt = self.renderer.encode(text + plan.prefix)
+        stops = stop_strings(body)
+        stop_ids = tuple(dict.fromkeys([*self.renderer.stop_token_ids, *stop_token_ids(body, self.vocab)]))
+        jobs = [
+            _Job(j, prompt, sp) for j, sp in enumerate(self._params(body, [prompt], stop_ids, "max_completion_tokens"))
+        ]
+        stream = bool(body.get("stream"))
+        usage = include_usage(body) if stream else False
+        head = self._head("chat.completion", "chatcmpl")
+        if stream and not plan.constrained:
+            return self._stream(head, jobs, [prompt], self.renderer.decode, stops, logprobs, usage, plan=plan)
+        results = await asyncio.gather(*(self._chat_choice(job, plan, stops, logprobs) for job in jobs))
+        response = self._response(head, [c for c, _ in results], [prompt], [g for _, g in results])
+        return replay(response, usage) if stream else response
 
-    async def completions(self, body: dict) -> dict:
+    async def completions(self, body: dict) -> dict | AsyncIterator[dict]:
         self._check_model(body)
         prompts = self._prompts(body.get("prompt"))
-        if _num(body, "logprobs", 0, lo=0, integer=True):
-            raise APIError("logprobs > 0 is not supported: only the sampled token's logprob is known; use logprobs=0",
-                           param="logprobs")
+        if num(body, "logprobs", 0, lo=0, integer=True):
+            raise APIError(
+                "logprobs > 0 is not supported: only the sampled token's logprob is known; use logprobs=0",
+                param="logprobs",
+            )
         want_logprobs = body.get("logprobs") is not None
-        stops = _stop_strings(body)
-        stop_ids = tuple(_stop_ids(body, self.vocab))  # () = the model's eos ids
-        gens = await self._generate(body, prompts, stop_ids, key_tokens="max_tokens")
-        n = len(gens) // len(prompts)
+        stops = stop_strings(body)
+        stop_ids = tuple(stop_token_ids(body, self.vocab))  # () = the model's eos ids
+        params = self._params(body, prompts, stop_ids, "max_tokens")
+        n = len(params)
+        jobs = [_Job(p * n + j, prompt, sp) for p, prompt in enumerate(prompts) for j, sp in enumerate(params)]
+        drop = set(stop_ids or self.engine_eos())
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode([t for t in ids if t not in drop], skip_special_tokens=True)
+
+        head = self._head("text_completion", "cmpl")
+        if body.get("stream"):
+            return self._stream(head, jobs, prompts, decode, stops, want_logprobs, include_usage(body), plan=None)
+        gens = await asyncio.gather(*(self._run(job.prompt, job.params) for job in jobs))
         choices = []
-        for i, g in enumerate(gens):
-            ids = [t for t in g.token_ids if t not in set(stop_ids or self.engine_eos())]
-            text, cut = _cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stops)
-            choice = {"index": i, "text": text, "finish_reason": "stop" if cut else g.finish_reason,
-                      "logprobs": None, "agentrl": self._choice_extra(prompts[i // n], g)}
+        for job, g in zip(jobs, gens):
+            text, cut = cut_at_stop(decode(g.token_ids), stops)
+            choice = {
+                "index": job.index,
+                "text": text,
+                "finish_reason": "stop" if cut else g.finish_reason,
+                "logprobs": None,
+                "agentrl": self._choice_extra(job.prompt, g),
+            }
             if want_logprobs:
-                pairs = self._token_strings(g)
-                offsets, at = [], 0
-                for t, _ in pairs:
-                    offsets.append(at)
-                    at += len(t)
-                choice["logprobs"] = {"tokens": [t for t, _ in pairs], "token_logprobs": [lp for _, lp in pairs],
-                                      "top_logprobs": None, "text_offset": offsets}
+                choice["logprobs"] = self._text_logprobs(g.token_ids, g.logprobs, 0)
             choices.append(choice)
-        return self._response("text_completion", "cmpl", choices, prompts, gens)
+        return self._response(head, choices, prompts, gens)
+
+    # ------------------------------------------------------------------ one choice, whole
+    async def _chat_choice(
+        self, job: _Job, plan: ReplyPlan, stops: list[str], logprobs: bool
+    ) -> tuple[dict, Generation]:
+        """Sample one chat choice; a constrained plan re-samples a reply that fails its check."""
+        attempts = MAX_ATTEMPTS if plan.constrained and job.params.temperature > 0 else 1
+        for attempt in range(attempts):
+            params = job.params
+            if attempt and params.seed is not None:
+                params = dataclasses.replace(params, seed=params.seed + 7919 * attempt)
+            g = await self._run(job.prompt, params)
+            text, cut = cut_at_stop(self.renderer.decode(g.token_ids), stops)
+            message, finish, problem = build_message(plan, plan.prefix + text, "stop" if cut else g.finish_reason)
+            if problem is None:
+                break
+        else:
+            fields = " and ".join(plan.checked)
+            raise APIError(
+                f"{fields}: no reply of the model met the request in {attempts} attempt(s) (the server forces "
+                f"the reply's start and samples again; last: {problem}; reply: {plan.prefix + text!r:.300})",
+                status=422,
+                param=plan.checked[0],
+                kind="unmet_constraint",
+            )
+        choice = {
+            "index": job.index,
+            "message": message,
+            "finish_reason": finish,
+            "agentrl": self._choice_extra(job.prompt, g),
+        }
+        if logprobs:
+            choice["logprobs"] = {"content": self._chat_logprobs(g.token_ids, g.logprobs)}
+        return choice, g
+
+    # ------------------------------------------------------------------ streaming
+    async def _stream(
+        self,
+        head: dict,
+        jobs: list[_Job],
+        prompts: list[list[int]],
+        decode: Callable[[list[int]], str],
+        stops: list[str],
+        logprobs: bool,
+        include_usage: bool,
+        *,
+        plan: ReplyPlan | None,
+    ) -> AsyncIterator[dict]:
+        """Chunks of ``jobs`` as their tokens are sampled (chat when ``plan`` is given, else text)."""
+        chat = plan is not None
+        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+        queue: asyncio.Queue = asyncio.Queue()
+        hold = [OPEN] if chat and plan.parse_tools else []
+        texts = {job.index: TextDeltas(decode, stops, hold) for job in jobs}
+        sampled: dict[int, tuple[list[int], list[float]]] = {job.index: ([], []) for job in jobs}
+        shown = dict.fromkeys(texts, 0)  # tokens whose logprobs were sent
+        offsets = dict.fromkeys(texts, 0)  # characters sent (completions' text_offset)
+        gens: dict[int, Generation] = {}
+        by_index = {job.index: job for job in jobs}
+        tasks = {job.index: asyncio.create_task(self._feed(job, queue)) for job in jobs}
+
+        def piece(i: int, text: str, finish: str | None = None, extra: dict | None = None) -> dict:
+            ids, lps = sampled[i]
+            lp = None
+            if logprobs and shown[i] < len(ids):
+                a, shown[i] = shown[i], len(ids)
+                lp = (
+                    {"content": self._chat_logprobs(ids[a:], lps[a:])}
+                    if chat
+                    else self._text_logprobs(ids[a:], lps[a:], offsets[i])
+                )
+            offsets[i] += len(text)
+            return chunk(
+                head,
+                i,
+                chat=chat,
+                delta={"content": text} if chat and text else None,
+                text=text,
+                finish=finish,
+                logprobs=lp,
+                extra=extra,
+            )
+
+        try:
+            if chat:
+                for i in texts:
+                    yield chunk(head, i, chat=True, delta={"role": "assistant", "content": ""})
+            while len(gens) < len(jobs):
+                kind, i, payload = await queue.get()
+                if i in gens:
+                    continue  # tokens of a choice already cut at a stop string
+                if kind == "error":
+                    yield APIError(f"the engine failed: {payload}", status=503, kind="engine_error").body()
+                    return
+                deltas = texts[i]
+                if kind == "token":
+                    sampled[i][0].append(payload[0])
+                    sampled[i][1].append(payload[1])
+                    text = deltas.push(payload[0])
+                    if text:
+                        yield piece(i, text)
+                    if not deltas.stopped:
+                        continue
+                    tasks[i].cancel()  # a stop string: no need to sample further
+                    ids, lps = sampled[i]
+                    g = Generation(list(ids), list(lps), "stop", [self.engine.policy_version] * len(ids))
+                else:
+                    g = payload
+                    text = deltas.finish()
+                    if text:
+                        yield piece(i, text)
+                gens[i] = g
+                finish = "stop" if deltas.stopped else g.finish_reason
+                if chat and deltas.held:
+                    message, finish, _ = build_message(plan, deltas.text, finish)
+                    if message.get("tool_calls"):
+                        for d in message_deltas(message)[1:]:
+                            yield chunk(head, i, chat=True, delta=d)
+                    elif deltas.rest:
+                        yield piece(i, deltas.rest)
+                yield piece(i, "", finish=finish, extra=self._choice_extra(by_index[i].prompt, g))
+            if include_usage:
+                yield {
+                    **head,
+                    "choices": [],
+                    "usage": self._usage(prompts, list(gens.values())),
+                    "agentrl": self.meta(),
+                }
+        finally:
+            for t in tasks.values():
+                t.cancel()
+
+    async def _feed(self, job: _Job, queue: asyncio.Queue) -> None:
+        def on_token(token: int, logprob: float) -> None:
+            queue.put_nowait(("token", job.index, (token, logprob)))
+
+        try:
+            g = await self.engine.generate_streaming(job.prompt, job.params, on_token)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # EngineError, or a bug: the stream must end with an error, not hang
+            queue.put_nowait(("error", job.index, f"{type(e).__name__}: {e}" if not isinstance(e, EngineError) else e))
+            return
+        queue.put_nowait(("done", job.index, g))
 
     # ------------------------------------------------------------------ helpers
     def engine_eos(self) -> tuple[int, ...]:
         return tuple(getattr(self.engine, "eos_token_ids", ()) or ())
 
     def _check_model(self, body: dict) -> None:
-        _check_refused(body)
+        check_refused(body)
         model = body.get("model", self.model_name)
         if model != self.model_name:
-            raise APIError(f"model {model!r} is not served here; this server serves {self.model_name!r}",
-                           status=404, param="model", kind="not_found")
+            raise APIError(
+                f"model {model!r} is not served here; this server serves {self.model_name!r}",
+                status=404,
+                param="model",
+                kind="not_found",
+            )
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
-        bad = APIError(f"prompt must be a string, a list of strings, a list of token ids or a list of such lists, "
-                       f"got {prompt!r:.200}", param="prompt")
+        bad = APIError(
+            f"prompt must be a string, a list of strings, a list of token ids or a list of such lists, "
+            f"got {prompt!r:.200}",
+            param="prompt",
+        )
         if isinstance(prompt, str):
             prompt = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt:
             raise bad
@@ -232,99 +388,102 @@ class OpenAIAPI:
             out.append(ids)
         return out
 
-    async def _generate(self, body: dict, prompts: list[list[int]], stop_ids: tuple[int, ...], *,
-                        key_tokens: str) -> list[Generation]:
-        n = _num(body, "n", 1, lo=1, hi=MAX_N, integer=True)
+    def _params(
+        self, body: dict, prompts: list[list[int]], stop_ids: tuple[int, ...], key_tokens: str
+    ) -> list[SamplingParams]:
+        """The ``n`` sampling parameters of each prompt (seeds ``seed + j``)."""
+        n = num(body, "n", 1, lo=1, hi=MAX_N, integer=True)
         limit = self.engine.max_context
         longest = max(len(p) for p in prompts)
         if limit is not None and longest >= limit:
-            raise APIError(f"the prompt has {longest} tokens; the model's context is {limit} tokens", param="messages"
-                           if key_tokens == "max_completion_tokens" else "prompt")
+            raise APIError(
+                f"the prompt has {longest} tokens; the model's context is {limit} tokens",
+                param="messages" if key_tokens == "max_completion_tokens" else "prompt",
+            )
         room = (limit - longest) if limit is not None else None
         default = min(self.default_max_tokens, room) if room is not None else self.default_max_tokens
-        max_tokens = _num(body, key_tokens, None, lo=1, integer=True)
-        max_tokens = _num(body, "max_tokens", default, lo=1, integer=True) if max_tokens is None else max_tokens
-        top_k = _num(body, "top_k", 0, lo=-1, integer=True)
-        seed = _num(body, "seed", None, integer=True)
+        max_tokens = num(body, key_tokens, None, lo=1, integer=True)
+        max_tokens = num(body, "max_tokens", default, lo=1, integer=True) if max_tokens is None else max_tokens
+        top_k = num(body, "top_k", 0, lo=-1, integer=True)
+        seed = num(body, "seed", None, integer=True)
         try:
-            params = [SamplingParams(max_new_tokens=max_tokens, temperature=float(_num(body, "temperature", 1.0, lo=0, hi=2)),
-                                     top_p=float(_num(body, "top_p", 1.0, lo=0, hi=1)), top_k=max(top_k, 0),
-                                     stop_token_ids=stop_ids, seed=None if seed is None else seed + j)
-                      for j in range(n)]
+            return [
+                SamplingParams(
+                    max_new_tokens=max_tokens,
+                    temperature=float(num(body, "temperature", 1.0, lo=0, hi=2)),
+                    top_p=float(num(body, "top_p", 1.0, lo=0, hi=1)),
+                    top_k=max(top_k, 0),
+                    stop_token_ids=stop_ids,
+                    seed=None if seed is None else seed + j,
+                )
+                for j in range(n)
+            ]
         except ValueError as e:
             raise APIError(str(e)) from e
-        jobs = [self.engine.generate(p, sp) for p in prompts for sp in params]
+
+    async def _run(self, prompt: list[int], params: SamplingParams) -> Generation:
         try:
-            return list(await asyncio.gather(*jobs))
+            return await self.engine.generate(prompt, params)
         except EngineError as e:
             raise APIError(f"the engine failed: {e}", status=503, kind="engine_error") from e
 
-    def _token_strings(self, g: Generation) -> list[tuple[str, float]]:
-        return [(self.tokenizer.decode([t], skip_special_tokens=False), lp) for t, lp in zip(g.token_ids, g.logprobs)]
+    def _token_strings(self, ids: list[int], lps: list[float]) -> list[tuple[str, float]]:
+        return [(self.tokenizer.decode([t], skip_special_tokens=False), lp) for t, lp in zip(ids, lps)]
+
+    def _chat_logprobs(self, ids: list[int], lps: list[float]) -> list[dict]:
+        return [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in self._token_strings(ids, lps)
+        ]
+
+    def _text_logprobs(self, ids: list[int], lps: list[float], at: int) -> dict:
+        pairs = self._token_strings(ids, lps)
+        offsets = []
+        for t, _ in pairs:
+            offsets.append(at)
+            at += len(t)
+        return {
+            "tokens": [t for t, _ in pairs],
+            "token_logprobs": [lp for _, lp in pairs],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
 
     def _choice_extra(self, prompt: list[int], g: Generation) -> dict:
-        return {"prompt_token_ids": prompt, "token_ids": g.token_ids, "logprobs": g.logprobs,
-                "policy_versions": sorted(set(g.versions)), "engine_finish_reason": g.finish_reason}
+        return {
+            "prompt_token_ids": prompt,
+            "token_ids": g.token_ids,
+            "logprobs": g.logprobs,
+            "policy_versions": sorted(set(g.versions)),
+            "engine_finish_reason": g.finish_reason,
+        }
 
     def meta(self) -> dict:
         """The policy version served now and where its weights came from."""
         return {"policy_version": self.engine.policy_version, **self.weights()}
 
-    def _response(self, obj: str, prefix: str, choices: list[dict], prompts: list[list[int]], gens: list[Generation]) -> dict:
+    def _head(self, obj: str, prefix: str) -> dict:
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model_name,
+        }
+
+    @staticmethod
+    def _usage(prompts: list[list[int]], gens: list[Generation]) -> dict:
         prompt_tokens = sum(len(p) for p in prompts)
         completion_tokens = sum(len(g.token_ids) for g in gens)
-        return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": obj, "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-                "agentrl": self.meta()}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
 
-
-def _plain(message: dict) -> dict:
-    """OpenAI message -> what chat templates expect: list-of-parts content joined to text,
-    tool-call ``arguments`` JSON strings parsed to objects (Qwen's template writes them with tojson)."""
-    m = dict(message)
-    content = m.get("content")
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                raise APIError(f"only text content parts are supported, got {p!r:.200}", param="messages")
-            parts.append(p["text"])
-        m["content"] = "".join(parts)
-    calls = m.get("tool_calls")
-    if isinstance(calls, list):
-        fixed = []
-        for c in calls:
-            fn = dict((c or {}).get("function") or {})
-            if isinstance(fn.get("arguments"), str):
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"])
-                except json.JSONDecodeError as e:
-                    raise APIError(f"tool call arguments are not JSON: {fn['arguments']!r:.200}", param="messages") from e
-            fixed.append({**c, "function": fn})
-        m["tool_calls"] = fixed
-    return m
-
-
-def stream_events(response: dict, include_usage: bool = False) -> list[dict]:
-    """A finished chat/completion response as the chunks of a stream (one content chunk, then the
-    finish reason with the ``agentrl`` field, then usage if asked): what ``stream: true`` receives."""
-    chat = response["object"] == "chat.completion"
-    head = {k: response[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk" if chat else "text_completion"
-    events = []
-    for c in response["choices"]:
-        if chat:
-            delta = {"role": "assistant", **{k: v for k, v in c["message"].items() if k != "role"}}
-            if "tool_calls" in delta:
-                delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(delta["tool_calls"])]
-            first = {"index": c["index"], "delta": delta, "finish_reason": None, "logprobs": c.get("logprobs")}
-            last = {"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"], "agentrl": c["agentrl"]}
-        else:
-            first = {"index": c["index"], "text": c["text"], "finish_reason": None, "logprobs": c.get("logprobs")}
-            last = {"index": c["index"], "text": "", "finish_reason": c["finish_reason"], "agentrl": c["agentrl"]}
-        events += [{**head, "choices": [first]}, {**head, "choices": [last]}]
-    if include_usage:
-        events.append({**head, "choices": [], "usage": response["usage"], "agentrl": response["agentrl"]})
-    return events
+    def _response(self, head: dict, choices: list[dict], prompts: list[list[int]], gens: list[Generation]) -> dict:
+        return {
+            **head,
+            "choices": sorted(choices, key=lambda c: c["index"]),
+            "usage": self._usage(prompts, gens),
+            "agentrl": self.meta(),
+        }

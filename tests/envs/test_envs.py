@@ -1,4 +1,5 @@
 """AgentEnv/ToolEnv contract, TextSpace, NoopEnv, and Gymnasium's check_env on every built-in env."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,8 @@ from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
 import agentrl.envs  # noqa: F401  registers the built-ins with Gymnasium
-from agentrl.envs.checker import assert_agent_env, check_agent_env
 from agentrl.envs.base import STAT_KEYS, TextSpace, ToolEnv
+from agentrl.envs.checker import assert_agent_env, check_agent_env
 from agentrl.errors import EnvError, RewardError, SandboxError, ToolTimeoutError
 from agentrl.tools.base import tool
 
@@ -49,7 +50,9 @@ def boom(kind: str = "value") -> str:
 
 
 class FakeEnv(ToolEnv):
-    """Answer is the task's number; every call of `echo` earns a 0.1 turn reward."""
+    """Answer is the task's number; every call of `echo` earns a 0.1 turn reward. No held-out tasks."""
+
+    has_eval_split = False
 
     def __init__(self, score_mode: str = "ok", **kw):
         self.tools = [echo, slow, boom]
@@ -94,12 +97,15 @@ def test_text_space():
     assert s == TextSpace(10) and s != TextSpace(11)
 
 
-@pytest.mark.parametrize("gym_id, kwargs", [
-    ("agentrl/CodeExec-v0", {}),
-    ("agentrl/CodeExec-v0", {"difficulty": 5, "parser": "python_block"}),
-    ("agentrl/Noop-v0", {}),
-    ("agentrl/Noop-v0", {"n_turns": 1}),
-])
+@pytest.mark.parametrize(
+    "gym_id, kwargs",
+    [
+        ("agentrl/CodeExec-v0", {}),
+        ("agentrl/CodeExec-v0", {"difficulty": 5, "parser": "python_block"}),
+        ("agentrl/Noop-v0", {}),
+        ("agentrl/Noop-v0", {"n_turns": 1}),
+    ],
+)
 def test_gymnasium_check_env_passes_on_builtins(gym_id, kwargs):
     env = gymnasium.make(gym_id, **kwargs)
     check_env(env.unwrapped)
@@ -172,8 +178,10 @@ def test_tool_call_answers_and_turn_reward():
     env, _ = started()
     obs, r, term, _, info = env.step("let me check " + call("echo", text="hello") + call("echo", text="world"))
     assert not term and obs == "hello\n\nworld" and r == pytest.approx(0.2)
-    assert info["messages"] == [{"role": "tool", "content": "hello", "name": "echo", "tool_call_id": "call_0"},
-                                {"role": "tool", "content": "world", "name": "echo", "tool_call_id": "call_1"}]
+    assert info["messages"] == [
+        {"role": "tool", "content": "hello", "name": "echo", "tool_call_id": "call_0"},
+        {"role": "tool", "content": "world", "name": "echo", "tool_call_id": "call_1"},
+    ]
     assert info["tool_stats"]["calls"] == 2 and info["tool_stats"]["errors"] == 0
 
 
@@ -247,8 +255,9 @@ def test_tool_output_is_capped_head_and_tail():
     assert content.startswith("H" * 75) and content.endswith("TAIL") and "[truncated 404 chars]" in content
 
 
-@pytest.mark.parametrize("mode, match", [("raise", "ValueError: grader bug"), ("reward_error", "judge down"),
-                                         ("nan", "nan")])
+@pytest.mark.parametrize(
+    "mode, match", [("raise", "ValueError: grader bug"), ("reward_error", "judge down"), ("nan", "nan")]
+)
 def test_score_failures_are_reward_errors(mode, match):
     env, _ = started(score_mode=mode)
     with pytest.raises(RewardError, match=match):
@@ -266,8 +275,13 @@ async def test_sync_step_inside_event_loop_points_to_astep():
 def test_config_validation():
     from agentrl.errors import ConfigError
 
-    for kw in ({"on_bad_call": "ignore"}, {"on_tool_timeout": "x"}, {"tool_timeout_s": 0},
-               {"max_calls_per_turn": 0}, {"parser": "xml"}):
+    for kw in (
+        {"on_bad_call": "ignore"},
+        {"on_tool_timeout": "x"},
+        {"tool_timeout_s": 0},
+        {"max_calls_per_turn": 0},
+        {"parser": "xml"},
+    ):
         with pytest.raises(ConfigError):
             FakeEnv(**kw)
 

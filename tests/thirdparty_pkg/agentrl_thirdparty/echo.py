@@ -1,10 +1,13 @@
-"""``EchoEnv``: the smallest useful ``ToolEnv``: say a secret word back after reading it with a tool."""
+"""``EchoEnv``: the smallest useful ``ToolEnv``: say a secret word back after reading it with a tool.
+
+It keeps held-out tasks the way the env contract asks: ``split="eval"`` draws words training never sees."""
+
 from __future__ import annotations
 
 from agentrl.envs.base import ToolEnv
 from agentrl.tools.base import tool
 
-WORDS = ["apple", "river", "cobalt", "meadow", "lantern", "quartz"]
+WORDS = {"train": ["apple", "river", "cobalt", "meadow", "lantern", "quartz"], "eval": ["harbor", "saffron", "glacier"]}
 
 
 @tool
@@ -18,12 +21,18 @@ def reveal(hint: str = "") -> str:
 
 
 class EchoEnv(ToolEnv):
-    def __init__(self, **kwargs) -> None:
+    has_eval_split = True
+
+    def __init__(self, *, split: str = "train", **kwargs) -> None:
+        if split not in WORDS:
+            raise ValueError(f"split must be one of {sorted(WORDS)}, got {split!r}")
+        self.split = split
         self.tools = [reveal]
         super().__init__(**kwargs)
 
     def sample_task(self, rng, options):
-        word = WORDS[int(rng.integers(len(WORDS)))]
+        words = WORDS[self.split]
+        word = words[int(rng.integers(len(words)))]
         return {"id": f"echo-{word}", "prompt": f"Say the word {word!r} and nothing else.", "answer": word}
 
     def initial_messages(self, task):

@@ -51,19 +51,9 @@ from agentrl.jobs.serve_fields import (
     template_message,
 )
 from agentrl.jobs.serve_reply import MAX_ATTEMPTS, ReplyPlan, build_message, plan_reply
-from agentrl.jobs.serve_stream import TextDeltas, chunk, message_deltas, replay
-from agentrl.tools.calls import OPEN
+from agentrl.jobs.serve_stream import Job, replay, stream_choices
 
 __all__ = ["APIError", "OpenAIAPI", "MAX_N"]
-
-
-@dataclasses.dataclass
-class _Job:
-    """One choice to sample: its index in the response, prompt and sampling parameters."""
-
-    index: int
-    prompt: list[int]
-    params: SamplingParams
 
 
 class OpenAIAPI:
@@ -151,13 +141,13 @@ class OpenAIAPI:
         stops = stop_strings(body)
         stop_ids = tuple(dict.fromkeys([*self.renderer.stop_token_ids, *stop_token_ids(body, self.vocab)]))
         jobs = [
-            _Job(j, prompt, sp) for j, sp in enumerate(self._params(body, [prompt], stop_ids, "max_completion_tokens"))
+            Job(j, prompt, sp) for j, sp in enumerate(self._params(body, [prompt], stop_ids, "max_completion_tokens"))
         ]
         stream = bool(body.get("stream"))
         usage = include_usage(body) if stream else False
         head = self._head("chat.completion", "chatcmpl")
         if stream and not plan.constrained:
-            return self._stream(head, jobs, [prompt], self.renderer.decode, stops, logprobs, usage, plan=plan)
+            return stream_choices(self, head, jobs, [prompt], self.renderer.decode, stops, logprobs, usage, plan=plan)
         results = await asyncio.gather(*(self._chat_choice(job, plan, stops, logprobs) for job in jobs))
         response = self._response(head, [c for c, _ in results], [prompt], [g for _, g in results])
         return replay(response, usage) if stream else response
@@ -175,7 +165,7 @@ class OpenAIAPI:
         stop_ids = tuple(stop_token_ids(body, self.vocab))  # () = the model's eos ids
         params = self._params(body, prompts, stop_ids, "max_tokens")
         n = len(params)
-        jobs = [_Job(p * n + j, prompt, sp) for p, prompt in enumerate(prompts) for j, sp in enumerate(params)]
+        jobs = [Job(p * n + j, prompt, sp) for p, prompt in enumerate(prompts) for j, sp in enumerate(params)]
         drop = set(stop_ids or self.engine_eos())
 
         def decode(ids: list[int]) -> str:
@@ -183,7 +173,9 @@ class OpenAIAPI:
 
         head = self._head("text_completion", "cmpl")
         if body.get("stream"):
-            return self._stream(head, jobs, prompts, decode, stops, want_logprobs, include_usage(body), plan=None)
+            return stream_choices(
+                self, head, jobs, prompts, decode, stops, want_logprobs, include_usage(body), plan=None
+            )
         gens = await asyncio.gather(*(self._run(job.prompt, job.params) for job in jobs))
         choices = []
         for job, g in zip(jobs, gens):
@@ -193,16 +185,16 @@ class OpenAIAPI:
                 "text": text,
                 "finish_reason": "stop" if cut else g.finish_reason,
                 "logprobs": None,
-                "agentrl": self._choice_extra(job.prompt, g),
+                "agentrl": self.choice_extra(job.prompt, g),
             }
             if want_logprobs:
-                choice["logprobs"] = self._text_logprobs(g.token_ids, g.logprobs, 0)
+                choice["logprobs"] = self.text_logprobs(g.token_ids, g.logprobs, 0)
             choices.append(choice)
         return self._response(head, choices, prompts, gens)
 
     # ------------------------------------------------------------------ one choice, whole
     async def _chat_choice(
-        self, job: _Job, plan: ReplyPlan, stops: list[str], logprobs: bool
+        self, job: Job, plan: ReplyPlan, stops: list[str], logprobs: bool
     ) -> tuple[dict, Generation]:
         """Sample one chat choice; a constrained plan re-samples a reply that fails its check."""
         attempts = MAX_ATTEMPTS if plan.constrained and job.params.temperature > 0 else 1
@@ -228,121 +220,11 @@ class OpenAIAPI:
             "index": job.index,
             "message": message,
             "finish_reason": finish,
-            "agentrl": self._choice_extra(job.prompt, g),
+            "agentrl": self.choice_extra(job.prompt, g),
         }
         if logprobs:
-            choice["logprobs"] = {"content": self._chat_logprobs(g.token_ids, g.logprobs)}
+            choice["logprobs"] = {"content": self.chat_logprobs(g.token_ids, g.logprobs)}
         return choice, g
-
-    # ------------------------------------------------------------------ streaming
-    async def _stream(
-        self,
-        head: dict,
-        jobs: list[_Job],
-        prompts: list[list[int]],
-        decode: Callable[[list[int]], str],
-        stops: list[str],
-        logprobs: bool,
-        include_usage: bool,
-        *,
-        plan: ReplyPlan | None,
-    ) -> AsyncIterator[dict]:
-        """Chunks of ``jobs`` as their tokens are sampled (chat when ``plan`` is given, else text)."""
-        chat = plan is not None
-        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
-        queue: asyncio.Queue = asyncio.Queue()
-        hold = [OPEN] if chat and plan.parse_tools else []
-        texts = {job.index: TextDeltas(decode, stops, hold) for job in jobs}
-        sampled: dict[int, tuple[list[int], list[float]]] = {job.index: ([], []) for job in jobs}
-        shown = dict.fromkeys(texts, 0)  # tokens whose logprobs were sent
-        offsets = dict.fromkeys(texts, 0)  # characters sent (completions' text_offset)
-        gens: dict[int, Generation] = {}
-        by_index = {job.index: job for job in jobs}
-        tasks = {job.index: asyncio.create_task(self._feed(job, queue)) for job in jobs}
-
-        def piece(i: int, text: str, finish: str | None = None, extra: dict | None = None) -> dict:
-            ids, lps = sampled[i]
-            lp = None
-            if logprobs and shown[i] < len(ids):
-                a, shown[i] = shown[i], len(ids)
-                lp = (
-                    {"content": self._chat_logprobs(ids[a:], lps[a:])}
-                    if chat
-                    else self._text_logprobs(ids[a:], lps[a:], offsets[i])
-                )
-            offsets[i] += len(text)
-            return chunk(
-                head,
-                i,
-                chat=chat,
-                delta={"content": text} if chat and text else None,
-                text=text,
-                finish=finish,
-                logprobs=lp,
-                extra=extra,
-            )
-
-        try:
-            if chat:
-                for i in texts:
-                    yield chunk(head, i, chat=True, delta={"role": "assistant", "content": ""})
-            while len(gens) < len(jobs):
-                kind, i, payload = await queue.get()
-                if i in gens:
-                    continue  # tokens of a choice already cut at a stop string
-                if kind == "error":
-                    yield APIError(f"the engine failed: {payload}", status=503, kind="engine_error").body()
-                    return
-                deltas = texts[i]
-                if kind == "token":
-                    sampled[i][0].append(payload[0])
-                    sampled[i][1].append(payload[1])
-                    text = deltas.push(payload[0])
-                    if text:
-                        yield piece(i, text)
-                    if not deltas.stopped:
-                        continue
-                    tasks[i].cancel()  # a stop string: no need to sample further
-                    ids, lps = sampled[i]
-                    g = Generation(list(ids), list(lps), "stop", [self.engine.policy_version] * len(ids))
-                else:
-                    g = payload
-                    text = deltas.finish()
-                    if text:
-                        yield piece(i, text)
-                gens[i] = g
-                finish = "stop" if deltas.stopped else g.finish_reason
-                if chat and deltas.held:
-                    message, finish, _ = build_message(plan, deltas.text, finish)
-                    if message.get("tool_calls"):
-                        for d in message_deltas(message)[1:]:
-                            yield chunk(head, i, chat=True, delta=d)
-                    elif deltas.rest:
-                        yield piece(i, deltas.rest)
-                yield piece(i, "", finish=finish, extra=self._choice_extra(by_index[i].prompt, g))
-            if include_usage:
-                yield {
-                    **head,
-                    "choices": [],
-                    "usage": self._usage(prompts, list(gens.values())),
-                    "agentrl": self.meta(),
-                }
-        finally:
-            for t in tasks.values():
-                t.cancel()
-
-    async def _feed(self, job: _Job, queue: asyncio.Queue) -> None:
-        def on_token(token: int, logprob: float) -> None:
-            queue.put_nowait(("token", job.index, (token, logprob)))
-
-        try:
-            g = await self.engine.generate_streaming(job.prompt, job.params, on_token)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # EngineError, or a bug: the stream must end with an error, not hang
-            queue.put_nowait(("error", job.index, f"{type(e).__name__}: {e}" if not isinstance(e, EngineError) else e))
-            return
-        queue.put_nowait(("done", job.index, g))
 
     # ------------------------------------------------------------------ helpers
     def engine_eos(self) -> tuple[int, ...]:
@@ -430,13 +312,13 @@ class OpenAIAPI:
     def _token_strings(self, ids: list[int], lps: list[float]) -> list[tuple[str, float]]:
         return [(self.tokenizer.decode([t], skip_special_tokens=False), lp) for t, lp in zip(ids, lps)]
 
-    def _chat_logprobs(self, ids: list[int], lps: list[float]) -> list[dict]:
+    def chat_logprobs(self, ids: list[int], lps: list[float]) -> list[dict]:
         return [
             {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
             for t, lp in self._token_strings(ids, lps)
         ]
 
-    def _text_logprobs(self, ids: list[int], lps: list[float], at: int) -> dict:
+    def text_logprobs(self, ids: list[int], lps: list[float], at: int) -> dict:
         pairs = self._token_strings(ids, lps)
         offsets = []
         for t, _ in pairs:
@@ -449,7 +331,7 @@ class OpenAIAPI:
             "text_offset": offsets,
         }
 
-    def _choice_extra(self, prompt: list[int], g: Generation) -> dict:
+    def choice_extra(self, prompt: list[int], g: Generation) -> dict:
         return {
             "prompt_token_ids": prompt,
             "token_ids": g.token_ids,
@@ -471,7 +353,7 @@ class OpenAIAPI:
         }
 
     @staticmethod
-    def _usage(prompts: list[list[int]], gens: list[Generation]) -> dict:
+    def usage(prompts: list[list[int]], gens: list[Generation]) -> dict:
         prompt_tokens = sum(len(p) for p in prompts)
         completion_tokens = sum(len(g.token_ids) for g in gens)
         return {
@@ -484,6 +366,6 @@ class OpenAIAPI:
         return {
             **head,
             "choices": sorted(choices, key=lambda c: c["index"]),
-            "usage": self._usage(prompts, gens),
+            "usage": self.usage(prompts, gens),
             "agentrl": self.meta(),
         }

@@ -1,20 +1,38 @@
-"""Token-by-token streaming for `agentrl serve`: the text of a growing token list, released as
-deltas that never have to be taken back, and the chunks of a streamed choice.
+"""Token-by-token streaming for `agentrl serve`: the choices of one request sampled concurrently
+and sent as server-sent chunks while they are sampled.
 
-Owns :class:`TextDeltas` — decodes the tokens sampled so far, holds back an incomplete UTF-8
-character and any tail that could still grow into a stop string or a held marker (``<tool_call>``:
-the call is parsed whole once the reply ends), and notices a stop string (the caller then cancels
-the generation) — and the chunk shapes of ``chat.completion.chunk`` / ``text_completion`` streams
-(:func:`chunk`, :func:`message_deltas`).
+Owns :func:`stream_choices` (each token's text sent as soon as it is safe, a choice cut at a stop
+string cancelled there, a held tool call parsed and sent whole at the end, the usage chunk last);
+:class:`TextDeltas`, which decodes the tokens sampled so far and holds back an incomplete UTF-8
+character and any tail that could still grow into a stop string or a held marker (``<tool_call>``);
+:class:`Job` (one choice to sample); and the chunk shapes of ``chat.completion.chunk`` /
+``text_completion`` streams (:func:`chunk`, :func:`message_deltas`, :func:`replay`).
 
-Does not: run the engine, parse tool calls, or speak HTTP (:mod:`agentrl.jobs.serve_api`,
-:mod:`agentrl.jobs.serve_app`).
+Does not: validate requests or parse tool calls (:mod:`agentrl.jobs.serve_api`,
+:mod:`agentrl.jobs.serve_reply`), or speak HTTP (:mod:`agentrl.jobs.serve_app`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from agentrl.engine.base import Generation, SamplingParams
+from agentrl.errors import EngineError
+from agentrl.jobs.serve_errors import APIError
+from agentrl.jobs.serve_reply import ReplyPlan, build_message
+from agentrl.tools.calls import OPEN
+
+
+@dataclasses.dataclass
+class Job:
+    """One choice to sample: its index in the response, prompt and sampling parameters."""
+
+    index: int
+    prompt: list[int]
+    params: SamplingParams
 
 
 def _partial_tail(text: str, markers: list[str]) -> int:
@@ -121,3 +139,115 @@ async def replay(response: dict, include_usage: bool) -> AsyncIterator[dict]:
         yield chunk(head, c["index"], chat=True, finish=c["finish_reason"], extra=c["agentrl"])
     if include_usage:
         yield {**head, "choices": [], "usage": response["usage"], "agentrl": response["agentrl"]}
+
+
+async def stream_choices(
+    api,
+    head: dict,
+    jobs: list[Job],
+    prompts: list[list[int]],
+    decode: Callable[[list[int]], str],
+    stops: list[str],
+    logprobs: bool,
+    include_usage: bool,
+    *,
+    plan: ReplyPlan | None,
+) -> AsyncIterator[dict]:
+    """Chunks of ``jobs`` as their tokens are sampled (chat when ``plan`` is given, else text), by
+    ``api`` (an :class:`~agentrl.jobs.serve_api.OpenAIAPI`): usage last with ``include_usage``."""
+    chat = plan is not None
+    head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+    queue: asyncio.Queue = asyncio.Queue()
+    hold = [OPEN] if chat and plan.parse_tools else []
+    texts = {job.index: TextDeltas(decode, stops, hold) for job in jobs}
+    sampled: dict[int, tuple[list[int], list[float]]] = {job.index: ([], []) for job in jobs}
+    shown = dict.fromkeys(texts, 0)  # tokens whose logprobs were sent
+    offsets = dict.fromkeys(texts, 0)  # characters sent (completions' text_offset)
+    gens: dict[int, Generation] = {}
+    by_index = {job.index: job for job in jobs}
+    tasks = {job.index: asyncio.create_task(_feed(api.engine, job, queue)) for job in jobs}
+
+    def piece(i: int, text: str, finish: str | None = None, extra: dict | None = None) -> dict:
+        ids, lps = sampled[i]
+        lp = None
+        if logprobs and shown[i] < len(ids):
+            a, shown[i] = shown[i], len(ids)
+            lp = (
+                {"content": api.chat_logprobs(ids[a:], lps[a:])}
+                if chat
+                else api.text_logprobs(ids[a:], lps[a:], offsets[i])
+            )
+        offsets[i] += len(text)
+        return chunk(
+            head,
+            i,
+            chat=chat,
+            delta={"content": text} if chat and text else None,
+            text=text,
+            finish=finish,
+            logprobs=lp,
+            extra=extra,
+        )
+
+    try:
+        if chat:
+            for i in texts:
+                yield chunk(head, i, chat=True, delta={"role": "assistant", "content": ""})
+        while len(gens) < len(jobs):
+            kind, i, payload = await queue.get()
+            if i in gens:
+                continue  # tokens of a choice already cut at a stop string
+            if kind == "error":
+                yield APIError(f"the engine failed: {payload}", status=503, kind="engine_error").body()
+                return
+            deltas = texts[i]
+            if kind == "token":
+                sampled[i][0].append(payload[0])
+                sampled[i][1].append(payload[1])
+                text = deltas.push(payload[0])
+                if text:
+                    yield piece(i, text)
+                if not deltas.stopped:
+                    continue
+                tasks[i].cancel()  # a stop string: no need to sample further
+                ids, lps = sampled[i]
+                g = Generation(list(ids), list(lps), "stop", [api.engine.policy_version] * len(ids))
+            else:
+                g = payload
+                text = deltas.finish()
+                if text:
+                    yield piece(i, text)
+            gens[i] = g
+            finish = "stop" if deltas.stopped else g.finish_reason
+            if chat and deltas.held:
+                message, finish, _ = build_message(plan, deltas.text, finish)
+                if message.get("tool_calls"):
+                    for d in message_deltas(message)[1:]:
+                        yield chunk(head, i, chat=True, delta=d)
+                elif deltas.rest:
+                    yield piece(i, deltas.rest)
+            yield piece(i, "", finish=finish, extra=api.choice_extra(by_index[i].prompt, g))
+        if include_usage:
+            yield {
+                **head,
+                "choices": [],
+                "usage": api.usage(prompts, list(gens.values())),
+                "agentrl": api.meta(),
+            }
+    finally:
+        for t in tasks.values():
+            t.cancel()
+
+
+async def _feed(engine, job: Job, queue: asyncio.Queue) -> None:
+    def on_token(token: int, logprob: float) -> None:
+        queue.put_nowait(("token", job.index, (token, logprob)))
+
+    try:
+        g = await engine.generate_streaming(job.prompt, job.params, on_token)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # EngineError, or a bug: the stream must end with an error, not hang
+        queue.put_nowait(("error", job.index, f"{type(e).__name__}: {e}" if not isinstance(e, EngineError) else e))
+        return
+    queue.put_nowait(("done", job.index, g))

@@ -1,4 +1,5 @@
 """Env registry: built-ins, register/make/spec, lazy entry points, and third-party discovery."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,12 +9,12 @@ from pathlib import Path
 import gymnasium
 import pytest
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-
 from agentrl.envs import registry
-from agentrl.envs.checker import assert_agent_env
 from agentrl.envs.base import AgentEnv
+from agentrl.envs.checker import assert_agent_env
 from agentrl.errors import ConfigError, RegistryError
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 THIRDPARTY = Path(__file__).resolve().parents[1] / "thirdparty_pkg"
 
@@ -92,7 +93,9 @@ def test_bad_ids_and_max_turns(clean_registry):
 
 def test_lazy_entry_point_import_errors_name_the_entry_point(clean_registry):
     registry.register("test/Missing-v0", "agentrl_no_such_module.envs:Env")  # registering imports nothing
-    with pytest.raises(RegistryError, match=r"test/Missing-v0.*'agentrl_no_such_module\.envs:Env'.*ModuleNotFoundError"):
+    with pytest.raises(
+        RegistryError, match=r"test/Missing-v0.*'agentrl_no_such_module\.envs:Env'.*ModuleNotFoundError"
+    ):
         registry.make("test/Missing-v0")
     registry.register("test/NoAttr-v0", "agentrl.envs.noop:NoSuchClass")
     with pytest.raises(RegistryError, match="AttributeError"):
@@ -110,9 +113,12 @@ def test_callable_entry_point_and_non_env_result(clean_registry):
 
 
 def test_importing_registry_is_cheap():
-    code = ("import sys, agentrl.envs.registry as r; r.registered(); "
-            "bad = [m for m in ('torch', 'transformers', 'agentrl.envs.code_exec', 'agentrl.tools.base') if m in sys.modules];"
-            "assert not bad, bad")
+    code = (
+        "import sys, agentrl.envs.registry as r; r.registered(); "
+        "heavy = ('torch', 'transformers', 'agentrl.envs.code_exec', 'agentrl.tools.base'); "
+        "bad = [m for m in heavy if m in sys.modules];"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -157,3 +163,53 @@ def test_explicit_registration_shadows_entry_point(tmp_path, monkeypatch, clean_
     with pytest.warns(UserWarning, match="shadowed"):
         registry._discover()
     assert registry.spec("thirdparty/Echo-v0").entry_point == "agentrl.envs.noop:NoopEnv"
+
+
+# ------------------------------------------------------------------ Gymnasium mirror
+def test_every_registration_is_mirrored_into_gymnasium(clean_registry):
+    import agentrl
+    from agentrl.envs.noop import NoopEnv
+
+    agentrl.register("my_org/MyEnv-v0", NoopEnv, n_turns=3)
+    env = gymnasium.make("my_org/MyEnv-v0", n_turns=2)  # kwargs reach agentrl.make, over the registered ones
+    assert isinstance(env.unwrapped, NoopEnv) and env.unwrapped.n_turns == 2
+    assert gymnasium.make("my_org/MyEnv-v0").unwrapped.n_turns == 3
+    agentrl.register("my_org/MyEnv-v0", NoopEnv, n_turns=5, override=True)
+    assert gymnasium.make("my_org/MyEnv-v0").unwrapped.n_turns == 5  # the mirror follows the override
+    assert "agentrl/CodeExec-v0" in gymnasium.registry and "code_exec" not in gymnasium.registry  # aliases stay ours
+    with pytest.warns(UserWarning, match="not mirrored into Gymnasium: Gymnasium already has 'CartPole-v1'"):
+        agentrl.register("CartPole-v1", NoopEnv)
+    assert "cartpole" in str(gymnasium.registry["CartPole-v1"].entry_point)  # Gymnasium's own env is untouched
+
+
+def test_third_party_id_works_in_gymnasium_make_after_importing_agentrl_envs(tmp_path):
+    """A fresh interpreter with the package installed (its dist-info on the path): `import
+    agentrl.envs` reads the entry points and mirrors them, so `gymnasium.make` finds the id."""
+    import os
+
+    _install_as_dist_info(tmp_path)
+    code = """
+import gymnasium
+try:
+    gymnasium.make("thirdparty/Echo-v0")
+    raise SystemExit("visible before agentrl.envs was imported?")
+except gymnasium.error.NamespaceNotFound:
+    pass
+import agentrl.envs
+env = gymnasium.make("thirdparty/Echo-v0")
+_, info = env.reset(seed=0)
+held = gymnasium.make("thirdparty/Echo-v0", split="eval")
+_, held_info = held.reset(seed=0)
+assert type(env.unwrapped).__name__ == "EchoEnv", type(env.unwrapped)
+assert info["task"]["answer"] != held_info["task"]["answer"], (info["task"], held_info["task"])
+print("ok", info["task"]["id"], held_info["task"]["id"])
+"""
+    path = os.pathsep.join([str(tmp_path), str(THIRDPARTY), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok echo-"), done.stdout + done.stderr

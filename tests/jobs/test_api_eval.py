@@ -1,11 +1,16 @@
 """`agentrl eval`: API-model episodes at text level, through the real litellm client — against a live
 SGLang `/v1` endpoint (end to end, loadable chat JSONL) and a scripted endpoint (structured tool calls)."""
+
 import asyncio
 import json
 
 import pytest
+from scripted_openai import ScriptedOpenAI
 
 import agentrl
+from agentrl.common.llm_api import ApiClient, ChatReply
+from agentrl.envs.base import AgentEnv, join_messages, new_stats
+from agentrl.errors import ConfigError, RegistryError
 from agentrl.jobs.eval import (
     ApiEpisode,
     _api_answers,
@@ -15,10 +20,6 @@ from agentrl.jobs.eval import (
     run_eval,
     summarize,
 )
-from agentrl.envs.base import AgentEnv, join_messages, new_stats
-from agentrl.errors import ConfigError, RegistryError
-from agentrl.common.llm_api import ApiClient, ChatReply
-from scripted_openai import ScriptedOpenAI
 
 KEY_ENV = "AGENTRL_TEST_EVAL_KEY"
 
@@ -60,8 +61,9 @@ def test_render_action_for_each_parser():
     assert not parsed.calls and len(parsed.errors) == 1
 
 
-@pytest.mark.parametrize("arguments", ['{"a": ' + "[" * 5000 + "]" * 5000 + "}", '{"n": ' + "1" * 4301 + "}"],
-                         ids=["deep", "huge-int"])
+@pytest.mark.parametrize(
+    "arguments", ['{"a": ' + "[" * 5000 + "]" * 5000 + "}", '{"n": ' + "1" * 4301 + "}"], ids=["deep", "huge-int"]
+)
 def test_render_action_of_hostile_api_arguments_is_a_malformed_call(arguments):
     # json.loads raised RecursionError / ValueError out of the eval (only JSONDecodeError was caught)
     text = render_action(ChatReply("", [{"id": "a", "name": "python\ud83d", "arguments": arguments}]), "hermes")
@@ -75,14 +77,22 @@ def test_conversation_back_to_the_api_is_openai_shaped():
     reply = ChatReply("", [{"id": "tc-1", "name": "python", "arguments": '{"code": "1"}'}])
     msg, declared = _api_assistant(reply, render_action(reply, "hermes"), "hermes")
     assert msg["tool_calls"][0]["id"] == "tc-1" and declared == ["tc-1"]
-    answers = _api_answers([{"role": "tool", "name": "python", "content": "1", "tool_call_id": "call_0"}], declared, True)
+    answers = _api_answers(
+        [{"role": "tool", "name": "python", "content": "1", "tool_call_id": "call_0"}], declared, True
+    )
     assert answers == [{"role": "tool", "tool_call_id": "tc-1", "content": "1"}]
     # text-mode reply: calls parsed with the env's parser; an answer to a malformed call goes as a user message
     text = '<tool_call>{"name": "python", "arguments": {"code": "2"}}</tool_call><tool_call>{oops</tool_call>'
     msg, declared = _api_assistant(ChatReply(text), text, "hermes")
     assert declared == ["call_0"] and msg["tool_calls"][0]["function"]["name"] == "python"
-    answers = _api_answers([{"role": "tool", "content": "2", "tool_call_id": "call_0"},
-                            {"role": "tool", "content": "Error: bad", "tool_call_id": "call_1"}], declared, False)
+    answers = _api_answers(
+        [
+            {"role": "tool", "content": "2", "tool_call_id": "call_0"},
+            {"role": "tool", "content": "Error: bad", "tool_call_id": "call_1"},
+        ],
+        declared,
+        False,
+    )
     assert [a["role"] for a in answers] == ["tool", "user"]
 
 
@@ -112,8 +122,10 @@ def test_bad_arguments_fail_before_any_call(tmp_path):
 def test_structured_tool_calls_run_in_the_env_and_the_answers_go_back(tmp_path, key):
     """Turn 1: a structured python call (really run in the sandbox); turn 2: the final answer.
     The second request carries the tool answer tied to the call's id; the reward is the env's."""
-    script = [{"content": "", "tool_calls": [("python", {"code": "print(6 * 7)"})]},
-              {"content": "The answer is \\boxed{42}."}]
+    script = [
+        {"content": "", "tool_calls": [("python", {"code": "print(6 * 7)"})]},
+        {"content": "The answer is \\boxed{42}."},
+    ]
     with ScriptedOpenAI(script) as srv:
         client = ApiClient("openai/scripted", api_base=srv.url, api_key_env=KEY_ENV, max_retries=0)
         task = {"id": "t42", "prompt": "What is 6*7?", "answer": "42"}
@@ -149,7 +161,9 @@ def test_failures_are_recorded_per_episode_and_never_break_the_batch(tmp_path, k
     assert len(out.read_text().splitlines()) == summary["outcomes"]["ok"] == summary["chat_rows"]
     assert "flaky env bug" in next(e["detail"] for e in eps if e["outcome"] == "env_error")
 
-    dead = ApiClient("openai/scripted", api_base="http://127.0.0.1:9/v1", api_key_env=KEY_ENV, max_retries=1, backoff_s=0.01)
+    dead = ApiClient(
+        "openai/scripted", api_base="http://127.0.0.1:9/v1", api_key_env=KEY_ENV, max_retries=1, backoff_s=0.01
+    )
     summary = asyncio.run(run_eval("noop", dead, n=3, out=tmp_path / "dead.jsonl"))
     assert summary["outcomes"] == {"engine_error": 3} and summary["infra_failures"] == 3
     assert (tmp_path / "dead.jsonl").read_text() == ""
@@ -169,8 +183,13 @@ def test_eval_noop_end_to_end_writes_loadable_chat_jsonl(sglang_server, sglang_m
 
     out = tmp_path / "noop.jsonl"
     # a stop string makes the tiny model's garbage end with finish_reason "stop" (an ok turn)
-    client = ApiClient(_sglang_model(sglang_server), api_base=sglang_server.url + "/v1", api_key_env=KEY_ENV,
-                       sampling={"max_tokens": 8, "stop": ["e", "a", "o"]}, timeout_s=120)
+    client = ApiClient(
+        _sglang_model(sglang_server),
+        api_base=sglang_server.url + "/v1",
+        api_key_env=KEY_ENV,
+        sampling={"max_tokens": 8, "stop": ["e", "a", "o"]},
+        timeout_s=120,
+    )
     summary = asyncio.run(run_eval("noop", client, n=4, env_kwargs={"n_turns": 2}, concurrency=4, out=out))
     assert summary["episodes"] == 4 and sum(summary["outcomes"].values()) == 4
     assert summary["outcomes"].get("ok", 0) >= 1, summary["outcomes"]
@@ -190,10 +209,33 @@ def test_eval_command_on_code_exec(sglang_server, tmp_path, key):
     from agentrl.cli.main import app
 
     out = tmp_path / "ce.jsonl"
-    res = CliRunner().invoke(app, ["eval", "--env", "code_exec", "--model", _sglang_model(sglang_server),
-                                   "--api-base", sglang_server.url + "/v1", "--api-key-env", KEY_ENV, "-n", "2",
-                                   "--max-tokens", "8", "--max-turns", "2", "--out", str(out), "-q",
-                                   "--sampling", "stop=[e]", "--env-arg", "split=eval"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--env",
+            "code_exec",
+            "--model",
+            _sglang_model(sglang_server),
+            "--api-base",
+            sglang_server.url + "/v1",
+            "--api-key-env",
+            KEY_ENV,
+            "-n",
+            "2",
+            "--max-tokens",
+            "8",
+            "--max-turns",
+            "2",
+            "--out",
+            str(out),
+            "-q",
+            "--sampling",
+            "stop=[e]",
+            "--env-arg",
+            "split=eval",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "solve_rate" in res.output and "agentrl eval" in res.output
     eps = [json.loads(line) for line in out.with_name("ce.episodes.jsonl").read_text().splitlines()]
@@ -206,14 +248,89 @@ def test_eval_command_reports_a_bad_model_clearly(tmp_path):
 
     from agentrl.cli.main import app
 
-    res = CliRunner().invoke(app, ["eval", "--env", "noop", "--model", "gpt-without-provider", "--out", str(tmp_path / "x.jsonl")])
+    res = CliRunner().invoke(
+        app, ["eval", "--env", "noop", "--model", "gpt-without-provider", "--out", str(tmp_path / "x.jsonl")]
+    )
     assert res.exit_code == 2 and "provider/name" in res.output
 
 
 def test_summary_solve_rate_counts_every_episode():
     """An infrastructure failure is an unsolved task (it used to leave the denominator: 2/3 here)."""
-    eps = [ApiEpisode(0, 0, reward=1.0, tool_calls=1), ApiEpisode(1, 1, reward=1.0),
-           ApiEpisode(2, 2, outcome="truncated_turns"), ApiEpisode(3, 3, outcome="deadline")]
+    eps = [
+        ApiEpisode(0, 0, reward=1.0, tool_calls=1),
+        ApiEpisode(1, 1, reward=1.0),
+        ApiEpisode(2, 2, outcome="truncated_turns"),
+        ApiEpisode(3, 3, outcome="deadline"),
+    ]
     s = summarize(eps)
     assert (s["episodes"], s["solve_rate"], s["infra_failures"], s["infra_failure_rate"]) == (4, 0.5, 1, 0.25)
     assert s["reward_mean"] == 2 / 3 and s["tool_use_rate"] == 1 / 3  # over the trainable episodes
+
+
+# ------------------------------------------------------------------ credentials and retries
+@pytest.fixture
+def no_keys(monkeypatch):
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", KEY_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_credential_plan(no_keys, monkeypatch):
+    from agentrl.common.llm_api import credential_plan
+
+    assert credential_plan("openai/tiny", "http://127.0.0.1:8000/v1", None) == "placeholder"
+    assert credential_plan("openai/tiny", "http://localhost:8000/v1", None) == "placeholder"
+    assert credential_plan("openai/m", "http://gpu-box:8000/v1", None) == "placeholder"  # OpenAI-compatible, no key set
+    with pytest.raises(ConfigError, match=r"'openai/gpt-4o-mini' needs an API key: set OPENAI_API_KEY.*api-key-env"):
+        credential_plan("openai/gpt-4o-mini", None, None)
+    with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
+        credential_plan("anthropic/claude-3-5-haiku-latest", None, None)
+    with pytest.raises(ConfigError, match=f"api_key_env='{KEY_ENV}' names an environment variable that is not set"):
+        credential_plan("openai/m", "http://127.0.0.1:1/v1", KEY_ENV)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-hosted-0123456789")
+    assert credential_plan("openai/gpt-4o-mini", None, None) == "provider"
+    assert credential_plan("openai/tiny", "http://127.0.0.1:8000/v1", None) == "placeholder"  # never the real key
+    monkeypatch.setenv(KEY_ENV, "sk-named-0123456789")
+    assert credential_plan("openai/m", "http://127.0.0.1:1/v1", KEY_ENV) == "env"
+
+
+def test_local_endpoint_gets_a_placeholder_key_never_the_real_one(no_keys, monkeypatch):
+    with ScriptedOpenAI([{"content": "hi"}]) as srv:
+        client = ApiClient("openai/scripted", api_base=srv.url, max_retries=0)
+        assert asyncio.run(client.chat([{"role": "user", "content": "x"}])).content == "hi"
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-hosted-0123456789")
+        asyncio.run(client.chat([{"role": "user", "content": "x"}]))
+    assert [r["authorization"] for r in srv.requests] == ["Bearer agentrl-no-key"] * 2
+
+
+def test_missing_hosted_key_fails_at_once_without_retries(no_keys):
+    client = ApiClient("openai/gpt-4o-mini", max_retries=3, backoff_s=10.0)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        client.check_credentials()
+    from agentrl.errors import EngineError
+
+    with pytest.raises(EngineError, match="needs an API key"):
+        asyncio.run(asyncio.wait_for(client.chat([{"role": "user", "content": "x"}]), 5))
+
+
+def test_only_transient_errors_are_retried(key):
+    import litellm
+
+    from agentrl.common.llm_api import is_transient
+
+    ex = litellm.exceptions
+    kw = {"llm_provider": "openai", "model": "m"}
+    assert is_transient(ex.RateLimitError("slow down", **kw)) and is_transient(ex.ServiceUnavailableError("busy", **kw))
+    assert is_transient(ex.APIConnectionError("reset by peer", **kw)) and is_transient(TimeoutError())
+    assert not is_transient(ex.AuthenticationError("bad key", **kw))
+    assert not is_transient(ex.BadRequestError("bad", **kw))
+    assert not is_transient(ex.ContextWindowExceededError("too long", **kw))
+    assert not is_transient(
+        ex.InternalServerError("OpenAIException - Missing credentials. Please pass an `api_key`", **kw)
+    )
+    with ScriptedOpenAI([401, {"content": "never reached"}]) as srv:
+        client = ApiClient("openai/scripted", api_base=srv.url, api_key_env=KEY_ENV, max_retries=3, backoff_s=0.01)
+        from agentrl.errors import EngineError
+
+        with pytest.raises(EngineError, match=r"after 1 attempt\(s\) \(not a transient error: not retried\)"):
+            asyncio.run(client.chat([{"role": "user", "content": "x"}]))
+    assert len(srv.requests) == 1

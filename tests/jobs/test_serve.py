@@ -1,6 +1,7 @@
 """`agentrl serve`: PATH resolution, the local backend through the real `openai` client and through
 litellm, bad requests, --follow on checkpoints written by the real trainer, and the SGLang backend
 (skips, saying why, where SGLang cannot run). Unit tests of the response building use FakeEngine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,11 @@ def train_and_save(model_dir, ckpt_dir, steps: int, seed: int = 0) -> int:
     for _ in range(4):
         ids = [rng.randrange(5, 1000) for _ in range(12)]
         mask = [0] * 4 + [1] * 8
-        samples.append(TrainSample(token_ids=ids, loss_mask=mask, behaviour_logprobs=[0.0] * 12,
-                                   advantages=[float(m) for m in mask]))
+        samples.append(
+            TrainSample(
+                token_ids=ids, loss_mask=mask, behaviour_logprobs=[0.0] * 12, advantages=[float(m) for m in mask]
+            )
+        )
     with Trainer(str(model_dir), TrainerConfig(policy_loss="sft", lr=3e-2, micro_batch_tokens=64)) as t:
         for _ in range(steps):
             t.train_step(samples)
@@ -129,15 +133,18 @@ def test_openai_client_chat_and_completions(served):
     again = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0)
     assert again.choices[0].model_extra["agentrl"]["token_ids"] == extra["token_ids"]
     tok = served.api.tokenizer
-    assert extra["prompt_token_ids"] == tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
-                                                   add_special_tokens=False)
+    assert extra["prompt_token_ids"] == tok.encode(
+        tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
 
     comp = client.completions.create(model="tiny", prompt="The sum of", max_tokens=6, n=2, seed=3)
     assert len(comp.choices) == 2 and comp.usage.completion_tokens == sum(
-        len(c.model_extra["agentrl"]["token_ids"]) for c in comp.choices)
+        len(c.model_extra["agentrl"]["token_ids"]) for c in comp.choices
+    )
     ids = comp.choices[0].model_extra["agentrl"]["token_ids"]
-    assert comp.choices[0].text == tok.decode([t for t in ids if t not in served.engine.eos_token_ids],
-                                              skip_special_tokens=True)
+    assert comp.choices[0].text == tok.decode(
+        [t for t in ids if t not in served.engine.eos_token_ids], skip_special_tokens=True
+    )
 
 
 def test_streaming_returns_the_same_completion(served):
@@ -146,8 +153,16 @@ def test_streaming_returns_the_same_completion(served):
     client = OpenAI(base_url=f"{served.url}/v1", api_key="unused")
     msgs = [{"role": "user", "content": "Say something"}]
     full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0)
-    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
@@ -157,15 +172,27 @@ def test_litellm_chat_and_text_completion(served):
     import litellm
 
     base = f"{served.url}/v1"
-    resp = litellm.completion(model="openai/tiny", api_base=base, api_key="unused", max_tokens=7, temperature=0,
-                              messages=[{"role": "user", "content": "hello"}])
+    resp = litellm.completion(
+        model="openai/tiny",
+        api_base=base,
+        api_key="unused",
+        max_tokens=7,
+        temperature=0,
+        messages=[{"role": "user", "content": "hello"}],
+    )
     assert isinstance(resp.choices[0].message.content, str)
     assert 1 <= resp.usage.completion_tokens <= 7 and resp.usage.prompt_tokens > 0
     text = litellm.text_completion(model="openai/tiny", api_base=base, api_key="unused", prompt="print(", max_tokens=5)
     assert isinstance(text.choices[0].text, str) and 1 <= text.usage.completion_tokens <= 5
     with pytest.raises(litellm.exceptions.BadRequestError, match="temperature"):
-        litellm.completion(model="openai/tiny", api_base=base, api_key="unused", temperature=7,
-                           messages=[{"role": "user", "content": "hello"}], num_retries=0)
+        litellm.completion(
+            model="openai/tiny",
+            api_base=base,
+            api_key="unused",
+            temperature=7,
+            messages=[{"role": "user", "content": "hello"}],
+            num_retries=0,
+        )
 
 
 def test_bad_requests_get_4xx_with_a_message(served):
@@ -267,15 +294,28 @@ async def test_tool_calls_and_stop_strings_unit_with_fake_engine(tiny_tokenizer)
     reply = 'Let me run it. <tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call><|im_end|>'
     ids = tiny_tokenizer.encode(reply, add_special_tokens=False)
     api = OpenAIAPI(FakeEngine(lambda p, sp, ctx: ids), tiny_tokenizer, "fake")
-    tools = [{"type": "function", "function": {"name": "python", "description": "run code",
-                                               "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}]
-    out = await api.handle("POST", "/v1/chat/completions", {"model": "fake", "tools": tools,
-                                                             "messages": [{"role": "user", "content": "go"}]})
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "python",
+                "description": "run code",
+                "parameters": {"type": "object", "properties": {"code": {"type": "string"}}},
+            },
+        }
+    ]
+    out = await api.handle(
+        "POST",
+        "/v1/chat/completions",
+        {"model": "fake", "tools": tools, "messages": [{"role": "user", "content": "go"}]},
+    )
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me run it."
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "python", "arguments": '{"code": "print(1)"}'}
     assert choice["agentrl"]["token_ids"] == ids and out["usage"]["completion_tokens"] == len(ids)
-    out = await api.handle("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}], "stop": [" run"]})
+    out = await api.handle(
+        "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}], "stop": [" run"]}
+    )
     assert out["choices"][0]["message"]["content"] == "Let me" and out["choices"][0]["finish_reason"] == "stop"
 
 
@@ -292,8 +332,7 @@ async def test_sglang_backend_serves_v1_and_follows(tmp_path, sglang_model_dir):
         pytest.skip(reason)
     run = tmp_path / "run"
     train_and_save(sglang_model_dir, run / "checkpoints" / "step_000001", steps=1)
-    service = SGLangService(resolve_target(run, follow=True), port=None, follow=True, poll_s=0.2,
-                            log=lambda m: None)
+    service = SGLangService(resolve_target(run, follow=True), port=None, follow=True, poll_s=0.2, log=lambda m: None)
     try:
         try:
             service.start()
@@ -333,9 +372,24 @@ def test_cli_serves_until_sigterm(tiny_model_dir):
     from agentrl.engine.sglang_server import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli.main", "serve", str(tiny_model_dir), "--backend", "local",
-                             "--port", str(port), "--name", "cli-tiny"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli.main",
+            "serve",
+            str(tiny_model_dir),
+            "--backend",
+            "local",
+            "--port",
+            str(port),
+            "--name",
+            "cli-tiny",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         end = time.monotonic() + 180
@@ -346,8 +400,11 @@ def test_cli_serves_until_sigterm(tiny_model_dir):
             except httpx.HTTPError:
                 time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": "cli-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "cli-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0

@@ -2,7 +2,7 @@
 into Gymnasium's registry.
 
 Owns: ``register``, ``make``, ``spec``, ``registered``, ``discover`` (the ``agentrl.envs``
-entry-point group), the Gymnasium mirror, and the eval-split rule of ``make``. Built-in envs are
+entry-point group), the Gymnasium mirror, and the eval-split rule of ``make`` (``check_split``). Built-in envs are
 registered by ``agentrl.envs.builtin`` (cheaply: no env code, no torch).
 
 Third-party envs: declare, in the package's pyproject,
@@ -28,7 +28,7 @@ The eval split (the env contract, see ``agentrl.envs.base``): ``make(id, split=.
 (``has_eval_split = False`` on its class, or ``register(..., has_eval_split=False)``) gets the
 ``split`` keyword dropped, with a warning once per id, and evaluates on training-distribution tasks.
 An env that neither takes ``split`` nor declares that is a ``ConfigError`` saying so: never a
-silent failure of every eval episode.
+silent failure of every eval episode. ``check_split`` applies the rule without building an env (config time).
 
 Does not: construct envs at import, validate env behaviour (``agentrl.envs.checker`` does).
 """
@@ -38,6 +38,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -303,6 +304,27 @@ def make(id: str, **kwargs: Any) -> Any:
     return env
 
 
+def check_split(id: str, kwargs: dict[str, Any]) -> None:
+    """The eval-split rule of ``make(id, **kwargs)`` checked without building an env (for config
+    time, before training): ConfigError when ``kwargs`` holds ``split`` and the env neither declares
+    ``has_eval_split`` nor has a ``split`` parameter. A factory taking ``**kwargs`` cannot be told
+    apart without a call; ``make`` still raises for it. Imports the env's module, runs none of it."""
+    if "split" not in kwargs:
+        return
+    s = _lookup(id)
+    factory = load_entry_point(s.entry_point, s.id)
+    declared = s.has_eval_split if s.has_eval_split is not None else getattr(factory, "has_eval_split", None)
+    if declared is not None:
+        return
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return
+    if "split" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    raise ConfigError(no_split_message(s.id, kwargs["split"]))
+
+
 def _declares_no_split(s: EnvSpec, factory: Callable[..., Any]) -> bool:
     declared = s.has_eval_split if s.has_eval_split is not None else getattr(factory, "has_eval_split", None)
     return declared is False
@@ -329,4 +351,5 @@ __all__ = [
     "discover",
     "load_entry_point",
     "no_split_message",
+    "check_split",
 ]

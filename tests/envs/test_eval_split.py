@@ -63,6 +63,9 @@ def test_undeclared_env_made_with_split_is_a_config_error_naming_the_fix(clean_r
     registry.make("test/Undeclared-v0").close()  # training is fine
     with pytest.raises(ConfigError, match=r"test/Undeclared-v0.*split='eval'.*has_eval_split = False"):
         registry.make("test/Undeclared-v0", split="eval")
+    with pytest.raises(ConfigError, match="has_eval_split = False"):  # at config time, no env built
+        registry.check_split("test/Undeclared-v0", {"split": "eval"})
+    registry.check_split("test/Undeclared-v0", {})  # no split asked for: nothing to check
     problems = check_agent_env("test/Undeclared-v0")
     assert len(problems) == 1 and problems[0].startswith("eval split:") and "has_eval_split" in problems[0]
     assert any("eval split" in p for p in check_agent_env(Undeclared()))
@@ -78,6 +81,7 @@ def test_declared_no_split_drops_it_with_one_warning(clean_registry):
         registry.make("test/NoHeldOut-v0", split="eval")
         registry.make("test/NoHeldOut-v0", split="train")
     assert check_agent_env("test/NoHeldOut-v0") == [] and check_agent_env(NoHeldOut()) == []
+    registry.check_split("test/NoHeldOut-v0", {"split": "eval"})
 
 
 def test_registration_can_declare_for_a_factory(clean_registry):
@@ -93,6 +97,8 @@ def test_env_with_a_split_passes_and_one_that_holds_out_nothing_is_reported(clea
     env = registry.make("test/WithSplit-v0", split="eval")
     assert env.reset(seed=0)[1]["task"] != registry.make("test/WithSplit-v0").reset(seed=0)[1]["task"]
     assert check_agent_env("test/WithSplit-v0") == [] and check_agent_env(WithSplit()) == []
+    registry.check_split("test/WithSplit-v0", {"split": "eval"})
+    registry.check_split("judged", {"split": "eval"})  # **kwargs: told apart only by make
     registry.register("test/Same-v0", SplitButSameTasks)
     problems = check_agent_env("test/Same-v0")
     assert len(problems) == 1 and "same tasks as training" in problems[0]

@@ -58,8 +58,9 @@ def serve_cmd(
     """Serve a model OpenAI-compatibly (/v1/models, /v1/chat/completions, /v1/completions) for debugging.
 
     Responses carry the sampled token ids, their logprobs and the policy version in an extra
-    `agentrl` field. Point any OpenAI client at http://HOST:PORT/v1 (litellm: model
-    "openai/NAME", api_base=http://HOST:PORT/v1)."""
+    `agentrl` field; the local backend streams token by token and honours tool_choice and
+    response_format. Point any OpenAI client at http://HOST:PORT/v1 (no key needed; litellm: model
+    "openai/NAME", api_base=http://HOST:PORT/v1; agentrl eval --api-base http://HOST:PORT/v1)."""
     try:
         path, backend, device, dtype = settings(config, sets, path, backend, device, dtype)
     except AgentRLError as e:

@@ -64,6 +64,9 @@ class TurnRecord:
     env_s: float = 0.0  # time in env.step (tools included)
     tool_calls: int = 0
     tool_errors: int = 0  # calls answered with an error message (model mistakes)
+    #: the state the turn started from: the env's ``state_key()``, else ``"obs:"`` + a hash of the
+    #: observation text before the turn (GiGPO's anchor states); None in trajectories written before it
+    state_key: str | None = None
 
 
 @dataclass

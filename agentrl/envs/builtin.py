@@ -3,13 +3,13 @@ strings, no env code runs).
 
 Owns: the table of built-in envs and their registration in agentrl's registry (ids
 ``CodeExec-v0`` with alias ``code_exec``, ``Noop-v0`` with alias ``noop``, ``Concise-v0`` with alias
-``concise``), mirrored into Gymnasium's as ``agentrl/CodeExec-v0``, ``agentrl/Noop-v0``,
-``agentrl/Concise-v0`` (aliases are not mirrored); and reading the installed packages'
+``concise``, ``TextWorld-v0`` with alias ``textworld``), mirrored into Gymnasium's as ``agentrl/CodeExec-v0``, ``agentrl/Noop-v0``,
+``agentrl/Concise-v0``, ``agentrl/TextWorld-v0`` (aliases are not mirrored); and reading the installed packages'
 ``agentrl.envs`` entry points at import (``registry.discover``), so their ids are known to
 ``gymnasium.make`` once ``agentrl.envs`` is imported. Which built-ins have held-out tasks: ``CodeExec-v0``
-takes ``split``; ``Noop-v0`` and ``Concise-v0`` declare ``has_eval_split=False``.
+and ``TextWorld-v0`` take ``split``; ``Noop-v0`` and ``Concise-v0`` declare ``has_eval_split=False``.
 The env code lives in the submodules: ``base`` (AgentEnv, ToolEnv, TextSpace), ``code_exec``,
-``noop``, ``concise``, ``tasks``, ``datasets``, ``rewards``.
+``noop``, ``concise``, ``textworld``, ``tasks``, ``datasets``, ``rewards``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ BUILTINS: dict[str, tuple[str, int | None, tuple[str, ...], bool | None]] = {
     "CodeExec-v0": ("agentrl.envs.code_exec:CodeExecEnv", 8, ("code_exec",), True),
     "Noop-v0": ("agentrl.envs.noop:NoopEnv", None, ("noop",), False),
     "Concise-v0": ("agentrl.envs.concise:ConciseEnv", None, ("concise",), False),
+    "TextWorld-v0": ("agentrl.envs.textworld:TextWorldEnv", 40, ("textworld",), True),
 }
 
 for _name, (_ep, _max_turns, _aliases, _split) in BUILTINS.items():

@@ -1,7 +1,7 @@
 """The async episode manager: runs many multi-turn episodes at once and streams Trajectories.
 
 Owns: the turn loop (render -> engine.generate -> env.step -> observation delta), token-exact
-trajectory assembly, groups of G samples per task, max turns, per-turn and per-episode deadlines,
+trajectory assembly (with each turn's anchor state key), groups of G samples per task, max turns, per-turn and per-episode deadlines,
 the context budget (checked before every request), the observation length cap, cancellation, and
 mapping every failure to a typed Outcome so that one failing episode never breaks the others, and
 holding new episodes back while a sandbox is saturated (``agentrl.sandbox.slots.admission``).
@@ -10,7 +10,9 @@ Does not batch model calls (engines do), parse tool calls or run tools (envs do)
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import logging
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -25,6 +27,21 @@ from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 
 _TRUNC_MARK = "\n[truncated {n} chars]"
+_log = logging.getLogger(__name__)
+_warned_no_state_key: set[str] = set()
+
+
+def state_key_of(env: Any, obs: str) -> str:
+    """The anchor state a turn starts from: ``env.state_key()`` if the env has one, else ``"obs:"`` +
+    a hash of the observation text (said once per env class in the log)."""
+    fn = getattr(getattr(env, "unwrapped", env), "state_key", None)
+    if callable(fn):
+        return str(fn())
+    name = type(getattr(env, "unwrapped", env)).__name__
+    if name not in _warned_no_state_key:
+        _warned_no_state_key.add(name)
+        _log.info("%s has no state_key(): turns' anchor states (GiGPO) are hashes of the observation text", name)
+    return "obs:" + hashlib.blake2b(obs.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -224,7 +241,7 @@ class EpisodeManager:
         cfg = self.cfg
         try:
             env = state["env"] = self.env_factory()
-            _, info = await self._env_call(env, "reset", seed=spec.task_seed, options=spec.options)
+            obs, info = await self._env_call(env, "reset", seed=spec.task_seed, options=spec.options)
         except EpisodeError:
             raise
         except Exception as e:
@@ -243,11 +260,12 @@ class EpisodeManager:
                 return
             params = replace(base, max_new_tokens=min(cfg.max_new_tokens, budget),
                              seed=None if base.seed is None else (base.seed + 7919 * turn) % (2**31))
+            key = state_key_of(env, obs if isinstance(obs, str) else "")
             t_gen = time.perf_counter()
             gen = await self._generate(ep.ids, params, traj.episode_id)
             t_env = time.perf_counter()
             rec = TurnRecord(index=turn, start=len(ep.ids), n_sampled=len(gen.token_ids), n_observation=0,
-                             finish_reason=gen.finish_reason, gen_s=t_env - t_gen)
+                             finish_reason=gen.finish_reason, gen_s=t_env - t_gen, state_key=key)
             ep.turns.append(rec)
             versions = gen.versions or [self.engine.policy_version] * len(gen.token_ids)
             ep.add_sampled(gen.token_ids, gen.logprobs, versions, turn)
@@ -260,7 +278,7 @@ class EpisodeManager:
                     traj.reward = float(reward) if terminated else 0.0
                 self._end(traj, Outcome.TRUNCATED_LENGTH, f"turn {turn} hit its token limit ({params.max_new_tokens})")
                 return
-            _, reward, terminated, truncated, sinfo = await self._step(env, text)
+            obs, reward, terminated, truncated, sinfo = await self._step(env, text)
             rec.env_s = time.perf_counter() - t_env
             rec.reward = float(reward)
             ts = sinfo.get("tool_stats", {})

@@ -43,6 +43,14 @@ GAE advantages by default, so a PPO preset should turn it on).
   returns per-token advantages and per-turn critic targets ``R_k = A_k + V_k``. Read ``V_k`` at
   ``turn_boundaries(turn_ids, loss_mask)[k]``. ``whiten=True`` whitens the token advantages over
   the batch's sampled tokens (targets unchanged).
+* ``gigpo``:       ``gigpo(turn_rewards, turn_ids, loss_masks, group_ids [B], state_keys [B][K_i], omega,
+  gamma, normalize_std)`` (GiGPO, group-in-group): episode level ``R_i = sum_k r_{i,k}``,
+  ``A^E_i = (R_i - mean_g R) / (std_g R + eps)`` (``normalize_std=False``: ``R_i - mean_g R``);
+  step level: the anchor group of turn (i, k) is every turn of i's group that started from the same
+  ``state_keys[i][k]``, ``G_{i,k} = sum_{j>=k} gamma^{j-k} r_{i,j}`` normalised the same way within
+  it (a singleton anchor group gives 0, so with no repeated state GiGPO equals ``A^E``);
+  ``A_{i,k} = A^E_i + omega A^S_{i,k}`` on turn k's sampled tokens. Keys come from the env's
+  ``state_key()`` (``Trajectory.turns[k].state_key``; a hash of the observation text otherwise).
 
 Every credit mode gives mask-0 tokens (prompt, tool output, glue) advantage 0.
 
@@ -121,6 +129,7 @@ from agentrl.algos.advantages import (
 from agentrl.algos.credit import (
     CREDIT,
     apply_kl_in_reward,
+    gigpo,
     outcome_broadcast,
     turn_boundaries,
     turn_gae,
@@ -155,7 +164,7 @@ __all__ = [
     "REGISTRIES", "lookup",
     "ADVANTAGES", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "group_index",
     "masked_whiten",
-    "CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "turn_boundaries",
+    "CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "gigpo", "turn_boundaries",
     "turn_rewards_to_tokens", "apply_kl_in_reward",
     "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "gspo", "cispo", "aggregate",
     "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits", "value_loss",

@@ -1,7 +1,7 @@
 """Turn-level credit assignment: from trajectories (per-turn rewards, ``turn_ids``, ``loss_mask``)
 to PER-TOKEN advantages.
 
-Owns: the ``CREDIT`` registry (``outcome``, ``turn_return``, ``turn_gae``) and the helpers that
+Owns: the ``CREDIT`` registry (``outcome``, ``turn_return``, ``turn_gae``, ``gigpo``) and the helpers that
 relate turns to token positions (``turn_boundaries``, ``turn_rewards_to_tokens``) and put a KL
 penalty into per-turn rewards (``apply_kl_in_reward``).
 
@@ -22,7 +22,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
-__all__ = ["CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "turn_boundaries",
+__all__ = ["CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "gigpo", "turn_boundaries",
            "turn_rewards_to_tokens", "apply_kl_in_reward"]
 
 
@@ -148,6 +148,65 @@ def turn_gae(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequenc
     return (_whiten_sampled(tok, loss_masks) if whiten else tok), rets
 
 
+def _normalized(values: Sequence[float], normalize_std: bool, eps: float) -> list[float]:
+    """``v - mean`` (``/ (unbiased std + eps)`` if ``normalize_std``); a single value gives 0."""
+    if len(values) < 2:
+        return [0.0] * len(values)
+    mean = math.fsum(values) / len(values)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return [(v - mean) / (std + eps) if normalize_std else v - mean for v in values]
+
+
+def gigpo(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]],
+          loss_masks: Sequence[Sequence[int]], group_ids: Sequence[Hashable],
+          state_keys: Sequence[Sequence[Hashable | None]], *, omega: float = 1.0, gamma: float = 1.0,
+          normalize_std: bool = True, eps: float = 1e-6, stats: dict | None = None) -> list[list[float]]:
+    """GiGPO (group-in-group): an episode-level group advantage plus a step-level one computed inside
+    anchor-state groups.
+
+    ``R_i = sum_k r_{i,k}``; ``A^E_i = (R_i - mean_g R) / (std_g R + eps)`` over i's group g
+    (``normalize_std=False``: ``R_i - mean_g R``, Dr.GRPO style). Anchor group of turn (i, k):
+    every turn (i', k') with ``group(i') = group(i)`` and ``state_keys[i'][k'] = state_keys[i][k]``
+    (the state the turn started from; turns of one trajectory that revisit a state count too).
+    ``G_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}``; ``A^S_{i,k}`` = the same normalisation of
+    ``G_{i,k}`` within its anchor group. ``A_{i,k} = A^E_i + omega A^S_{i,k}``, on turn k's
+    sampled tokens; mask-0 tokens get 0. A singleton group or anchor group gives 0 (so with no
+    repeated state, GiGPO is exactly the episode-level advantage); a ``None`` key (unknown state)
+    is its own singleton. std is unbiased (n-1). ``stats`` (a dict) receives ``anchor_groups``,
+    ``anchor_turns_shared`` (turns in anchor groups of size > 1) and ``anchor_group_size_max``.
+    B sequences in, B per-token lists out.
+    """
+    n = len(turn_rewards)
+    _check(turn_ids, loss_masks, n)
+    if len(group_ids) != n or len(state_keys) != n:
+        raise ValueError(f"{len(group_ids)} group ids and {len(state_keys)} state-key lists for {n} sequences")
+    for i, (r, keys) in enumerate(zip(turn_rewards, state_keys)):
+        if len(keys) != len(r):
+            raise ValueError(f"sequence {i}: {len(r)} turn rewards but {len(keys)} state keys")
+    episode: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        episode[g].append(i)
+    a_ep = [0.0] * n
+    for members in episode.values():
+        for i, a in zip(members, _normalized([math.fsum(turn_rewards[i]) for i in members], normalize_std, eps)):
+            a_ep[i] = a
+    returns = [_discounted_suffix(r, gamma) for r in turn_rewards]
+    anchors: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for i, (g, keys) in enumerate(zip(group_ids, state_keys)):
+        for k, key in enumerate(keys):
+            anchors[(g, key) if key is not None else (g, None, i, k)].append((i, k))
+    a_step = [[0.0] * len(r) for r in turn_rewards]
+    for members in anchors.values():
+        for (i, k), a in zip(members, _normalized([returns[i][k] for i, k in members], normalize_std, eps)):
+            a_step[i][k] = a
+    if stats is not None:
+        sizes = [len(m) for m in anchors.values()]
+        stats.update(anchor_groups=len(sizes), anchor_turns_shared=sum(s for s in sizes if s > 1),
+                     anchor_group_size_max=max(sizes, default=0))
+    per_turn = [[a_ep[i] + omega * a for a in row] for i, row in enumerate(a_step)]
+    return _spread(per_turn, turn_ids, loss_masks)
+
+
 def _whiten_sampled(rows: list[list[float]], loss_masks: Sequence[Sequence[int]], eps: float = 1e-8
                     ) -> list[list[float]]:
     """Whiten the mask-1 entries of ``rows`` together (unbiased var); mask-0 entries stay 0."""
@@ -238,4 +297,5 @@ CREDIT: dict[str, Callable[..., object]] = {
     "outcome": outcome_broadcast,
     "turn_return": turn_returns_group_baseline,
     "turn_gae": turn_gae,
+    "gigpo": gigpo,
 }

@@ -15,6 +15,7 @@ import torch
 
 from agentrl import algos
 from agentrl.episodes.summary import episode_return
+from agentrl.errors import ConfigError
 from agentrl.trajectory import Trajectory
 
 
@@ -48,10 +49,12 @@ def trainable(groups: Sequence[Sequence[Trajectory]]) -> tuple[list[Trajectory],
 
 
 def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, gamma: float = 1.0,
-                     lam: float = 0.95, values_fn: Callable[[list[Trajectory]], list[list[float]]] | None = None
+                     lam: float = 0.95, values_fn: Callable[[list[Trajectory]], list[list[float]]] | None = None,
+                     omega: float = 1.0, credit_stats: dict | None = None
                      ) -> tuple[list[list[float]], list[list[float]] | None, list[list[int]] | None]:
     """Per-token advantages for ``trajs``; for ``turn_gae`` also per-token critic targets and the mask
-    of boundary tokens where the critic is trained."""
+    of boundary tokens where the critic is trained. ``gigpo``'s episode level follows ``advantage``
+    (``grpo``: std-normalised, ``dr_grpo``: not); ``credit_stats`` receives its anchor-group counts."""
     masks = [t.loss_mask for t in trajs]
     groups = [t.group_id for t in trajs]
     if credit == "outcome":
@@ -62,6 +65,12 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
     turn_ids = [t.turn_ids for t in trajs]
     if credit == "turn_return":
         return algos.CREDIT["turn_return"](turn_rewards, turn_ids, masks, groups, gamma=gamma), None, None
+    if credit == "gigpo":
+        if advantage not in ("grpo", "dr_grpo"):
+            raise ConfigError(f"algo.credit=gigpo needs an algo whose advantage is grpo or dr_grpo, got {advantage!r}")
+        keys = [[r.state_key for r in t.turns] for t in trajs]
+        return algos.CREDIT["gigpo"](turn_rewards, turn_ids, masks, groups, keys, omega=omega, gamma=gamma,
+                                     normalize_std=advantage == "grpo", stats=credit_stats), None, None
     if credit == "turn_gae":
         if values_fn is None:
             raise ValueError("credit 'turn_gae' needs a critic (values_fn)")
@@ -83,15 +92,16 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
 
 
 def build_samples(groups: Sequence[Sequence[Trajectory]], preset: AlgoPreset, *, credit: str | None = None,
-                  gamma: float = 1.0, lam: float = 0.95, values_fn=None):
+                  gamma: float = 1.0, lam: float = 0.95, values_fn=None, omega: float = 1.0):
     """TrainSamples for one optimizer step, plus stats (excluded count, advantage spread)."""
     from agentrl.trainer import TrainSample
 
     trajs, excluded = trainable(groups)
     if not trajs:
         return [], {"excluded": excluded, "samples": 0}
+    cstats: dict = {}
     adv, returns, vmask = token_advantages(trajs, preset.advantage, credit or preset.credit, gamma=gamma, lam=lam,
-                                           values_fn=values_fn)
+                                           values_fn=values_fn, omega=omega, credit_stats=cstats)
     samples = []
     for i, t in enumerate(trajs):
         samples.append(TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
@@ -101,4 +111,4 @@ def build_samples(groups: Sequence[Sequence[Trajectory]], preset: AlgoPreset, *,
     flat = [a for row, t in zip(adv, trajs) for a, m in zip(row, t.loss_mask) if m]
     nonzero = sum(1 for a in flat if abs(a) > 1e-9)
     return samples, {"excluded": excluded, "samples": len(samples),
-                     "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0}
+                     "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0, **cstats}

@@ -94,10 +94,13 @@ class EnvConfig:
 class AlgoConfig:
     name: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"] = doc(
         "grpo", "RL algorithm preset: advantage estimator + credit mode + aggregation (+ critic for ppo).")
-    credit: Literal["outcome", "turn_return", "turn_gae"] | None = doc(
-        None, "Override the preset's credit mode: outcome broadcast, per-turn returns with a group baseline, turn-level GAE.")
-    gamma: float = doc(1.0, "Discount across turns (turn_return, turn_gae).", min=0.0, max=1.0)
+    credit: Literal["outcome", "turn_return", "turn_gae", "gigpo"] | None = doc(
+        None, "Override the preset's credit mode: outcome broadcast, per-turn returns with a group baseline, turn-level "
+              "GAE, or gigpo (episode-level group advantage + omega x step-level advantage within anchor-state groups; "
+              "needs algo grpo or dr_grpo).")
+    gamma: float = doc(1.0, "Discount across turns (turn_return, turn_gae, gigpo's step returns).", min=0.0, max=1.0)
     lam: float = doc(0.95, "GAE lambda across turns (turn_gae).", min=0.0, max=1.0)
+    gigpo_omega: float = doc(1.0, "Weight of GiGPO's step-level (anchor-state) advantage (credit=gigpo).", min=0.0)
 
 
 @dataclass

@@ -247,7 +247,7 @@ class Runner:
                 t_wait = time.perf_counter() - t0
                 values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
                 samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,
-                                                lam=cfg.algo.lam, values_fn=values_fn)
+                                                lam=cfg.algo.lam, values_fn=values_fn, omega=cfg.algo.gigpo_omega)
                 tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
                 fault_point("after_train_step")
                 sync_s = await self._sync_weights()

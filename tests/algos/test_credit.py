@@ -147,7 +147,7 @@ def test_credit_from_a_real_trajectory():
     close(out[0], [0, 0, 0.45, 0.45, 0, 0, 0.5])
     close(out[1], [0, 0, -0.45, -0.45, 0, 0, -0.5])
     assert turn_boundaries(t.turn_ids, t.loss_mask) == [1, 5]
-    assert set(CREDIT) == {"outcome", "turn_return", "turn_gae"} and lookup("credit", "turn_gae") is turn_gae
+    assert set(CREDIT) == {"outcome", "turn_return", "turn_gae", "gigpo"} and lookup("credit", "turn_gae") is turn_gae
 
 
 def test_mask_zero_tokens_never_get_credit():

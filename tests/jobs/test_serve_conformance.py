@@ -132,6 +132,22 @@ def test_chat_streams_token_by_token_and_matches_the_whole_reply(tiny):
     assert all(ch.choices for ch in plain)  # no usage chunk unless asked
 
 
+def test_first_chunk_arrives_while_the_engine_is_still_sampling(tiny):
+    """Real streaming, not a finished reply cut in pieces: when the first text arrives, most of the
+    reply has not been sampled yet (the in-process engine's token counter says so)."""
+    c = client(f"{tiny.url}/v1")
+    before = tiny.engine.stats["generated_tokens"]
+    msgs = [{"role": "user", "content": "Talk."}]
+    stream = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=200, temperature=0, stream=True)
+    at_first = None
+    for ch in stream:
+        if ch.choices and ch.choices[0].delta.content and at_first is None:
+            at_first = tiny.engine.stats["generated_tokens"] - before
+    total = tiny.engine.stats["generated_tokens"] - before
+    assert at_first is not None and total >= 50, (at_first, total)
+    assert at_first < total / 2, f"the first text came after {at_first} of {total} tokens were sampled"
+
+
 def test_stop_string_cuts_the_stream_and_the_generation(tiny):
     c = client(f"{tiny.url}/v1")
     msgs = [{"role": "user", "content": "Say something"}]

@@ -3,9 +3,10 @@ strings, no env code runs).
 
 Owns: the table of built-in envs and their registration in agentrl's registry (ids
 ``CodeExec-v0`` with alias ``code_exec``, ``Noop-v0`` with alias ``noop``, ``Concise-v0`` with alias
-``concise``, ``TextWorld-v0`` with alias ``textworld``), mirrored into Gymnasium's as ``agentrl/CodeExec-v0``, ``agentrl/Noop-v0``,
-``agentrl/Concise-v0``, ``agentrl/TextWorld-v0`` (aliases are not mirrored); and reading the installed packages'
-``agentrl.envs`` entry points at import (``registry.discover``), so their ids are known to
+``concise``, ``TextWorld-v0`` with alias ``textworld``), mirrored into Gymnasium's as
+``agentrl/CodeExec-v0``, ``agentrl/Noop-v0``, ``agentrl/Concise-v0``, ``agentrl/TextWorld-v0``
+(aliases are not mirrored); and reading the installed packages' ``agentrl.envs`` entry points at
+import (``registry.discover``), so their ids are known to
 ``gymnasium.make`` once ``agentrl.envs`` is imported. Which built-ins have held-out tasks: ``CodeExec-v0``
 and ``TextWorld-v0`` take ``split``; ``Noop-v0`` and ``Concise-v0`` declare ``has_eval_split=False``.
 The env code lives in the submodules: ``base`` (AgentEnv, ToolEnv, TextSpace), ``code_exec``,

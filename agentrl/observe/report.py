@@ -8,7 +8,9 @@ counts on their own; a step that did not log a metric is a gap: ``agentrl.observ
 monitor alerts (``agentrl.observe.monitors``) folded into one line per kind, the outcome breakdown, the full
 summary, and a token-level trajectory viewer: every token coloured by its loss mask
 (prompt/observation grey, sampled tokens by the sign and size of their advantage) with its id,
-logprob, policy version, advantage and turn shown on hover; a prompt prefix every shown trajectory
+logprob, policy version, advantage and turn shown on hover, and per turn (folded) its reward,
+advantage and state key (GiGPO's anchor state) with how many shown turns of the same task start from
+that state; a prompt prefix every shown trajectory
 shares (the system prompt) is shown once, folded. Works with any subset of those files (a run cut
 short still gets a page). Does not compute metrics the run did not log, and loads nothing from the
 network.
@@ -231,14 +233,50 @@ def _spans(t: Trajectory, tokenizer, start: int, end: int) -> str:
     return "".join(spans)
 
 
-def trajectory_html(t: Trajectory, tokenizer=None, shared: int = 0) -> str:
-    """One trajectory: a header and every token as a span with its data on hover; its first
-    ``shared`` tokens (the prompt prefix shown once above, :func:`shared_html`) as one marker."""
+def turn_advantages(t: Trajectory) -> list[float | None]:
+    """Each turn's advantage: the mean over its sampled tokens (turn-level credit gives them all the
+    same value); None for a turn with no sampled token or a trajectory saved without advantages."""
+    adv = t.info.get("advantages")
+    sums: dict[int, list[float]] = {}
+    if adv:
+        for a, k, m in zip(adv, t.turn_ids, t.loss_mask):
+            if m and k >= 0:
+                sums.setdefault(k, []).append(float(a))
+    return [sum(v) / len(v) if (v := sums.get(k)) else None for k in range(len(t.turns))]
+
+
+def anchor_sizes(trajs: list[Trajectory]) -> Counter:
+    """(group, state key) -> how many turns of the shown trajectories start from that state."""
+    return Counter((t.group_id, r.state_key) for t in trajs for r in t.turns if r.state_key is not None)
+
+
+def turns_html(t: Trajectory, anchors: Counter | None = None) -> str:
+    """A folded per-turn table: reward, advantage, the state the turn started from (its anchor state
+    for GiGPO) and how many shown turns of the same task start there too."""
+    if not t.turns:
+        return ""
+    anchors = anchors if anchors is not None else anchor_sizes([t])
+    rows = []
+    for r, a in zip(t.turns, turn_advantages(t)):
+        key = r.state_key or "-"
+        shared = anchors.get((t.group_id, r.state_key), 0) if r.state_key is not None else 0
+        rows.append(f"<tr><td>{r.index}</td><td>{r.reward:+.3f}</td><td>{'-' if a is None else f'{a:+.3f}'}</td>"
+                    f"<td><code>{html.escape(key)}</code></td><td>{shared if shared > 1 else ''}</td>"
+                    f"<td>{r.tool_calls}</td></tr>")
+    return ("<details><summary>per-turn rewards, advantages and states</summary><table><tr><th>turn</th>"
+            "<th>reward</th><th>advantage</th><th>state key</th><th>turns shown from this state</th>"
+            f"<th>calls</th></tr>{''.join(rows)}</table></details>")
+
+
+def trajectory_html(t: Trajectory, tokenizer=None, shared: int = 0, anchors: Counter | None = None) -> str:
+    """One trajectory: a header, a per-turn table (:func:`turns_html`) and every token as a span
+    with its data on hover; its first ``shared`` tokens (the prompt prefix shown once above,
+    :func:`shared_html`) as one marker."""
     outcome = getattr(t.outcome, "value", t.outcome)
     head = (f"<b>{html.escape(t.episode_id)}</b> · reward {t.reward:.3f} · outcome {html.escape(str(outcome))} · "
             f"{len(t.turns)} turns · {t.num_sampled} sampled / {len(t.token_ids)} tokens")
     marker = f'<span class="shared">[shared prompt: {shared} tokens, shown once above]</span>' if shared else ""
-    return (f'<div class="traj"><div>{head}</div><div class="toks">{marker}'
+    return (f'<div class="traj"><div>{head}</div>{turns_html(t, anchors)}<div class="toks">{marker}'
             f'{_spans(t, tokenizer, shared, len(t.token_ids))}</div></div>')
 
 
@@ -277,7 +315,8 @@ def render(run: RunData, monitor: MonitorConfig | None = None) -> str:
                   "hover a token for id, logprob, policy version, advantage and turn</div>"]
         if shared:
             parts.append(shared_html(run.trajectories[0], tok, shared))
-        parts += [trajectory_html(t, tok, shared) for t in run.trajectories]
+        anchors = anchor_sizes(run.trajectories)
+        parts += [trajectory_html(t, tok, shared, anchors) for t in run.trajectories]
     if run.problems:
         parts += ["<h2>Problems reading the run</h2>"] + [f"<div>{html.escape(p)}</div>" for p in run.problems]
     parts.append("</body></html>")

@@ -57,9 +57,10 @@ def env_factory(cfg: RunConfig) -> EnvFactory:
 
 def eval_env_factory(plan: Plan):
     """The held-out eval's env: ``env.id`` with ``plan.eval_env_kwargs`` (built per episode, not probed)."""
-    from agentrl.envs.registry import make
+    from agentrl.envs.registry import check_split, make
 
     env_id, kwargs = plan.cfg.env.id, plan.eval_env_kwargs
+    check_split(env_id, kwargs)  # an env without a held-out split fails here, before training, naming the choice
     return lambda: make(env_id, **kwargs)
 
 

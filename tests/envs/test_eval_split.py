@@ -110,3 +110,15 @@ def test_builtins_declare_their_split():
     a = registry.make("code_exec").reset(seed=0)[1]["task"]["id"]
     b = registry.make("code_exec", split="eval").reset(seed=0)[1]["task"]["id"]
     assert a != b and "-eval-" in b
+
+
+def test_a_run_of_an_undeclared_env_fails_before_training(clean_registry, tmp_path):
+    """The run's held-out eval env is checked when the run is built: no training, no silent 0 eval."""
+    from agentrl.config.plan import resolve
+    from agentrl.config.schema import load_config
+    from agentrl.jobs.build import eval_env_factory
+
+    registry.register("test/Undeclared-v0", Undeclared)
+    cfg = load_config(overrides=["env.id=test/Undeclared-v0", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="has_eval_split"):
+        eval_env_factory(resolve(cfg, "run"))

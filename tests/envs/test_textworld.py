@@ -152,3 +152,29 @@ def test_state_key_falls_back_to_the_observation_hash():
     tw = TextWorldEnv()
     tw.reset(seed=0)
     assert state_key_of(tw, "ignored") == tw.world.state_key()
+
+
+@pytest.mark.slow
+def test_agentrl_run_textworld_with_gigpo_end_to_end(tiny_model_dir, tmp_path):
+    """``agentrl run --env textworld --algo grpo --set algo.credit=gigpo``, shortened: 2 steps of 2 groups
+    x 4 samples on the tiny model. Every group shares its first state, so anchor groups of size > 1
+    exist whatever the (random) model writes; state keys are recorded and saved with the trajectories."""
+    import json
+
+    from agentrl.config.schema import load_config
+    from agentrl.jobs.run import Runner
+    from agentrl.trajectory import read_jsonl
+
+    out = tmp_path / "run"
+    cfg = load_config([], [
+        f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=textworld", "algo.name=grpo",
+        "algo.credit=gigpo", "algo.gigpo_omega=1.0", "rollout.max_new_tokens=24", "rollout.max_turns=3",
+        "rollout.group_size=4", "rollout.temperature=1.0", "train.groups_per_step=2", "train.steps=2",
+        "train.max_staleness=0", "eval.num_tasks=0", "logging.tensorboard=false", "logging.trajectories_per_step=-1"])
+    summary = asyncio.run(Runner(cfg, progress=False).run())
+    assert summary["steps"] == 2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shared = [r["credit/anchor_turns_shared"] for r in rows if "credit/anchor_turns_shared" in r]
+    assert len(shared) == 2 and all(s >= 8 for s in shared), rows  # turn 0 of each group of 4, at least
+    saved = [t for p in sorted((out / "trajectories").glob("step_*.jsonl")) for t in read_jsonl(p)]
+    assert saved and all(r.state_key for t in saved if t.trainable for r in t.turns)

@@ -178,3 +178,15 @@ def test_agentrl_run_textworld_with_gigpo_end_to_end(tiny_model_dir, tmp_path):
     assert len(shared) == 2 and all(s >= 8 for s in shared), rows  # turn 0 of each group of 4, at least
     saved = [t for p in sorted((out / "trajectories").glob("step_*.jsonl")) for t in read_jsonl(p)]
     assert saved and all(r.state_key for t in saved if t.trainable for r in t.turns)
+
+
+def test_oracle_demonstrations_are_token_exact_successes(tiny_tokenizer):
+    from agentrl.warmstart.textworld_demos import textworld_demonstrations
+
+    demos = textworld_demonstrations(tiny_tokenizer, 6, difficulty=[1, 2, 3], seed=3)
+    assert len(demos) == 6
+    for d in demos:
+        assert len(d.token_ids) == len(d.loss_mask) and d.loss_mask[0] == 0
+        sampled = tiny_tokenizer.decode([i for i, m in zip(d.token_ids, d.loss_mask) if m])
+        assert sampled.count("<tool_call>") >= 8 and '"name": "put"' in sampled  # the model's turns: the plan
+        assert "You are in the" not in sampled  # observations are never trained on

@@ -1,0 +1,67 @@
+"""SFT demonstrations for ``TextWorld-v0``: the oracle planner played through the real episode
+manager and env, so every demonstration has exactly the token layout RL sees (prompt ids, sampled
+tool-call turns with mask 1, observation deltas with mask 0).
+
+Owns ``textworld_demonstrations``: train-split worlds (never a held-out one), the oracle's plan
+for each written as one Hermes tool call per turn by a scripted ``FakeEngine`` (which finds its
+episode's plan from the first user message, the opening room description), successes only.
+Does not: run the SFT stage (``agentrl.warmstart.sft.run_sft`` takes these examples) or choose the
+default model's recipe (``agentrl.warmstart.default_model``, which trains on ``code_exec`` only).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+
+from agentrl.warmstart.chat_data import SFTExample
+
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+
+
+def demo_worlds(n: int, difficulty: int | list[int] = 2, seed: int = 0) -> list[dict]:
+    """``n`` train-split TextWorld tasks with distinct opening descriptions, difficulties cycled."""
+    from agentrl.envs.textworld import generate_world
+
+    levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
+    out, seen, i = [], set(), 0
+    while len(out) < n:
+        level = levels[len(out) % len(levels)]
+        w = generate_world(seed * 1_000_003 + i, level, "train")
+        i += 1
+        if w.look() not in seen:
+            seen.add(w.look())
+            out.append({"id": w.task_id, "seed": seed * 1_000_003 + i - 1, "difficulty": level, "split": "train",
+                        "goal": w.goal_text()})
+    return out
+
+
+async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int):
+    from agentrl.engine.fake import FakeEngine
+    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call, oracle_actions
+    from agentrl.episodes.config import RolloutConfig
+    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+
+    plans = {}
+    for t in tasks:
+        w = generate_world(t["seed"], t["difficulty"], t["split"])
+        plans[w.look()] = oracle_actions(w)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def policy(prompt_ids, params, ctx):
+        text = tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        plan = plans[_USER.search(text).group(1)]
+        turn = text.count("<|im_start|>assistant") - 1
+        return list(tokenizer.encode(hermes_call(plan[turn]), add_special_tokens=False)) + [end]
+
+    cfg = RolloutConfig(max_turns=40, max_concurrency=max_concurrency, max_new_tokens=512, max_context=1 << 20)
+    manager = EpisodeManager(FakeEngine(policy, logprob=0.0), TextWorldEnv, tokenizer, cfg, env_id="textworld")
+    specs = [EpisodeSpec(f"demo-{i}", 0, i, options={"task": t}) for i, t in enumerate(tasks)]
+    trajs = await manager.collect(specs)
+    return [t for t in trajs if t.outcome.value == "ok" and t.reward == 1.0]
+
+
+def textworld_demonstrations(tokenizer, n: int, *, difficulty: int | list[int] = 2, seed: int = 0,
+                             max_concurrency: int = 16) -> list[SFTExample]:
+    """``n`` (or fewer, if any failed) oracle demonstrations as ``SFTExample``s."""
+    trajs = asyncio.run(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency))
+    return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]

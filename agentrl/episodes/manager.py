@@ -1,7 +1,8 @@
 """The async episode manager: runs many multi-turn episodes at once and streams Trajectories.
 
 Owns: the turn loop (render -> engine.generate -> env.step -> observation delta), token-exact
-trajectory assembly (with each turn's anchor state key), groups of G samples per task, max turns, per-turn and per-episode deadlines,
+trajectory assembly (with the state key each turn starts from: ``state_key_of``), groups of G
+samples per task, max turns, per-turn and per-episode deadlines,
 the context budget (checked before every request), the observation length cap, cancellation, and
 mapping every failure to a typed Outcome so that one failing episode never breaks the others, and
 holding new episodes back while a sandbox is saturated (``agentrl.sandbox.slots.admission``).

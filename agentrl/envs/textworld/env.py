@@ -40,7 +40,7 @@ def hermes_call(action: Action) -> str:
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
 
 
-def _tools(env: "TextWorldEnv") -> list[Tool]:
+def _tools(env: TextWorldEnv) -> list[Tool]:
     """Tools bound to ``env``'s current world (looked up at call time: reset swaps the world)."""
 
     def w() -> World:

@@ -86,10 +86,9 @@ class World:
     def state_key(self) -> str:
         """Canonical hash of everything an action can change (and the task id, so keys of
         different worlds never collide). Independent of the path that led here."""
+        flags = sorted((o, sorted(f)) for o, f in self.flags.items() if f)
         state = {"task": self.task_id, "room": self.room, "holding": self.holding,
-                 "location": sorted(self.location.items()), "flags": sorted((o, sorted(f)) for o, f in self.flags.items()
-                                                                             if f),
-                 "opened": sorted(self.opened)}
+                 "location": sorted(self.location.items()), "flags": flags, "opened": sorted(self.opened)}
         return hashlib.blake2b(json.dumps(state, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     # ---------------------------------------------------------------- lookups (mistakes say why)

@@ -17,7 +17,11 @@ from agentrl.errors import EngineError
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings for one request. ``top_k=0`` and ``top_p=1.0`` disable those filters;
-    ``temperature=0`` is greedy decoding (logprobs are still those of the temperature-1 softmax)."""
+    ``temperature=0`` is greedy decoding (logprobs are still those of the temperature-1 softmax).
+
+    ``stop`` holds stop strings: the request ends ("stop") at the first sampled token after which
+    the decoded text of the sampled ids contains one of them. That token is kept, as sampled: the
+    ids are never trimmed or re-tokenized, so the text may run a few characters past the string."""
 
     max_new_tokens: int = 256
     temperature: float = 1.0
@@ -25,6 +29,7 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -35,6 +40,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if isinstance(self.stop, str):
+            raise ValueError(f"stop must be a sequence of strings, got the string {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))  # frozen: a list given by a caller becomes a tuple
+        bad = [s for s in self.stop if not isinstance(s, str) or not s]
+        if bad:
+            raise ValueError(f"stop strings must be non-empty strings, got {bad[0]!r}")
 
 
 @dataclass

@@ -15,6 +15,11 @@ Conventions (the same as SGLang's ``return_logprob``):
   generation config, or ``eos_token_ids=`` at construction; ``()`` never stops on eos). A sampled
   stop id is kept in ``token_ids`` and ends the request with "stop"; ``max_new_tokens`` or
   ``max_context`` (prompt + completion) ends it with "length".
+- Stop strings (``params.stop``): after every sampled token the tail of the request's sampled ids
+  is decoded (enough tokens to hold the longest string: one token per UTF-8 byte, plus one) and
+  searched; a hit ends the request with "stop", that token kept and nothing trimmed. Decoding needs
+  the tokenizer: ``tokenizer=`` at construction, else loaded from the model's directory the first
+  time a request brings stop strings (an engine over an in-memory model without one refuses them).
 - ``params.seed`` gives the request its own ``torch.Generator``: its samples do not depend on what
   else is in the batch. Unseeded requests share the engine's generator (seeded by ``seed=``).
 - ``update_weights`` copies tensors into the model in place between two decode steps. Sequences in
@@ -52,10 +57,13 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     generator: torch.Generator | None
+    stop_strs: tuple[str, ...] = ()
+    stop_window: int = 0  # sampled tokens decoded to look for a stop string
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     kv_len: int = 0  # tokens whose K/V are in the cache (the last sampled token is not, yet)
+    reason: str = ""  # "stop" | "length" once finished
     done: bool = False
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
@@ -131,11 +139,16 @@ class LocalEngine(Engine):
         eos_token_ids: Sequence[int] | None = None,
         prefill_tokens: int = 8192,
         seed: int = 0,
+        tokenizer: Any | None = None,
     ) -> None:
         """``model``: a path to an HF directory (loaded with ``dtype`` on ``device``) or an already
         loaded ``PreTrainedModel``, used as is and shared, not copied (``device``/``dtype`` ignored).
         ``device``/``dtype`` ``auto``: cuda + bfloat16 when a CUDA GPU is visible, else cpu + float32
-        (``placement``). ``prefill_tokens`` bounds the padded tokens of one prefill forward."""
+        (``placement``). ``prefill_tokens`` bounds the padded tokens of one prefill forward.
+        ``tokenizer`` (anything with ``decode(ids) -> str``) is only used for stop strings; when
+        ``model`` is a path it defaults to that directory's tokenizer, loaded on first use."""
+        self._tokenizer = tokenizer
+        self._tokenizer_dir = str(model) if isinstance(model, (str, Path)) else None
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM
 
@@ -216,6 +229,8 @@ class LocalEngine(Engine):
             raise EngineError(
                 f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={self._max_context}"
             )
+        if params.stop and self._tokenizer is None:  # load it here, not on the worker thread
+            await asyncio.to_thread(self._stop_decoder)
         await self.start()
         loop = asyncio.get_running_loop()
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
@@ -227,6 +242,8 @@ class LocalEngine(Engine):
             loop=loop,
             future=loop.create_future(),
             generator=gen,
+            stop_strs=params.stop,
+            stop_window=max((len(s.encode()) for s in params.stop), default=0) + 1,
             on_token=on_token,
         )
         with self._cond:
@@ -238,6 +255,26 @@ class LocalEngine(Engine):
         except asyncio.CancelledError:
             req.cancelled = True  # the worker drops it at its next step
             raise
+
+    def _stop_decoder(self) -> Any:
+        """The tokenizer stop strings are decoded with (loaded from the model dir on first use)."""
+        if self._tokenizer is None:
+            if self._tokenizer_dir is None:
+                raise EngineError("stop strings need a tokenizer: this LocalEngine was built from a loaded model; "
+                                  "pass tokenizer= to LocalEngine")
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_dir)
+            except Exception as e:
+                raise EngineError(f"stop strings need a tokenizer, and none loads from {self._tokenizer_dir}: "
+                                  f"{type(e).__name__}: {e}") from e
+        return self._tokenizer
+
+    def _hit_stop_string(self, r: _Request) -> bool:
+        """Whether the tail of ``r``'s sampled ids, decoded, holds one of its stop strings."""
+        tail = self._tokenizer.decode(r.tokens[-r.stop_window:])
+        return any(s in tail for s in r.stop_strs)
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         params = self.model.state_dict(keep_vars=True)
@@ -400,18 +437,21 @@ class LocalEngine(Engine):
             r.versions.append(self._version)
             if r.on_token is not None:
                 _notify(r.loop, r.on_token, t, lp_t)
-            if t in r.stop_ids or len(r.tokens) >= r.limit:
+            if t in r.stop_ids or (r.stop_strs and self._hit_stop_string(r)):
+                r.reason = "stop"
+            elif len(r.tokens) >= r.limit:
+                r.reason = "length"
+            if r.reason:
                 finished.append(r)
         self.stats["generated_tokens"] += n
         for r in finished:
-            reason = "stop" if r.tokens[-1] in r.stop_ids else "length"
             info = {
                 "prompt_tokens": len(r.prompt),
                 "admitted_step": r.admitted_step,
                 "finished_step": self.stats["steps"],
                 "latency_s": time.perf_counter() - r.submitted,
             }
-            _deliver(r.loop, r.future, Generation(r.tokens, r.logprobs, reason, r.versions, info))
+            _deliver(r.loop, r.future, Generation(r.tokens, r.logprobs, r.reason, r.versions, info))
         self._retire(finished)
 
     def _retire(self, reqs: list[_Request]) -> None:

@@ -16,6 +16,8 @@ Conventions (match :class:`agentrl.engine.local.LocalEngine` where SGLang allows
   re-tokenized. A matched stop id is kept in ``token_ids`` (SGLang keeps it; checked per answer).
 - SGLang stops on ``stop_token_ids`` AND on the model's eos ids (``ignore_eos`` would disable both),
   so unlike LocalEngine an eos id missing from ``stop_token_ids`` still stops a request.
+- Stop strings (``params.stop``) go as SGLang's ``stop``; SGLang searches the decoded tail of the
+  output as LocalEngine does, and with ``no_stop_trim`` the matched token stays in ``output_ids``.
 - ``seed`` is sent as ``sampling_seed``; SGLang honours it only when the server runs with
   ``--enable-deterministic-inference``.
 - Per-token versions come from SGLang's ``meta_info.weight_versions`` spans. The engine keeps every

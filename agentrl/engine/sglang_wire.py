@@ -32,12 +32,14 @@ def model_limits(model_path: str | None) -> tuple[int | None, int | None]:
 
 def sampling_params(p: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
     """SGLang ``sampling_params``. ``no_stop_trim`` and no special-token skipping keep the text
-    side from changing anything; ``top_k=-1`` is SGLang's "off"; ``seed`` -> ``sampling_seed``."""
+    side from changing anything (a stop string's token stays in ``output_ids``); ``top_k=-1`` is SGLang's "off"; ``seed`` -> ``sampling_seed``."""
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
                           "top_k": p.top_k if p.top_k > 0 else -1, "no_stop_trim": True,
                           "skip_special_tokens": False, "spaces_between_special_tokens": False}
     if p.stop_token_ids:
         sp["stop_token_ids"] = [int(t) for t in p.stop_token_ids]
+    if p.stop:
+        sp["stop"] = list(p.stop)
     if p.seed is not None:
         sp["sampling_seed"] = int(p.seed)
     return sp
@@ -79,6 +81,8 @@ def to_generation(data: dict, url: str, default_version: int) -> Generation:
     matched = fr.get("matched")
     if reason == "stop" and isinstance(matched, int) and (not ids or ids[-1] != matched):
         raise EngineError(f"SGLang server {url} stopped on id {matched} but trimmed it from output_ids")
+    if reason == "stop" and isinstance(matched, str) and not ids:
+        raise EngineError(f"SGLang server {url} stopped on the string {matched!r} but sent no output_ids")
     info = {"server": url, "prompt_tokens": meta.get("prompt_tokens"), "cached_tokens": meta.get("cached_tokens"),
             "latency_s": meta.get("e2e_latency"), "retractions": meta.get("num_retractions", 0)}
     if reason == "abort":

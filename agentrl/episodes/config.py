@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentrl.common.fields import doc
+from agentrl.errors import ConfigError
 
 
 @dataclass
@@ -24,6 +25,8 @@ class RolloutConfig:
     temperature: float = doc(1.0, "Sampling temperature (0 = greedy).", min=0.0)
     top_p: float = doc(1.0, "Nucleus sampling threshold in (0, 1].", min=0.0, max=1.0)
     top_k: int = doc(0, "Top-k filter (0 = off).", min=0)
+    stop: list = doc([], "Stop strings: a turn ends (kept whole, as sampled) once its text contains one; added to the "
+                     "env's own `stop_strings` (e.g. ['</answer>']).")
     turn_timeout_s: float = doc(300.0, "Deadline for one turn's generation, and separately its env step.", min=0.001)
     episode_timeout_s: float = doc(3600.0, "Deadline for a whole episode (outcome 'deadline').", min=0.001)
     max_concurrency: int = doc(256, "Episodes in flight at once.", min=1)
@@ -33,3 +36,8 @@ class RolloutConfig:
         "hold tokens of two versions; the staleness bound uses the oldest). false: an update first drains "
         "(new generations wait, running ones finish) so every turn comes from one version, at the cost of "
         "waiting for the longest turn in flight.")
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.stop if not isinstance(s, str) or not s]
+        if bad:
+            raise ConfigError(f"rollout.stop must hold non-empty strings, got {bad[0]!r} in {self.stop!r}")

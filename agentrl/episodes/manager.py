@@ -32,6 +32,15 @@ _log = logging.getLogger(__name__)
 _warned_no_state_key: set[str] = set()
 
 
+def stop_strings(configured: Any, env: Any) -> tuple[str, ...]:
+    """The run's ``rollout.stop`` strings, then the env's own ``stop_strings`` attribute (e.g. the
+    closing tags of a peer env's actions), without repeats."""
+    own = getattr(env, "stop_strings", None) or ()
+    if isinstance(own, str):
+        raise EnvError(f"{type(env).__name__}.stop_strings must be a sequence of strings, got the string {own!r}")
+    return tuple(dict.fromkeys([*(configured or ()), *own]))
+
+
 def state_key_of(env: Any, obs: str) -> str:
     """The anchor state a turn starts from: ``env.state_key()`` if the env has one, else ``"obs:"`` +
     a hash of the observation text (said once per env class in the log)."""
@@ -253,7 +262,8 @@ class EpisodeManager:
         traj.prompt_len = len(ep.ids)
         stats = state["tool_stats"] = {}
         base = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              top_k=cfg.top_k, stop_token_ids=tuple(renderer.stop_token_ids), seed=spec.sampling_seed)
+                              top_k=cfg.top_k, stop_token_ids=tuple(renderer.stop_token_ids), seed=spec.sampling_seed,
+                              stop=stop_strings(cfg.stop, env))
         for turn in range(cfg.max_turns):
             budget = cfg.max_context - len(ep.ids)
             if budget < cfg.min_turn_tokens:

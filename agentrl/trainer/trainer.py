@@ -148,6 +148,8 @@ class Trainer:
         offered = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip_c": cfg.dual_clip_c}
         takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
         self._loss_kw = {k: v for k, v in offered.items() if takes_all or k in params}
+        # Sequence-level losses (gspo) group tokens by sequence: they get each token's sample index.
+        self._loss_seq_index = "seq_index" in params
         self._A = A
 
     # -- layout ----------------------------------------------------------------------------------
@@ -275,7 +277,9 @@ class Trainer:
         old_in = mb.old_logprobs[sel]
         fallback = beh if cfg.old_logprobs == "behaviour" else logp.detach()
         old = torch.where(torch.isnan(old_in), fallback, old_in)
-        pg_tok, pg_metrics = self._loss_fn(logp, old, adv, **self._loss_kw)
+        # A micro-batch holds whole sequences, so a per-sequence quantity is complete within it.
+        seq_kw = {"seq_index": mb.seq_index[sel]} if self._loss_seq_index else {}
+        pg_tok, pg_metrics = self._loss_fn(logp, old, adv, **self._loss_kw, **seq_kw)
         if cfg.tis_cap:
             w = A.truncated_is_weights(old, beh, cap=cfg.tis_cap).detach()
             pg_tok = pg_tok * w

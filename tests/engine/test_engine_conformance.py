@@ -221,6 +221,29 @@ async def test_explicit_stop_ids(engine):
     print(f"[{engine.kind}] explicit stop ids: eos inside {eos_inside}/16 outputs")
 
 
+async def test_stop_strings_end_at_the_token(engine, tokenizer):
+    """A stop string ends the request right after the first token whose text completes it: the ids
+    are the unstopped run's (greedy, one request at a time) up to that token, kept whole. The
+    strings straddle two tokens, so the engine must decode more than the last one."""
+    checked = 0
+    for p in prompts(6, seed=14):
+        ref = await engine.generate(p, SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=(MARK,)))
+        if len(ref.token_ids) < 8:
+            continue
+        k = len(ref.token_ids) // 2
+        before, upto = tokenizer.decode(ref.token_ids[:k]), tokenizer.decode(ref.token_ids[: k + 1])
+        stop = upto[max(0, len(before) - 2): len(before) + 1]
+        cut = next(j for j in range(len(ref.token_ids)) if stop in tokenizer.decode(ref.token_ids[: j + 1]))
+        params = SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=(MARK,), stop=("\x00never", stop))
+        gen = await engine.generate(p, params)
+        assert gen.finish_reason == "stop", (stop, gen.token_ids, ref.token_ids)
+        assert gen.token_ids == ref.token_ids[: cut + 1], (stop, gen.token_ids, ref.token_ids)
+        assert len(gen.logprobs) == len(gen.versions) == cut + 1
+        checked += 1
+    print(f"[{engine.kind}] stop strings: {checked} cut outputs checked")
+    assert checked >= 2, "too few outputs long enough to cut"
+
+
 @pytest.mark.parametrize("max_new", [1, 3, 17])
 async def test_max_new_tokens(engine, max_new):
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0)

@@ -10,6 +10,8 @@ Hierarchy::
     ├── CheckpointError        a checkpoint cannot be written (disk full) or none can be resumed from
     ├── InfraFailureError      every episode of a run's first eval or step failed for the same
     │                          infrastructure reason: the run stops instead of "finishing"
+    ├── NodeLostError          a Ray node or actor of a run died mid-run (names it); the run
+    │                          restarts from its checkpoint when ray.restart_on_node_loss allows
     └── EpisodeError           something that ends one episode; carries the typed Outcome
         ├── EngineError        the engine failed or is down           -> Outcome.ENGINE_ERROR
         ├── EnvError           the env (or a tool's own code) crashed -> Outcome.ENV_ERROR
@@ -56,6 +58,10 @@ class CheckpointError(AgentRLError):
 
 class InfraFailureError(AgentRLError):
     """Every episode failed with the same infrastructure outcome; the message names it and an example."""
+
+
+class NodeLostError(AgentRLError):
+    """A Ray node (or an actor on it) of a ``distributed: ray`` run died; names the node and its actors."""
 
 
 class EpisodeError(AgentRLError):

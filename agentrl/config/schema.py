@@ -68,11 +68,12 @@ class EngineConfig:
     urls: list = doc([], "kind=sglang: attach to these running SGLang servers (http://host:port); empty launches num_servers.")
     num_servers: int = doc(1, "kind=sglang without urls: SGLang servers to launch on model.path (stopped at the end).", min=1)
     max_total_tokens: int = doc(32768, "kind=sglang, launched servers: KV-cache tokens per server (--max-total-tokens).", min=64)
-    weight_sync: Literal["auto", "inprocess", "disk", "tensor", "distributed"] = doc(
+    weight_sync: Literal["auto", "inprocess", "disk", "tensor", "distributed", "object_store"] = doc(
         "auto", "How new weights reach the engine: inprocess (local engine), disk (safetensors + "
         "/update_weights_from_disk), tensor (/update_weights_from_tensor, colocated), distributed "
-        "(/update_weights_from_distributed over a process group); auto = inprocess for local, disk for "
-        "sglang on CPU, distributed for sglang on GPUs.")
+        "(/update_weights_from_distributed over a process group), object_store (distributed=ray: Ray's "
+        "object store to each node, written to its local disk: no shared filesystem); auto = inprocess for "
+        "local, disk for sglang on CPU, distributed for sglang on GPUs.")
     sync_backend: Literal["nccl", "gloo"] = doc(
         "nccl", "weight_sync=distributed: process-group backend (nccl on GPUs; gloo also works on CPU).")
     weights_dir: str | None = doc(None, "weight_sync=disk: where weight dirs are written (null: output_dir/weights).")
@@ -92,8 +93,15 @@ class EnvConfig:
 
 @dataclass
 class AlgoConfig:
-    name: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"] = doc(
-        "grpo", "RL algorithm preset: advantage estimator + credit mode + aggregation (+ critic for ppo).")
+    name: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "dapo", "gspo",
+                  "cispo"] = doc(
+        "grpo", "RL algorithm preset: advantage estimator + credit mode + aggregation (+ critic for ppo), and the "
+                "trainer fields and extras it implies where they are left null: dapo = ppo_clip with clip-higher "
+                "(clip_low 0.2, clip_high 0.28) + token-mean + dynamic sampling + soft overlong punishment; gspo = "
+                "policy_loss gspo (clip 3e-4/4e-4) with seq-mean-token-mean; cispo = policy_loss cispo (no lower "
+                "bound, clip_high 0.2); reinforce_pp = batch-normalised returns with KL in the reward; "
+                "reinforce_pp_baseline = group mean subtracted, then batch-normalised; ppo = turn-level GAE "
+                "with a critic and whitened advantages.")
     credit: Literal["outcome", "turn_return", "turn_gae", "gigpo"] | None = doc(
         None, "Override the preset's credit mode: outcome broadcast, per-turn returns with a group baseline, turn-level "
               "GAE, or gigpo (episode-level group advantage + omega x step-level advantage within anchor-state groups; "
@@ -101,6 +109,39 @@ class AlgoConfig:
     gamma: float = doc(1.0, "Discount across turns (turn_return, turn_gae, gigpo's step returns).", min=0.0, max=1.0)
     lam: float = doc(0.95, "GAE lambda across turns (turn_gae).", min=0.0, max=1.0)
     gigpo_omega: float = doc(1.0, "Weight of GiGPO's step-level (anchor-state) advantage (credit=gigpo).", min=0.0)
+    whiten_advantages: bool | None = doc(
+        None, "credit=turn_gae: whiten the advantages over the batch's sampled tokens (zero mean, unit std; the "
+              "critic's targets stay raw). null: on for ppo, off otherwise.")
+    turn_return_std: bool = doc(
+        False, "credit=turn_return: divide each turn's advantage by the std of its group's returns at that turn.")
+    overlong_cache_len: int | None = doc(
+        None, "DAPO soft overlong punishment: a turn that samples more than rollout.max_new_tokens - N tokens "
+              "gets a reward penalty growing linearly to -overlong_factor at rollout.max_new_tokens (N = this). "
+              "null: off, or rollout.max_new_tokens // 5 under dapo. 0: the hard form (-overlong_factor only at "
+              "the limit).", min=0)
+    overlong_factor: float = doc(1.0, "The overlong penalty at rollout.max_new_tokens (see overlong_cache_len).",
+                                 min=0.0)
+    dynamic_sampling: bool | None = doc(
+        None, "DAPO dynamic sampling: a finished group whose episode returns are all equal (no learning signal "
+              "for a group baseline) is dropped and more prompts are drawn until train.groups_per_step groups "
+              "with signal are in (counted in dapo/filtered_groups; its prompt is consumed, not trained, and "
+              "recorded so in ledger.jsonl). null: on under dapo, off otherwise.")
+    max_draw_batches: int = doc(
+        10, "Dynamic sampling's bound: once this many x train.groups_per_step groups were drawn for one step "
+            "(with and without signal), the step trains on the groups with signal it has (fewer, or none) and "
+            "counts it in dapo/short_steps (DAPO's max_num_gen_batches); 0 = no bound.", min=0)
+    kl_in_reward: float | None = doc(
+        None, "Coefficient of the per-token KL(behaviour || reference) subtracted from each turn's reward before "
+              "credit (kl_reward_estimator per token; loads the frozen reference model). 0 = off. null: 0.001 "
+              "under reinforce_pp (with k1, as veRL's REINFORCE++ examples), 0 otherwise. Independent of "
+              "trainer.kl_coef (KL in the loss).", min=0.0)
+    kl_reward_estimator: Literal["k1", "k2", "k3"] = doc(
+        "k1", "Per-token KL estimate in the reward: k1 = logp - ref (REINFORCE++ and PPO-RLHF), k2, k3.")
+    kl_target: float | None = doc(
+        None, "Adaptive KL-in-reward: after each step the coefficient is multiplied by 1 + e * n / kl_horizon, "
+              "e = clip(KL / kl_target - 1, +-0.2), KL the step's mean summed per-episode KL, n its samples "
+              "(Ziegler et al. 2019); kl_in_reward is the starting value. null: a fixed coefficient.", min=0.0)
+    kl_horizon: int = doc(10000, "Adaptive KL-in-reward: samples over which the error is corrected.", min=1)
 
 
 @dataclass

@@ -4,13 +4,15 @@ Owns ``RayBackend.start(cfg, model_path)``: join/start Ray, place the layout of 
 the engine actors, rollout workers and trainer ranks there (trainer ranks rendezvous through rank
 0's node address), wrap them in the driver-side adapters (``engine``, ``episodes``, ``trainer``),
 and ``close()``, which stops every actor, removes the placement groups and disconnects - also
-after a failed start. ``check(cfg)`` rejects what the Ray mode does not run (called by the run's
+after a failed start; ``nodes`` (actor name -> Ray node id) and ``watch()``, the heartbeat that
+notices a lost node or actor (``agentrl.distributed.recovery``). ``check(cfg)`` rejects what the Ray mode does not run (called by the run's
 plan, ``agentrl.config.plan``, and again by ``start`` for direct callers).
 
 Where things run: envs and their sandboxes live in the rollout workers (one EpisodeManager each),
 model weights in the engine actors and trainer ranks; the driver keeps the run loop, the queue,
 evaluation episodes (against the engines) and the logs. On a multi-node cluster, the run's
-output_dir must be on a filesystem every node sees (trainer ranks write the checkpoints).
+output_dir must be on a filesystem every node sees (trainer ranks write the checkpoints, the
+driver resumes from them). ``ray.pg_strategy`` spreads the bundles over nodes.
 
 Engines: ``engine.kind=local`` - EngineActors hold LocalEngines, reached through ``RayEngine``
 (one actor call per turn). ``engine.kind=sglang`` - each SGLangEngineActor launches one SGLang
@@ -19,7 +21,9 @@ their actors, and rollout workers send ``/generate`` straight to their server ov
 (``agentrl.distributed.sglang_engines``); with ``engine.urls`` no engine actors are made and all
 of them attach to those servers. Weight pushes run in the driver (trainer rank 0's gathered
 weights -> driver -> WeightSync): with the disk path every server must be able to read
-``engine.weights_dir`` (default output_dir/weights), i.e. a shared filesystem on a cluster.
+``engine.weights_dir`` (default output_dir/weights), i.e. a shared filesystem on a cluster
+(``ray.shared_filesystem``, :func:`check_weight_sync`); the object-store path needs none (the
+engine actors are its stagers: each writes the weights on its own node).
 
 Does not own the training loop (``agentrl.jobs.run`` drives this object exactly as it drives the
 in-process ``LocalBackend``), choosing between the two (``agentrl.jobs.build.start_backend``) or
@@ -63,6 +67,32 @@ def check(cfg, rc: RayConfig) -> None:
         raise ConfigError(f"engine.num_servers: {cfg.engine.num_servers} with distributed=ray; each of the "
                           "ray.num_engines engine actors launches one SGLang server: set ray.num_engines instead")
     rc.check()
+    from agentrl.weights.factory import resolve_sync_kind
+
+    device = "cpu" if cfg.model.device == "cpu" else "gpu"
+    check_weight_sync(resolve_sync_kind(cfg.engine.weight_sync, cfg.engine.kind, device), rc, cfg.engine.urls)
+
+
+def joins_cluster(rc: RayConfig) -> bool:
+    """True when the run joins a Ray cluster (``ray.address`` or ``$RAY_ADDRESS``), whose actors may
+    sit on other machines; False for a local instance (one machine, one filesystem)."""
+    import os
+
+    return bool(rc.address or os.environ.get("RAY_ADDRESS"))
+
+
+def check_weight_sync(weight_sync: str, rc: RayConfig, urls=()) -> None:
+    """ConfigError for a weight path that cannot reach servers on other nodes: ``disk`` on a cluster
+    without ``ray.shared_filesystem: true`` (the servers on other nodes would not see the files) and
+    ``object_store`` on servers that no engine actor owns (``engine.urls``). Pure: the config's
+    values only (``agentrl.config.plan`` calls it through ``check`` for ``distributed: ray``)."""
+    if weight_sync == "disk" and joins_cluster(rc) and not rc.shared_filesystem:
+        raise ConfigError("engine.weight_sync: 'disk' on a Ray cluster needs ray.shared_filesystem: true (output_dir "
+                          "and engine.weights_dir on a filesystem every node sees); without one use "
+                          "engine.weight_sync: object_store")
+    if weight_sync == "object_store" and urls:
+        raise ConfigError(f"engine.weight_sync: 'object_store' writes through the engine actors, but engine.urls "
+                          f"{list(urls)} attaches to servers no actor owns: use disk on a shared filesystem")
 
 
 class RayBackend:
@@ -82,6 +112,8 @@ class RayBackend:
         self.trainer: RayTrainer | None = None
         self.timings: dict[str, float] = {}
         self.partial_rollouts = True
+        self.named: dict[str, Any] = {}  # "trainer-rank-0", "engine-0", "rollout-worker-0"... -> actor
+        self.nodes: dict[str, str] = {}  # the same names -> the Ray node id each actor runs on
 
     @classmethod
     def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> "RayBackend":
@@ -140,8 +172,9 @@ class RayBackend:
                    for s in slots]
         self.engine_actors = engines
         infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
-        self.engine = SGLangEngine(servers=[ActorServer(e, i, model_path, self.rc.startup_timeout_s)
-                                            for e, i in zip(engines, infos)], max_context=mc)
+        servers = [ActorServer(e, i, model_path, self.rc.startup_timeout_s) for e, i in zip(engines, infos)]
+        self.engine = SGLangEngine(servers=servers, max_context=mc)
+        self.engine.weight_stagers = servers  # engine.weight_sync=object_store: each node writes its own copy
         return ([partial(SGLangClient, [i["url"]], max_context=mc, retries=6) for i in infos],
                 [e.ready.remote() for e in engines])
 
@@ -176,6 +209,12 @@ class RayBackend:
         get_all(setups + ready + [w.ping.remote() for w in workers], deadline,
                 "starting trainer ranks, engines and rollout workers")
         t3 = time.perf_counter()
+        engines = self.engine_actors or getattr(self.engine, "actors", [])
+        self.named = {**{f"trainer-rank-{i}": r for i, r in enumerate(ranks)},
+                      **{f"engine-{j}": e for j, e in enumerate(engines)},
+                      **{f"rollout-worker-{k}": w for k, w in enumerate(workers)}}
+        where = get_all([a.placement.remote() for a in self.named.values()], deadline, "locating the actors")
+        self.nodes = {name: w["node"] for name, w in zip(self.named, where)}
 
         from agentrl.weights.drain import with_partial_rollouts
 
@@ -184,6 +223,14 @@ class RayBackend:
         self.trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
         self.episodes = RayEpisodes(workers, env_id=cfg.env.id)
         self.timings = {"connect_s": t1 - t0, "place_s": t2 - t1, "actors_s": t3 - t2, "total_s": t3 - t0}
+
+    async def watch(self) -> None:
+        """The run's heartbeat (``agentrl.distributed.recovery.watch``): never returns; raises
+        NodeLostError naming the node and actors within ``ray.heartbeat_s`` of Ray marking a node
+        dead or of an actor dying. The run loop races its steps against it."""
+        from agentrl.distributed.recovery import watch
+
+        await watch(self.named, self.nodes, interval_s=self.rc.heartbeat_s)
 
     def close(self) -> None:
         """Stop the trainer ranks' groups and the SGLang servers, kill every actor, remove the

@@ -95,13 +95,14 @@ class RayCluster:
         from ray.util.placement_group import placement_group
 
         for i, bundles in enumerate(layout.bundles):
-            self.groups.append(placement_group(bundles, strategy="PACK", name=f"agentrl-{os.getpid()}-{i}"))
+            self.groups.append(placement_group(bundles, strategy=self.rc.pg_strategy,
+                                               name=f"agentrl-{os.getpid()}-{i}"))
         try:
             ray.get([g.ready() for g in self.groups], timeout=self.rc.startup_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise ConfigError(f"ray placement: bundles {layout.bundles} ({self.rc.placement}) could not be placed "
-                              f"in {self.rc.startup_timeout_s}s; the cluster has {ray.available_resources()} "
-                              "available - lower ray.*_cpus / *_gpus or the actor counts") from None
+                              f"({self.rc.pg_strategy}) in {self.rc.startup_timeout_s}s; the cluster has "
+                              f"{ray.available_resources()} available - lower ray.*_cpus / *_gpus or the actor counts") from None
         return self.groups
 
     def strategy(self, slot: Slot):

@@ -33,6 +33,18 @@ class RayConfig:
         None, "engine.kind=sglang: the address engine actors' SGLang servers listen on; null: 127.0.0.1 on a local "
         "Ray instance, the node's IP when joining a cluster (the driver and workers must reach it).")
     startup_timeout_s: float = doc(300.0, "Deadline for the placement groups to be placed and the actors to be built.", min=1.0)
+    pg_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = doc(
+        "PACK", "Ray placement-group strategy of every group: PACK (bundles on as few nodes as fit), SPREAD (on "
+        "different nodes where possible), STRICT_PACK (one node or fail), STRICT_SPREAD (one node per bundle or fail).")
+    shared_filesystem: bool = doc(
+        False, "Every node sees output_dir and engine.weights_dir at the same path (NFS, Lustre...). Without it a "
+        "cluster run cannot use engine.weight_sync=disk (use object_store); checkpoints still go to output_dir.")
+    restart_on_node_loss: int = doc(
+        0, "Restarts allowed after a Ray node or actor is lost mid-run: the run stops its actors, places them again "
+        "on the nodes left and resumes from its newest checkpoint (exactly once); 0: the run fails.", min=0)
+    heartbeat_s: float = doc(
+        5.0, "Seconds between the driver's liveness checks of the run's actors and their nodes (a lost one ends the "
+        "attempt: see restart_on_node_loss).", min=0.1)
 
     def check(self) -> None:
         if self.address is not None and not self.address.strip():

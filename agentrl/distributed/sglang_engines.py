@@ -20,7 +20,8 @@ Owns three small pieces:
   are stamped by the servers' ``weight_versions`` spans, as the driver's are.
 
 Does not place actors (``backend``) or move weights (``agentrl.weights``, run by the
-driver on the driver's engine: the disk path needs a weights dir every server can read).
+driver on the driver's engine: the disk path needs a weights dir every server can read; the
+object-store path asks each node's actor to write its own copy, ``stage_weights``).
 """
 from __future__ import annotations
 
@@ -64,9 +65,20 @@ class SGLangEngineActor(_Placed):
     def info(self) -> dict[str, Any]:
         """Where the server is: ``url``, ``pid`` (= its process group), this actor's ``actor_pid``,
         the watchdog's ``reaper_pid``, the server's ``log_path`` (on this node), ``restarts``."""
+        import ray
+
         s = self.server
         return {"url": s.url, "pid": s.proc.pid if s.proc is not None else None, "actor_pid": os.getpid(),
-                "reaper_pid": self.reaper.pid, "log_path": str(s.log_path), "restarts": s.restarts}
+                "reaper_pid": self.reaper.pid, "log_path": str(s.log_path), "restarts": s.restarts,
+                "node": ray.get_runtime_context().get_node_id()}
+
+    def stage_weights(self, state_dict: dict, version: int, parent: str, keep: int) -> str:
+        """``engine.weight_sync=object_store``: write ``state_dict`` (fetched by Ray from the object
+        store onto this node) as this node's ``parent/v<version>``, config files from this server's
+        model dir; returns the path the driver then tells every server to load."""
+        from agentrl.weights.object_store import stage_weights_dir
+
+        return str(stage_weights_dir(list(state_dict.items()), version, self.server.model_path, parent, keep))
 
     def ready(self) -> dict[str, Any]:
         """Block until the server answers ``/health`` (EngineError with its log tail if it cannot)."""
@@ -113,6 +125,19 @@ class ActorServer:
     @property
     def restarts(self) -> int:
         return int(self.info.get("restarts", 0))
+
+    @property
+    def node(self) -> str | None:
+        """The Ray node id the actor (and its server) runs on."""
+        return self.info.get("node")
+
+    def stage_weights(self, state_ref: Any, version: int, parent: str, keep: int) -> str:
+        """A stager for ``agentrl.weights.object_store``: the actor fetches ``state_ref`` onto its node
+        and writes the weights dir there (blocking)."""
+        import ray
+
+        return ray.get(self.actor.stage_weights.remote(state_ref, version, parent, keep),
+                       timeout=self.startup_timeout_s + 60)
 
     def alive(self) -> bool:
         import ray

@@ -1,7 +1,7 @@
 """``distributed: local`` as one object: the in-process engine, trainer and episode manager of a run.
 
 Owns ``LocalBackend``, the same shape as ``agentrl.distributed.RayBackend`` (``engine``,
-``trainer``, ``episodes``, ``remote_gates()``, ``close()``), so the run loop (``agentrl.jobs.run``)
+``trainer``, ``episodes``, ``remote_gates()``, ``watch()``, ``close()``), so the run loop (``agentrl.jobs.run``)
 talks to one backend object whichever mode runs. Its pieces are built by
 ``agentrl.jobs.build.start_backend``; it does not build, start or implement any of them.
 """
@@ -24,6 +24,13 @@ class LocalBackend:
     def remote_gates(self) -> tuple:
         """Gates of generations that do not pass ``engine``: none here (every episode runs on it)."""
         return ()
+
+    async def watch(self) -> None:
+        """The run's heartbeat over remote pieces: none here, so it never fires (the Ray backend's
+        raises NodeLostError when a node or actor is lost)."""
+        import asyncio
+
+        await asyncio.Event().wait()
 
     def close(self) -> None:
         """Release the trainer (its process group). The engine is async and closed by the run loop

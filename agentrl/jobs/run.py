@@ -70,6 +70,8 @@ class Runner:
         self.stop_reason: str | None = None  # request_stop(): checkpoint and return early
         self._stop: asyncio.Event | None = None
         self._main: asyncio.Task | None = None
+        self.lost: BaseException | None = None  # what the heartbeat found lost (Ray node or actor)
+        self.supervisor: Any = None  # agentrl.distributed.recovery.Supervisor, set by run()
         self.trajectory_log = TrajectoryLog(self.run_dir, cfg.logging.trajectories_per_step)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -191,12 +193,51 @@ class Runner:
     async def run(self) -> dict[str, Any]:
         import torch
 
+        from agentrl.distributed.recovery import Supervisor
+
         before = torch.get_num_threads()
+        restarts = self.cfg.ray.restart_on_node_loss if self.cfg.distributed == "ray" else 0
+        self.supervisor = Supervisor(restarts, note=print)
         try:
-            return await self._run()
+            return await self.supervisor.run(self._attempt)
         finally:
             if torch.get_num_threads() != before:  # engine.cpu_threads held for this run only
                 torch.set_num_threads(before)
+
+    async def _attempt(self, n: int) -> dict[str, Any]:
+        """Attempt ``n`` of the run; after a lost Ray node (n > 0) it resumes from the newest
+        checkpoint, exactly once, on the actors placed again (``ray.restart_on_node_loss``)."""
+        if n:
+            self._restart_state()
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            if self.lost is None:
+                raise
+            asyncio.current_task().uncancel()  # cancelled by the heartbeat, not by the caller
+            raise self.lost from None
+
+    def _restart_state(self) -> None:
+        ckpt = self._latest_checkpoint()
+        if ckpt is None:
+            rewind(self.run_dir, 0)  # nothing to resume from: the attempt starts over, its logs too
+        keep = int(ckpt.name.rsplit("_", 1)[-1]) if ckpt is not None else 0
+        self.cfg.train.resume = True
+        self.step, self.stream, self.in_flight, self.restored, self.restored_counts = 0, PromptStream(), {}, [], {}
+        self.replay, self.paused, self.lost = None, None, None
+        self.history = [r for r in self.history if r["step"] <= keep]
+
+    def _watch(self) -> asyncio.Task:
+        """The backend's heartbeat: a lost node or actor cancels this attempt, which ends as that error."""
+        main = asyncio.current_task()
+
+        async def beat() -> None:
+            try:
+                await self.backend.watch()
+            except Exception as e:
+                self.lost = e
+                main.cancel()
+        return asyncio.create_task(beat())
 
     async def _run(self) -> dict[str, Any]:
         self._main = asyncio.current_task()
@@ -230,6 +271,7 @@ class Runner:
         take_queue_waits()  # the first step's queue times are its own
         t_start, first_step = time.perf_counter(), self.step
         producer = None
+        watch = self._watch()
         try:
             self.first_eval = await self.evaluate(first=True)
             self._log({"eval": self.first_eval}, display)
@@ -255,6 +297,7 @@ class Runner:
                 self.step += 1
                 self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups])
                 self.stream.trained(positions)
+                self.supervisor.stepped(self.step)
                 self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
                 row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
                                        "train": tm, "credit": sstats,
@@ -283,6 +326,7 @@ class Runner:
             self._monitor(display, can_pause=False)  # the run is over: alerts are shown, nothing pauses
             self._checkpoint(final=not early)
         finally:
+            watch.cancel()
             if producer is not None and not producer.done():
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
@@ -352,6 +396,8 @@ class Runner:
             summary["paused"] = {"step": self.paused.step, "kind": self.paused.kind, "message": self.paused.message}
         if self.stop_reason is not None:
             summary["stopped"] = {"step": self.step, "reason": self.stop_reason}
+        if self.supervisor.recoveries:
+            summary["recoveries"] = [r.as_dict() for r in self.supervisor.recoveries]
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         plot_curves(self.history, self.run_dir / "curves.png", title=f"{self.cfg.env.id} / {self.cfg.algo.name}")
         return summary

@@ -97,11 +97,12 @@ class DistributedSync(ServerSync):
     A failed push (a server refused or died mid-broadcast) drops the group; the next push forms a
     new one under a new name with every server (a server restarted by SGLangEngine serves its
     launch weights until then). A broadcast left waiting for a receiver that never comes ends at
-    ``timeout_s``."""
+    ``timeout_s``. ``master_address``: where this process hosts the rendezvous (default
+    :func:`rendezvous_address` of the servers' URLs, so servers on other nodes can join)."""
 
     name = "distributed"
 
-    def __init__(self, engine: Any, backend: str = "nccl", *, master_address: str = "127.0.0.1",
+    def __init__(self, engine: Any, backend: str = "nccl", *, master_address: str | None = None,
                  master_port: int | None = None, bucket_bytes: int = 512 << 20, tp_size: int = 1,
                  group_name: str = "agentrl_weights", device: str | None = None, timeout_s: float = 300.0) -> None:
         super().__init__(engine)
@@ -109,7 +110,9 @@ class DistributedSync(ServerSync):
             raise EngineError(f"DistributedSync backend must be 'nccl' or 'gloo', got {backend!r}")
         if bucket_bytes < 1 or tp_size < 1:
             raise EngineError(f"DistributedSync: bucket_bytes ({bucket_bytes}) and tp_size ({tp_size}) must be >= 1")
-        self.backend, self.master_address, self.master_port = backend, master_address, master_port
+        # null: an address of this host the servers can reach (127.0.0.1 only when they all run here)
+        self.backend, self.master_port = backend, master_port
+        self.master_address = master_address or rendezvous_address(list(engine.urls))
         self.bucket_bytes, self.tp_size, self.group_prefix = bucket_bytes, tp_size, group_name
         self.group_name = ""
         self.device = device or ("cuda" if backend == "nccl" else "cpu")
@@ -192,6 +195,29 @@ class DistributedSync(ServerSync):
 
     async def close(self) -> None:
         await self._drop_group()
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def rendezvous_address(urls: list[str]) -> str:
+    """The address of this host that the servers at ``urls`` reach it by: 127.0.0.1 when every
+    server is on loopback, else the local address the OS routes to the first remote server (a UDP
+    "connect" sends nothing). EngineError naming the server when no route exists."""
+    import socket
+    from urllib.parse import urlsplit
+
+    remote = [u for u in urls if (urlsplit(u).hostname or "127.0.0.1") not in LOOPBACK]
+    if not remote:
+        return "127.0.0.1"
+    parts = urlsplit(remote[0])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((parts.hostname, parts.port or 80))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise EngineError(f"DistributedSync: no route from this host to server {remote[0]} ({e}); "
+                          "set master_address") from e
 
 
 async def _check(resp: Any, url: str, path: str) -> dict:

@@ -13,14 +13,16 @@ from agentrl.weights.base import WeightSync
 from agentrl.weights.disk import DiskSync
 from agentrl.weights.distributed import DistributedSync
 from agentrl.weights.inprocess import InProcessSync
+from agentrl.weights.object_store import ObjectStoreSync
 from agentrl.weights.tensor import TensorSync
 
 #: engine.weight_sync values -> (which engine kinds they fit)
-SYNC_KINDS = {"inprocess": ("local",), "disk": ("sglang",), "tensor": ("sglang",), "distributed": ("sglang",)}
+SYNC_KINDS = {"inprocess": ("local",), "disk": ("sglang",), "tensor": ("sglang",), "distributed": ("sglang",),
+              "object_store": ("sglang",)}
 
 #: the class of each resolved kind
 SYNC_CLASSES: dict[str, type[WeightSync]] = {"inprocess": InProcessSync, "disk": DiskSync, "tensor": TensorSync,
-                                             "distributed": DistributedSync}
+                                             "distributed": DistributedSync, "object_store": ObjectStoreSync}
 
 
 def resolve_sync_kind(weight_sync: str, engine_kind: str, device: str = "cpu") -> str:

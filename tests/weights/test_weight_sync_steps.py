@@ -105,7 +105,8 @@ def test_engine_update_weights_takes_the_disk_format_without_the_weights_package
 def test_fake_sync_records_and_fails_on_request():
     eng = FakeServerEngine()
     sync = make_weight_sync("inprocess", object())  # the factory builds real paths...
-    assert type(sync).__name__ == "InProcessSync" and set(SYNC_KINDS) == {"inprocess", "disk", "tensor", "distributed"}
+    assert type(sync).__name__ == "InProcessSync" and set(SYNC_KINDS) == {"inprocess", "disk", "tensor", "distributed",
+                                                                            "object_store"}
     fake = FakeSync(eng, fail_versions=(9,))  # ...the fake stands in for any of them
     stats = asyncio.run(fake.push(state(), 4))
     assert fake.pushes == [(4, ["embed.weight", "lm_head.weight", "norm.weight"])] and eng.policy_version == 4

@@ -82,7 +82,8 @@ scale each share by W). ``seq_ntokens`` from ``tokens_per_sequence(seq_index, ma
 
 ``KL_ESTIMATORS`` - ``(logp [N], ref_logp [N]) -> [N]`` for KL(pi || ref), samples from pi.
 In the loss: add ``beta * k`` per token. In the reward:
-``apply_kl_in_reward(turn_rewards, kl, turn_ids, loss_masks, beta)``.
+``apply_kl_in_reward(turn_rewards, kl, turn_ids, loss_masks, beta)``; ``beta`` fixed or adapted
+towards a target KL by ``adaptive_kl_coef(beta, kl, target, horizon, n)`` (``kl_control``).
 
 * ``k1``: ``logp - ref`` (unbiased, high variance, may be negative)
 * ``k2``: ``0.5 (logp - ref)^2`` (biased, low variance)
@@ -156,6 +157,7 @@ from agentrl.algos.losses import (
     value_loss,
     vanilla_pg,
 )
+from agentrl.algos.kl_control import adaptive_kl_coef
 from agentrl.algos.registry import REGISTRIES, lookup
 from agentrl.algos.sampling import dynamic_sampling_keep
 from agentrl.algos.shaping import overlong_penalty
@@ -169,5 +171,5 @@ __all__ = [
     "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "gspo", "cispo", "aggregate",
     "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits", "value_loss",
     "truncated_is_weights", "mismatch_metrics",
-    "overlong_penalty", "dynamic_sampling_keep",
+    "overlong_penalty", "dynamic_sampling_keep", "adaptive_kl_coef",
 ]

@@ -2,7 +2,9 @@
 checkpoint.
 
 Owns ``RUN/ledger.jsonl`` — one line per finished step, ``{"step", "version", "positions",
-"group_ids"}`` in the order the step trained them (``train.replay`` uses that order) — and
+"group_ids"}`` in the order the step trained them (``train.replay`` uses that order), plus
+``"filtered"``: the positions dynamic sampling drew for the step and dropped for want of signal
+(consumed, never trained, never run again; absent when none) — and
 ``rewind(run_dir, step)``, which a resume calls first: ledger lines and ``metrics.jsonl`` rows
 after the checkpoint's step are dropped (temp file + rename) and ``trajectories/step_N.jsonl``
 files after it deleted, since that work is redone from the checkpoint; the final ledger then says
@@ -43,9 +45,10 @@ class Ledger:
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / LEDGER
 
-    def append(self, step: int, version: int, positions: Sequence[int], group_ids: Sequence[str]) -> None:
+    def append(self, step: int, version: int, positions: Sequence[int], group_ids: Sequence[str],
+               filtered: Sequence[int] = ()) -> None:
         row = {"step": int(step), "version": int(version), "positions": [int(p) for p in positions],
-               "group_ids": list(group_ids)}
+               "group_ids": list(group_ids), **({"filtered": [int(p) for p in filtered]} if filtered else {})}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

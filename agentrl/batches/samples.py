@@ -1,38 +1,76 @@
-"""From finished trajectory groups to trainer samples: rewards -> credit -> per-token advantages.
+"""From finished trajectory groups to trainer samples: rewards -> shaping -> credit -> per-token advantages.
 
 Owns the algorithm presets (which estimator, credit mode, aggregation and critic each ``--algo``
-means), filtering out trajectories that must not be trained on (infrastructure failures), and
-building ``TrainSample``s with per-token advantages (and critic targets for turn-level GAE).
-The maths lives in ``agentrl.algos``; the trainer never sees an algorithm name, and what a null
-trainer field means for a run is chosen by ``agentrl.config.plan``.
+means, the trainer settings it implies and the extras it turns on), filtering out trajectories
+that must not be trained on (infrastructure failures), and building ``TrainSample``s with
+per-token advantages (and critic targets for turn-level GAE) from the shaped per-turn rewards
+(``agentrl.batches.rewards``: overlong punishment, KL in the reward). The maths lives in
+``agentrl.algos``; the trainer never sees an algorithm name, and what a null field means for a run
+(a preset's trainer settings and extras included) is chosen by ``agentrl.config.plan``.
+
+Presets: advantage / credit / aggregation / critic, then what else each sets (trainer fields where
+the user left them null, and the defaults of the null ``algo.*`` extras):
+
+* ``grpo``:   grpo / outcome / seq-mean-token-mean / no
+* ``dr_grpo``: dr_grpo / outcome / seq-mean-token-sum-norm / no
+* ``rloo``:   rloo / outcome / token-mean / no
+* ``reinforce_pp``: reinforce_pp / outcome / token-mean / no; KL in the reward (k1, 0.001)
+* ``reinforce_pp_baseline``: reinforce_pp_baseline / outcome / token-mean / no
+* ``ppo``:    gae / turn_gae / token-mean / critic; advantages whitened
+* ``dapo``:   grpo / outcome / token-mean / no; ppo_clip with clip-higher (0.2 / 0.28), dynamic
+  sampling, soft overlong punishment (cache max_new_tokens // 5)
+* ``gspo``:   grpo / outcome / seq-mean-token-mean (required) / no; policy_loss gspo (3e-4 / 4e-4)
+* ``cispo``:  grpo / outcome / token-mean / no; policy_loss cispo (no lower bound, 0.2 above)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 
 from agentrl import algos
-from agentrl.episodes.summary import episode_return
+from agentrl.batches.rewards import RewardShaping, shaped_turn_rewards
 from agentrl.errors import ConfigError
 from agentrl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class AlgoPreset:
+    """What an ``--algo`` name means. ``trainer``: trainer fields it sets where the user left them
+    null; ``fixed_aggregation``: the aggregation is part of the algorithm (another is rejected);
+    the rest are the defaults of the null ``algo.*`` fields of the same names."""
+
     advantage: str  # key of algos.ADVANTAGES, or "gae" (critic)
     credit: str  # key of algos.CREDIT
     aggregation: str  # key of algos.AGGREGATIONS
     critic: bool
+    trainer: dict[str, Any] = field(default_factory=dict)
+    fixed_aggregation: bool = False
+    whiten_advantages: bool = False
+    dynamic_sampling: bool = False
+    overlong: bool = False  # overlong_cache_len null -> rollout.max_new_tokens // 5
+    kl_in_reward: float = 0.0
 
+
+#: REINFORCE++'s KL-in-reward coefficient with the k1 estimator (the value veRL's REINFORCE++
+#: examples use, ``kl_ctrl.kl_coef=0.001`` with ``kl_penalty=kl``).
+REINFORCE_PP_KL = 0.001
 
 ALGOS: dict[str, AlgoPreset] = {
     "grpo": AlgoPreset("grpo", "outcome", "seq-mean-token-mean", False),  # as in the GRPO paper
     "dr_grpo": AlgoPreset("dr_grpo", "outcome", "seq-mean-token-sum-norm", False),
     "rloo": AlgoPreset("rloo", "outcome", "token-mean", False),
-    "reinforce_pp": AlgoPreset("reinforce_pp", "outcome", "token-mean", False),
-    "ppo": AlgoPreset("gae", "turn_gae", "token-mean", True),
+    "reinforce_pp": AlgoPreset("reinforce_pp", "outcome", "token-mean", False, kl_in_reward=REINFORCE_PP_KL),
+    "reinforce_pp_baseline": AlgoPreset("reinforce_pp_baseline", "outcome", "token-mean", False),
+    "ppo": AlgoPreset("gae", "turn_gae", "token-mean", True, whiten_advantages=True),
+    "dapo": AlgoPreset("grpo", "outcome", "token-mean", False,
+                       trainer={"policy_loss": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},
+                       dynamic_sampling=True, overlong=True),
+    "gspo": AlgoPreset("grpo", "outcome", "seq-mean-token-mean", False, fixed_aggregation=True,
+                       trainer={"policy_loss": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}),
+    "cispo": AlgoPreset("grpo", "outcome", "token-mean", False,
+                        trainer={"policy_loss": "cispo", "clip_low": 1.0, "clip_high": 0.2}),
 }
 
 
@@ -48,23 +86,43 @@ def trainable(groups: Sequence[Sequence[Trajectory]]) -> tuple[list[Trajectory],
     return keep, excluded
 
 
+def has_signal(group: Sequence[Trajectory]) -> bool:
+    """Dynamic sampling's test of a finished group (``StalenessQueue(keep=...)``): False when the
+    episode returns of its trainable episodes are all equal, or only one is trainable
+    (``algos.dynamic_sampling_keep``: no group baseline can tell them apart). The test is on the
+    env's returns (DAPO filters on accuracy), not on shaping terms. A group with no trainable
+    episode (infrastructure failures) passes, to be excluded and counted as usual."""
+    trajs = [t for t in group if t.trainable and t.num_sampled > 0]
+    if not trajs:
+        return True
+    rewards = torch.tensor([float(sum(r)) for r in shaped_turn_rewards(trajs)[0]], dtype=torch.float64)
+    return bool(algos.dynamic_sampling_keep(rewards, [0] * len(trajs)).any())
+
+
 def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, gamma: float = 1.0,
                      lam: float = 0.95, values_fn: Callable[[list[Trajectory]], list[list[float]]] | None = None,
-                     omega: float = 1.0, credit_stats: dict | None = None
+                     omega: float = 1.0, credit_stats: dict | None = None,
+                     turn_rewards: list[list[float]] | None = None, whiten: bool = False,
+                     turn_return_std: bool = False
                      ) -> tuple[list[list[float]], list[list[float]] | None, list[list[int]] | None]:
     """Per-token advantages for ``trajs``; for ``turn_gae`` also per-token critic targets and the mask
-    of boundary tokens where the critic is trained. ``gigpo``'s episode level follows ``advantage``
-    (``grpo``: std-normalised, ``dr_grpo``: not); ``credit_stats`` receives its anchor-group counts."""
+    of boundary tokens where the critic is trained. ``turn_rewards``: the shaped per-turn rewards
+    (``shaped_turn_rewards``; default the env's); outcome credit sums them. ``gigpo``'s episode
+    level follows ``advantage`` (``grpo``: std-normalised, ``dr_grpo``: not); ``credit_stats``
+    receives its anchor-group counts. ``whiten``: turn_gae's advantages whitened over the batch;
+    ``turn_return_std``: turn_return's advantages divided by their group std."""
     masks = [t.loss_mask for t in trajs]
     groups = [t.group_id for t in trajs]
+    if turn_rewards is None:
+        turn_rewards = shaped_turn_rewards(trajs)[0]
     if credit == "outcome":
-        rewards = torch.tensor([episode_return(t) for t in trajs], dtype=torch.float64)
+        rewards = torch.tensor([float(sum(r)) for r in turn_rewards], dtype=torch.float64)
         seq_adv = algos.ADVANTAGES[advantage](rewards, algos.group_index(groups))
         return algos.CREDIT["outcome"](seq_adv, masks), None, None
-    turn_rewards = [t.turn_rewards for t in trajs]
     turn_ids = [t.turn_ids for t in trajs]
     if credit == "turn_return":
-        return algos.CREDIT["turn_return"](turn_rewards, turn_ids, masks, groups, gamma=gamma), None, None
+        return algos.CREDIT["turn_return"](turn_rewards, turn_ids, masks, groups, gamma=gamma,
+                                           normalize_std=turn_return_std), None, None
     if credit == "gigpo":
         if advantage not in ("grpo", "dr_grpo"):
             raise ConfigError(f"algo.credit=gigpo needs an algo whose advantage is grpo or dr_grpo, got {advantage!r}")
@@ -79,7 +137,8 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
         # before turn k's first sampled token, so V(state before turn k) sits one position later.
         bounds = [[b + 1 for b in algos.turn_boundaries(t.turn_ids, t.loss_mask)] for t in trajs]
         bvals = [[v[i] for i in b] for v, b in zip(values, bounds)]
-        adv, turn_targets = algos.CREDIT["turn_gae"](turn_rewards, turn_ids, masks, bvals, gamma=gamma, lam=lam)
+        adv, turn_targets = algos.CREDIT["turn_gae"](turn_rewards, turn_ids, masks, bvals, gamma=gamma, lam=lam,
+                                                     whiten=whiten)
         returns, vmask = [], []
         for t, b, tt in zip(trajs, bounds, turn_targets):
             r, m = [0.0] * len(t.token_ids), [0] * len(t.token_ids)
@@ -92,16 +151,22 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
 
 
 def build_samples(groups: Sequence[Sequence[Trajectory]], preset: AlgoPreset, *, credit: str | None = None,
-                  gamma: float = 1.0, lam: float = 0.95, values_fn=None, omega: float = 1.0):
-    """TrainSamples for one optimizer step, plus stats (excluded count, advantage spread)."""
+                  gamma: float = 1.0, lam: float = 0.95, values_fn=None, omega: float = 1.0,
+                  shaping: RewardShaping | None = None, ref_fn=None, whiten: bool = False,
+                  turn_return_std: bool = False):
+    """TrainSamples for one optimizer step, plus stats (excluded count, advantage spread, the
+    shaping terms' ``overlong/*`` and ``kl_in_reward/*``). ``ref_fn(trajs)``: the reference
+    model's per-token logprobs, called only when ``shaping`` puts a KL term in the reward."""
     from agentrl.trainer import TrainSample
 
     trajs, excluded = trainable(groups)
     if not trajs:
         return [], {"excluded": excluded, "samples": 0}
     cstats: dict = {}
+    rewards, rstats = shaped_turn_rewards(trajs, shaping, ref_fn)
     adv, returns, vmask = token_advantages(trajs, preset.advantage, credit or preset.credit, gamma=gamma, lam=lam,
-                                           values_fn=values_fn, omega=omega, credit_stats=cstats)
+                                           values_fn=values_fn, omega=omega, credit_stats=cstats,
+                                           turn_rewards=rewards, whiten=whiten, turn_return_std=turn_return_std)
     samples = []
     for i, t in enumerate(trajs):
         samples.append(TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
@@ -111,4 +176,4 @@ def build_samples(groups: Sequence[Sequence[Trajectory]], preset: AlgoPreset, *,
     flat = [a for row, t in zip(adv, trajs) for a, m in zip(row, t.loss_mask) if m]
     nonzero = sum(1 for a in flat if abs(a) > 1e-9)
     return samples, {"excluded": excluded, "samples": len(samples),
-                     "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0, **cstats}
+                     "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0, **cstats, **rstats}

@@ -12,6 +12,20 @@ admission first therefore train at a version <= admission version + k, so drops 
 a group finishes out of order by more than the bound allows (or tokens were sampled by an older
 engine version than the one current at admission).
 
+Dynamic sampling (DAPO; ``keep`` given): a finished group for which ``keep(group)`` is False is
+*filtered* when it is put: never buffered nor trained, its admission slot freed at once (like a
+dropped group's, so admission draws another prompt), its position held until the next batch is
+handed out and then reported with it (``handed_filtered``; the run records those prompts in the
+ledger as consumed, not trained, and they do not run again). A batch is handed out when
+``groups_per_batch`` kept groups are ready, or, with ``max_draws`` > 0, once the groups filtered
+since the last batch plus the ready ones reach ``max_draws * groups_per_batch``: then the batch
+is short (what is ready, maybe nothing; counted in ``short_batches``). The staleness bound is
+unchanged: filtering happens before the hand-out check, a short batch that trains still moves the
+version by one, and the slots it did not fill (``short_slots``) stay charged, so admission still
+never lets a group start that could not be trained within ``k`` versions. Filtered positions not
+yet reported when a checkpoint is taken are in ``snapshot()["filtered"]``: the run requeues them
+(they run again after a resume, having been recorded nowhere), keeping the stream exactly once.
+
 Exactly-once support: every group carries the prompt position it was generated for; a dropped
 group's position goes to ``on_drop`` (the run gives it back to its PromptStream, so the prompt runs
 again instead of being lost), ``get_batch_with_positions`` says which positions a batch holds, and
@@ -50,11 +64,20 @@ class StalenessQueue:
     """Groups of trajectories in, batches of ``groups_per_batch`` groups out, within ``max_staleness``."""
 
     def __init__(self, max_staleness: int, groups_per_batch: int,
-                 on_drop: Callable[[int], None] | None = None) -> None:
+                 on_drop: Callable[[int], None] | None = None, *,
+                 keep: Callable[[list[Trajectory]], bool] | None = None, max_draws: int = 0) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be >= 1, got {groups_per_batch}")
+        if max_draws < 0:
+            raise ValueError(f"max_draws must be >= 0 (0 = no bound), got {max_draws}")
+        self.keep, self.max_draws = keep, max_draws  # dynamic sampling (see the module docstring)
+        self.filtered_groups = 0  # groups keep() rejected (their prompts consumed, not trained)
+        self.short_batches = 0  # batches handed out with fewer than groups_per_batch groups
+        self.short_slots = 0  # groups_per_batch - len(batch), summed over short batches that trained
+        self.handed_filtered: list[int | None] = []  # positions filtered before the last batch handed out
+        self._filtered: list[int | None] = []  # positions filtered since then
         self.k, self.B = max_staleness, groups_per_batch
         self.on_drop = on_drop  # called with the prompt position of each dropped group
         self.version = 0
@@ -72,7 +95,10 @@ class StalenessQueue:
         # would leave the trainer waiting for a batch that admission control never lets start).
         # Likewise a batch in which every episode failed: the trainer takes no step, so the
         # version does not move, and without its slots back admission would stop for good.
-        return self.admitted - self.dropped_groups - self.untrained_groups < (self.version + self.k + 1) * self.B
+        # Filtered groups give their slot back the same way; a short batch that trained moved the
+        # version by one without using all of its B slots, and the unused ones stay charged.
+        done = self.dropped_groups + self.untrained_groups + self.filtered_groups - self.short_slots
+        return self.admitted - done < (self.version + self.k + 1) * self.B
 
     async def admit(self) -> int:
         """Wait until one more group may start; returns its admission index."""
@@ -122,11 +148,15 @@ class StalenessQueue:
         async with self._cond:
             while True:
                 self._drop_stale()
-                if len(self._ready) >= self.B:
+                if len(self._ready) >= self.B or self._draws_spent():
                     batch, self._ready = self._ready[: self.B], self._ready[self.B :]
+                    self.handed_filtered, self._filtered = self._filtered, []
+                    self.short_batches += len(batch) < self.B
                     if not any(t.trainable and t.num_sampled > 0 for e in batch for t in e.group):
-                        self.untrained_groups += self.B  # as credit_assign.trainable: no sample, no step
+                        self.untrained_groups += len(batch)  # as samples.trainable: no sample, no step
                         self._cond.notify_all()
+                    else:
+                        self.short_slots += self.B - len(batch)
                     for e in batch:
                         for t in e.group:
                             v = oldest_version(t)
@@ -136,6 +166,11 @@ class StalenessQueue:
                 if self._closed:
                     raise asyncio.CancelledError("staleness queue closed")
                 await self._cond.wait()
+
+    def _draws_spent(self) -> bool:
+        """Dynamic sampling drew ``max_draws`` batches' worth of groups for this batch."""
+        return bool(self.keep is not None and self.max_draws
+                    and len(self._filtered) + len(self._ready) >= self.max_draws * self.B)
 
     async def set_version(self, version: int) -> None:
         """The trainer finished a step and the engine serves ``version``: admit more."""
@@ -150,18 +185,27 @@ class StalenessQueue:
 
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint keeps: the finished-but-untrained groups (oldest admission first) with
-        their positions, and the drop counters. Synchronous: take it with no await in between the
-        snapshot and the other state saved with it."""
+        their positions, the filtered positions not yet reported with a batch (``filtered``: the
+        run requeues them; ``filtered_groups`` leaves them out) and the counters that ``restore``
+        takes. Synchronous: take it with no await in between the snapshot and the other state saved
+        with it."""
         return {"ready": [(e.position, e.group) for e in self._ready],
-                "dropped_groups": self.dropped_groups, "untrained_groups": self.untrained_groups}
+                "filtered": [p for p in self._filtered if p is not None],
+                "dropped_groups": self.dropped_groups, "untrained_groups": self.untrained_groups,
+                "filtered_groups": self.filtered_groups - len(self._filtered), "short_slots": self.short_slots,
+                "short_batches": self.short_batches}
 
     def restore(self, ready: list[tuple[int | None, list[Trajectory]]], dropped_groups: int = 0,
-                untrained_groups: int = 0) -> None:
+                untrained_groups: int = 0, filtered_groups: int = 0, short_slots: int = 0,
+                short_batches: int = 0) -> None:
         """Resume: ``version`` already set; put back the snapshot's finished groups as admitted
         before everything the producer admits next. Admission counts them as outstanding."""
         self.dropped_groups, self.untrained_groups = int(dropped_groups), int(untrained_groups)
+        self.filtered_groups, self.short_slots = int(filtered_groups), int(short_slots)
+        self.short_batches = int(short_batches)
         self._ready = [_Entry(i - len(ready), g, p) for i, (p, g) in enumerate(ready)]
-        self.admitted = self.version * self.B + len(ready) + self.dropped_groups + self.untrained_groups
+        self.admitted = (self.version * self.B - self.short_slots + len(ready) + self.dropped_groups
+                         + self.untrained_groups + self.filtered_groups)
 
     def metrics(self) -> dict:
         total = sum(self.histogram.values())
@@ -171,9 +215,20 @@ class StalenessQueue:
             "staleness_hist": {str(k): v for k, v in sorted(self.histogram.items())},
             "dropped_groups": self.dropped_groups,
             "untrained_groups": self.untrained_groups,
+            **({"filtered_groups": self.filtered_groups, "short_batches": self.short_batches}
+               if self.keep is not None else {}),
             "buffered_groups": len(self._ready),
             "admitted_groups": self.admitted,
         }
+
+
+def dynamic_sampling_metrics(kept: int, filtered: int, groups_per_batch: int) -> dict[str, float]:
+    """One step's dynamic-sampling metrics (logged under ``dapo/``): ``filtered_groups`` of the
+    ``drawn_groups`` (kept + filtered) for its batch, their ratio, and ``short_step`` (1 when the
+    batch had fewer than ``groups_per_batch`` groups: the draw bound was reached)."""
+    drawn = kept + filtered
+    return {"filtered_groups": filtered, "drawn_groups": drawn, "filtered_frac": filtered / drawn if drawn else 0.0,
+            "short_step": int(kept < groups_per_batch)}
 
 
 def dump_ready(ready: list[tuple[int | None, list[Trajectory]]]) -> str:

@@ -126,7 +126,7 @@ def rollout(
 @app.command()
 def run(
     env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
-    algo: str = typer.Option("grpo", "--algo", "-a", help="grpo | dr_grpo | rloo | reinforce_pp | ppo (algo.name)."),
+    algo: str = typer.Option("grpo", "--algo", "-a", help="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo (algo.name)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in SFT-warm-started tiny model."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),

@@ -13,7 +13,11 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    (``agentrl.models.device.resolve_device``);
 2. ``engine.urls``: only with ``engine.kind=sglang``, each an http(s) URL;
 3. for ``run`` only (the sections a job does not use are left as given and not checked):
-   ``algo.name`` a known preset and ``algo.credit`` null -> the preset's credit mode;
+   ``algo.name`` a known preset (``agentrl.batches.samples.ALGOS``) and the null ``algo.*`` fields
+   -> the preset's: ``credit``, ``whiten_advantages`` (on for ppo), ``dynamic_sampling`` (on for
+   dapo), ``overlong_cache_len`` (``rollout.max_new_tokens // 5`` for dapo, else off; at most
+   ``max_new_tokens``), ``kl_in_reward`` (0.001 for reinforce_pp, else 0); ``algo.kl_target``
+   needs ``kl_in_reward > 0``; ``kl_in_reward > 0`` turns ``trainer.reference`` on;
    ``engine.weight_sync`` ``auto`` -> the sync kind (``agentrl.weights.factory.resolve_sync_kind``),
    nccl only on GPUs, ``engine.weights_dir`` null -> output_dir/weights for the disk sync;
    ``engine.cpu_threads`` null -> half the cores for the in-process engine on CPU, 0 (torch's
@@ -21,8 +25,11 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    ``distributed: ray`` -> the Ray mode's own rule (``agentrl.distributed.backend.check``);
    ``monitor.pause_on`` known alert kinds; the null trainer fields (``lr``, ``norm_lr_scale``,
    ``lr_schedule``, ``min_lr_ratio`` from ``BUILTIN_RL`` for the built-in model, else the Trainer
-   API's ``AUTO``; ``total_steps`` the run's optimizer steps; ``loss_agg`` the preset's;
+   API's ``AUTO``; ``policy_loss``, ``clip_low``, ``clip_high`` the preset's where it sets them
+   (dapo, gspo, cispo), else ``AUTO``'s; ``total_steps`` the run's optimizer steps; ``loss_agg``
+   the preset's (gspo requires its own: another is rejected);
    ``loss_norm_len`` the most tokens an episode can sample), then ``TrainerConfig.check``;
+   ``trainer.dual_clip_c`` only with ``policy_loss=ppo_clip`` (gspo and cispo have no dual clip);
    ``trainer.temperature`` must equal ``rollout.temperature``.
 
 Does not touch the filesystem, the network or any model: a model directory, a replay run and the
@@ -58,6 +65,17 @@ class Plan:
         return self.cfg.engine.weight_sync
 
     @property
+    def shaping(self):
+        """What the run adds to the env's rewards before credit (``agentrl.batches.rewards``); the
+        KL coefficient is the starting one (``algo.kl_target`` adapts it during the run)."""
+        from agentrl.batches.rewards import RewardShaping
+
+        a = self.cfg.algo
+        return RewardShaping(max_new_tokens=self.cfg.rollout.max_new_tokens, overlong_cache_len=a.overlong_cache_len,
+                             overlong_factor=a.overlong_factor, kl_coef=a.kl_in_reward or 0.0,
+                             kl_estimator=a.kl_reward_estimator)
+
+    @property
     def eval_env_kwargs(self) -> dict:
         """The held-out eval's env kwargs: ``env.kwargs`` overridden by ``eval.env_kwargs``."""
         return {**self.cfg.env.kwargs, **self.cfg.eval.env_kwargs}
@@ -86,12 +104,14 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
 
         check(cfg, cfg.ray)
     _check_monitors(cfg)
+    algo = resolve_algo(cfg, preset)
     trainer = resolve_trainer(cfg, preset)
+    if algo.kl_in_reward > 0 and not trainer.reference:
+        trainer = dataclasses.replace(trainer, reference=True)  # the reference logprobs of the KL in the reward
     trainer.check()
     if trainer.temperature != cfg.rollout.temperature:
         raise ConfigError(f"trainer.temperature ({trainer.temperature}) must equal rollout.temperature "
                           f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
-    algo = dataclasses.replace(cfg.algo, credit=cfg.algo.credit or preset.credit)
     return Plan(dataclasses.replace(cfg, engine=engine, trainer=trainer, algo=algo), job, preset)
 
 
@@ -148,15 +168,44 @@ def _check_monitors(cfg: RunConfig) -> None:
         raise ConfigError(f"monitor.pause_on: {bad} not among {list(MONITORS)}")
 
 
+def resolve_algo(cfg: RunConfig, preset):
+    """``cfg.algo`` with its null fields chosen by the preset (see the module docstring)."""
+    a, mnt = cfg.algo, cfg.rollout.max_new_tokens
+    cache = a.overlong_cache_len
+    if cache is None and preset.overlong:
+        cache = mnt // 5
+    if cache is not None and cache > mnt:
+        raise ConfigError(f"algo.overlong_cache_len: {cache} exceeds rollout.max_new_tokens={mnt} (the soft zone "
+                          "is the last overlong_cache_len tokens before the limit)")
+    kl = a.kl_in_reward if a.kl_in_reward is not None else preset.kl_in_reward
+    if a.kl_target is not None and kl <= 0:
+        raise ConfigError(f"algo.kl_target: {a.kl_target} adapts the KL-in-reward coefficient, but "
+                          f"algo.kl_in_reward is {kl} (set a starting coefficient > 0)")
+    if a.kl_target is not None and a.kl_target <= 0:
+        raise ConfigError(f"algo.kl_target: {a.kl_target} must be > 0 (null: a fixed coefficient)")
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    return dataclasses.replace(
+        a, credit=a.credit or preset.credit, whiten_advantages=pick(a.whiten_advantages, preset.whiten_advantages),
+        dynamic_sampling=pick(a.dynamic_sampling, preset.dynamic_sampling), overlong_cache_len=cache,
+        kl_in_reward=float(kl))
+
+
 def resolve_trainer(cfg: RunConfig, preset):
     """``cfg.trainer`` with its null ("auto") fields chosen for this run (see the module docstring)."""
     from agentrl.trainer.config import AUTO
     from agentrl.warmstart.default_model import BUILTIN_RL
 
     t = cfg.trainer
-    chosen = {**AUTO, **(BUILTIN_RL if cfg.model.path is None else {}),
+    chosen = {**AUTO, **(BUILTIN_RL if cfg.model.path is None else {}), **preset.trainer,
               "total_steps": cfg.train.steps * t.ppo_epochs * t.mini_batches}
     auto = {k: v for k, v in chosen.items() if getattr(t, k) is None}
+    if preset.fixed_aggregation and t.loss_agg not in (None, preset.aggregation):
+        raise ConfigError(f"trainer.loss_agg: {t.loss_agg!r} with algo.name={cfg.algo.name!r}, which is defined with "
+                          f"{preset.aggregation!r} (leave trainer.loss_agg null)")
+    loss = t.policy_loss or chosen["policy_loss"]
+    if t.dual_clip_c is not None and loss in ("gspo", "cispo"):
+        raise ConfigError(f"trainer.dual_clip_c: {t.dual_clip_c} with policy_loss={loss!r}, which has no dual clip "
+                          "(it bounds ppo_clip's loss for negative advantages; leave it null)")
     agg = t.loss_agg or preset.aggregation
     norm = t.loss_norm_len
     if agg == "seq-mean-token-sum-norm" and norm is None:

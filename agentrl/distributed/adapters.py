@@ -129,6 +129,11 @@ class RayTrainer:
 
         return self._all("logprobs", ray.put(samples))[0]
 
+    def ref_logprobs(self, samples: list) -> list[list[float]]:
+        import ray
+
+        return self._all("ref_logprobs", ray.put(samples))[0]
+
     def full_state_dict(self) -> dict:
         """Rank 0's gathered weights (every rank takes part in the gather)."""
         return self._all("full_state_dict")[0]

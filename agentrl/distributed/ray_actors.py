@@ -139,6 +139,9 @@ class TrainerRank(_Placed):
     def logprobs(self, samples: list) -> list:
         return self.trainer.logprobs(samples)
 
+    def ref_logprobs(self, samples: list) -> list:
+        return self.trainer.ref_logprobs(samples)
+
     def full_state_dict(self) -> dict:
         return self.trainer.full_state_dict()
 

@@ -23,8 +23,9 @@ from typing import Any
 
 from agentrl.batches.ledger import Ledger, rewind
 from agentrl.batches.prompt_stream import PromptStream
-from agentrl.batches.samples import build_samples, trainable
-from agentrl.batches.staleness import StalenessQueue, dump_ready, load_ready
+from agentrl.batches.rewards import KLController
+from agentrl.batches.samples import build_samples, has_signal, trainable
+from agentrl.batches.staleness import StalenessQueue, dump_ready, dynamic_sampling_metrics, load_ready
 from agentrl.common.faults import fault_point
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
@@ -73,6 +74,7 @@ class Runner:
         self.lost: BaseException | None = None  # what the heartbeat found lost (Ray node or actor)
         self.supervisor: Any = None  # agentrl.distributed.recovery.Supervisor, set by run()
         self.trajectory_log = TrajectoryLog(self.run_dir, cfg.logging.trajectories_per_step)
+        self.kl = KLController(cfg.algo.kl_in_reward or 0.0, cfg.algo.kl_target, cfg.algo.kl_horizon)
 
     # -- setup ---------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -101,6 +103,7 @@ class Runner:
                 rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
                 self.restored = load_ready(resume / "rollouts.jsonl")
                 self.restored_counts = extra.get("queue", {})
+                self.kl.value = float(extra.get("kl_in_reward", self.kl.value))
             if cfg.train.replay:
                 from agentrl.batches.replay import ReplaySource
 
@@ -126,6 +129,19 @@ class Runner:
         async with weight_update_gate(self.engine, self.backend.remote_gates()) as self.drain_s:  # 0.0 with partial rollouts
             self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
+
+    def _samples(self, groups: list[list[Trajectory]]):
+        """The step's TrainSamples and credit stats: shaped rewards (overlong, KL in the reward with
+        the controller's current coefficient) -> the preset's credit (``agentrl.batches.samples``)."""
+        import dataclasses
+
+        cfg, tr = self.cfg, self.trainer
+        shaping = dataclasses.replace(self.plan.shaping, kl_coef=self.kl.value)
+        values_fn = (lambda trajs: tr.values(_as_samples(trajs))) if self.preset.critic else None
+        ref_fn = (lambda trajs: tr.ref_logprobs(_as_samples(trajs))) if shaping.needs_reference else None
+        return build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma, lam=cfg.algo.lam,
+                             values_fn=values_fn, omega=cfg.algo.gigpo_omega, shaping=shaping, ref_fn=ref_fn,
+                             whiten=bool(cfg.algo.whiten_advantages), turn_return_std=cfg.algo.turn_return_std)
 
     async def evaluate(self, first: bool = False) -> dict[str, float]:
         ev = self.cfg.eval
@@ -259,7 +275,9 @@ class Runner:
             await self.engine.close()
             self.backend.close()
             raise
-        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.drop)
+        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.drop,
+                               keep=has_signal if cfg.algo.dynamic_sampling else None,
+                               max_draws=cfg.algo.max_draw_batches)
         queue.version = self.trainer.version
         queue.restore(self.restored, **self.restored_counts)
         self.queue = queue
@@ -287,22 +305,27 @@ class Runner:
                 if self.step == first_step:
                     stop_if_all_failed((t for g in groups for t in g), "the first training step")
                 t_wait = time.perf_counter() - t0
-                values_fn = (lambda trajs: self.trainer.values(_as_samples(trajs))) if self.preset.critic else None
-                samples, sstats = build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma,
-                                                lam=cfg.algo.lam, values_fn=values_fn, omega=cfg.algo.gigpo_omega)
+                filtered = [p for p in queue.handed_filtered if p is not None] if self.replay is None else []
+                samples, sstats = self._samples(groups)
                 tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
+                if samples:
+                    self.kl.update(sstats.get("kl_in_reward/kl_mean"), len(samples))
                 fault_point("after_train_step")
                 sync_s = await self._sync_weights()
                 await queue.set_version(self.trainer.version)
                 self.step += 1
-                self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups])
-                self.stream.trained(positions)
+                self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups],
+                                   filtered=filtered)
+                self.stream.trained([*positions, *filtered])
                 self.supervisor.stepped(self.step)
                 self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
                 row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
                                        "train": tm, "credit": sstats,
                                        "staleness": {**queue.metrics(), "rerun_drops": self.stream.redrops,
                                                      "abandoned_prompts": len(self.stream.abandoned)},
+                                       **({"dapo": dynamic_sampling_metrics(len(groups), len(filtered),
+                                                                            cfg.train.groups_per_step)}
+                                          if cfg.algo.dynamic_sampling and self.replay is None else {}),
                                        "sandbox": queue_summary(take_queue_waits()),
                                        "time": {"wait_rollout_s": t_wait,
                                        "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
@@ -374,10 +397,11 @@ class Runner:
         path = self.run_dir / "checkpoints" / (f"step_{self.step:06d}")
         snap = self.queue.snapshot()
         kept = {p for p, _ in snap["ready"]}
-        outstanding = [p for p in self.in_flight.values() if p not in kept]
+        # filtered groups not yet recorded with a step run again after a resume (recorded nowhere)
+        outstanding = [p for p in self.in_flight.values() if p not in kept] + snap["filtered"]
         extra = {"step": self.step, "data_position": self.stream.next, "stream": self.stream.state(outstanding),
-                 "queue": {"dropped_groups": snap["dropped_groups"], "untrained_groups": snap["untrained_groups"]},
-                 "policy_version": self.trainer.version, "final": final}
+                 "queue": {k: v for k, v in snap.items() if k not in ("ready", "filtered")},
+                 "policy_version": self.trainer.version, "final": final, "kl_in_reward": self.kl.value}
         self.trainer.save(path, extra=extra, files={"rollouts.jsonl": dump_ready(snap["ready"])})
         return path
 

@@ -18,7 +18,10 @@ DEFAULT_LR = 1e-6
 #: What the null ("auto") optimisation fields mean for the Trainer API and for `agentrl run` with a
 #: --model (`agentrl run` with the built-in model uses ``agentrl.warmstart.default_model.BUILTIN_RL``;
 #: ``total_steps`` there is the run's optimizer steps).
-AUTO = dict(lr=DEFAULT_LR, norm_lr_scale=1.0, lr_schedule="constant", min_lr_ratio=0.0, total_steps=1000)
+#: ``policy_loss``/``clip_low``/``clip_high`` null: `agentrl run` takes the --algo preset's where it
+#: sets them (``agentrl.batches.samples.ALGOS``: dapo, gspo, cispo), else these.
+AUTO = dict(lr=DEFAULT_LR, norm_lr_scale=1.0, lr_schedule="constant", min_lr_ratio=0.0, total_steps=1000,
+            policy_loss="ppo_clip", clip_low=0.2, clip_high=0.2)
 
 
 @dataclass
@@ -73,16 +76,29 @@ class TrainerConfig:
         "Compute dtype of forward/backward (FSDP2 mixed precision); master weights and grad reduction stay fp32. "
         "auto: model.dtype in `agentrl run`; bfloat16 on CUDA and float32 on CPU for the Trainer API alone.")
     # -- loss -----------------------------------------------------------------------------------
-    policy_loss: str = doc("ppo_clip", "Name in agentrl.algos.POLICY_LOSSES ('ppo_clip', 'sft', ...).")
+    policy_loss: str | None = doc(
+        None, "Name in agentrl.algos.POLICY_LOSSES: 'ppo_clip' (clipped ratio), 'gspo' (one length-normalised "
+              "sequence ratio per episode, clipped per sequence; use loss_agg seq-mean-token-mean), 'cispo' "
+              "(REINFORCE with a clipped, stop-gradient importance weight; every token keeps a gradient), "
+              "'vanilla_pg', 'sft'. null: the --algo preset's (gspo, cispo; dapo: ppo_clip), else ppo_clip.")
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = doc(
         None, "How per-token losses become the step loss (agentrl.algos.aggregate mode). null: the --algo preset's "
               "(`agentrl run`), token-mean (Trainer API).")
     loss_norm_len: int | None = doc(
         None, "Constant length divisor for 'seq-mean-token-sum-norm' (required there; e.g. max response length).",
         min=1)
-    clip_low: float = doc(0.2, "PPO ratio clip below: ratio >= 1 - clip_low.", min=0.0)
-    clip_high: float = doc(0.2, "PPO ratio clip above: ratio <= 1 + clip_high (DAPO clip-higher uses 0.28).", min=0.0)
-    dual_clip_c: float | None = doc(None, "Dual-clip bound c > 1 for negative advantages (null = off).", min=1.0)
+    clip_low: float | None = doc(
+        None, "Lower clip: ppo_clip clips the token ratio at 1 - clip_low; gspo the sequence's length-normalised "
+              "ratio (GSPO paper: 3e-4); cispo caps the importance weight below at 1 - clip_low (>= 1: no lower "
+              "bound, the paper's choice). null: the --algo preset's (gspo 3e-4, cispo 1.0, dapo 0.2), else 0.2.",
+        min=0.0)
+    clip_high: float | None = doc(
+        None, "Upper clip: ppo_clip clips the token ratio at 1 + clip_high (DAPO clip-higher: 0.28); gspo the "
+              "sequence ratio (GSPO paper: 4e-4); cispo caps the importance weight at 1 + clip_high (0.2). "
+              "null: the --algo preset's (dapo 0.28, gspo 4e-4, cispo 0.2), else 0.2.", min=0.0)
+    dual_clip_c: float | None = doc(
+        None, "ppo_clip's dual-clip bound c > 1 for negative advantages (null = off; gspo and cispo have none).",
+        min=1.0)
     temperature: float = doc(
         1.0, "Sampling temperature the rollouts used; logits are divided by it (0 = greedy: unscaled).", min=0.0)
     old_logprobs: Literal["behaviour", "current"] = doc(
@@ -94,9 +110,13 @@ class TrainerConfig:
         min=0.0)
     kl_coef: float = doc(
         0.0, "Weight of KL(policy || reference) in the loss (> 0 loads a frozen reference model).", min=0.0)
-    kl_estimator: str = doc("k3", "Name in agentrl.algos.KL_ESTIMATORS ('k1', 'k3').")
+    kl_estimator: str = doc(
+        "k3", "KL estimator of kl_coef's loss term, a name in agentrl.algos.KL_ESTIMATORS: 'k1' (logp - ref; "
+              "unbiased, high variance), 'k2' (0.5 (logp - ref)^2; biased, low variance), 'k3' (exp(ref - logp) "
+              "- (ref - logp) - 1; unbiased, low variance, >= 0).")
     reference: bool = doc(
-        False, "Load the reference model even with kl_coef = 0 (for KL in the reward via ref_logprobs()).")
+        False, "Load the reference model even with kl_coef = 0 (for KL in the reward via ref_logprobs(); "
+               "`agentrl run` turns it on when algo.kl_in_reward > 0).")
     entropy_coef: float = doc(
         0.0, "Entropy bonus: loss -= entropy_coef * entropy (token entropy of the scaled logits).")
     # -- critic (PPO) ---------------------------------------------------------------------------

@@ -10,7 +10,9 @@ import (``registry.discover``), so their ids are known to
 ``gymnasium.make`` once ``agentrl.envs`` is imported. Which built-ins have held-out tasks: ``CodeExec-v0``
 and ``TextWorld-v0`` take ``split``; ``Noop-v0`` and ``Concise-v0`` declare ``has_eval_split=False``.
 The env code lives in the submodules: ``base`` (AgentEnv, ToolEnv, TextSpace), ``code_exec``,
-``noop``, ``concise``, ``textworld``, ``tasks``, ``datasets``, ``rewards``.
+``noop``, ``concise``, ``textworld``, ``tasks``, ``datasets``, ``rewards``. Also registered: skyrl-gym's envs
+through ``agentrl.envs.adapters.skyrl_gym`` (``skyrl/<id>`` for skyrl-gym's own ids, ``skyrl`` for any;
+``pip install 'agentrl[skyrl]'``), with held-out tasks (``split``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ BUILTINS: dict[str, tuple[str, int | None, tuple[str, ...], bool | None]] = {
     "Concise-v0": ("agentrl.envs.concise:ConciseEnv", None, ("concise",), False),
     "TextWorld-v0": ("agentrl.envs.textworld:TextWorldEnv", 40, ("textworld",), True),
 }
+
+#: skyrl-gym's env ids, served as ``skyrl/<id>`` by ``agentrl.envs.adapters.skyrl_gym`` (max_turns
+#: hint: the env's own default); ``skyrl`` takes ``env_id=`` or each dataset row's ``env_class``
+SKYRL_IDS: dict[str, int] = {"gsm8k": 1, "gsm8k_multi_turn": 5, "aime": 1, "lcb": 1, "text2sql": 5, "search": 2,
+                             "searchcode": 2}
+_SKYRL_EP = "agentrl.envs.adapters.skyrl_gym:SkyRLGymEnv"
+register("skyrl", _SKYRL_EP, source="builtin", has_eval_split=True, gym_id=None)
+for _id, _max_turns in SKYRL_IDS.items():
+    register(f"skyrl/{_id}", _SKYRL_EP, max_turns=_max_turns, source="builtin", has_eval_split=True, gym_id=None,
+             env_id=_id)
 
 for _name, (_ep, _max_turns, _aliases, _split) in BUILTINS.items():
     register(_name, _ep, max_turns=_max_turns, source="builtin", has_eval_split=_split, gym_id=f"agentrl/{_name}")

@@ -1,6 +1,7 @@
 """Load user task files (JSONL, JSON, parquet) into task dicts, veRL's parquet layout included.
 
-Owns: ``load_tasks(path, ...) -> TaskDataset``. Each row becomes a task dict
+Owns: ``load_tasks(path, ...) -> TaskDataset`` and ``read_rows(path)`` (the rows as written, for
+adapters of peer envs that read their own fields). ``load_tasks`` makes each row a task dict
 ``{id, prompt, answer, difficulty: None, kind: "dataset", data_source, extra_info}`` plus
 ``tests``/``entry_point`` when the row has them. Accepted row shapes:
 
@@ -167,6 +168,21 @@ def _read_rows(path: Path):
         yield from ((f"row {i}", r) for i, r in enumerate(table.to_pylist()))
     else:
         raise DatasetError(f"{path}: unknown dataset format {suffix!r} (use .jsonl, .json or .parquet)")
+
+
+def read_rows(path: str | os.PathLike) -> list[tuple[str, dict]]:
+    """The raw rows of a .jsonl/.json/.parquet file as written, each with its label (``line N`` /
+    ``row N``), for envs that take a whole row (a peer trainer's env reading its own fields).
+    DatasetError naming the file and row for a row that is unreadable or not an object; not cached."""
+    p = Path(path).expanduser()
+    if not p.is_file() and p.suffix.lower() not in (".parquet", ".pq"):
+        raise DatasetError(f"{p}: cannot open dataset: no such file")
+    out = []
+    for label, row in _read_rows(p):
+        if isinstance(row, _BadRow) or not isinstance(row, dict):
+            raise DatasetError(f"{p}: {label}: {row if isinstance(row, _BadRow) else 'row must be an object'}")
+        out.append((label, row))
+    return out
 
 
 def load_tasks(path: str | os.PathLike, *, on_bad_row: str = "error", limit: int | None = None) -> TaskDataset:

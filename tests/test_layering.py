@@ -24,6 +24,7 @@ LAYERS = [
     {"envs", "engine"},
     {"weights"},
     {"episodes"},
+    {"agents"},
     {"batches"},
     {"observe"},
     {"distributed"},

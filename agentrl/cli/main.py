@@ -69,9 +69,11 @@ def envs(config: Optional[List[str]] = ConfigOpt, sets: Optional[List[str]] = Se
 
 
 def _rollout_base(env: str = "code_exec", model: Optional[str] = None, num_prompts: Optional[int] = None,
-                  group_size: Optional[int] = None, out: Optional[str] = None) -> dict:
+                  group_size: Optional[int] = None, out: Optional[str] = None, agent: Optional[str] = None) -> dict:
     """The layer `agentrl rollout`'s own options lay under -c and --set."""
     base: dict = {"env": {"id": env}}
+    if agent:
+        base["agent"] = {"kind": agent}
     if model:
         base["model"] = {"path": model}
     if out:
@@ -83,9 +85,11 @@ def _rollout_base(env: str = "code_exec", model: Optional[str] = None, num_promp
 
 
 def _run_base(env: str = "code_exec", algo: str = "grpo", model: Optional[str] = None, steps: Optional[int] = None,
-              out: Optional[str] = None, resume: bool = False) -> dict:
+              out: Optional[str] = None, resume: bool = False, agent: Optional[str] = None) -> dict:
     """The layer `agentrl run`'s own options lay under -c and --set."""
     base: dict = {"env": {"id": env}, "algo": {"name": algo}, "output_dir": out or f"runs/{env}-{algo}"}
+    if agent:
+        base["agent"] = {"kind": agent}
     if model:
         base["model"] = {"path": model}
     train = {k: v for k, v in (("steps", steps), ("resume", resume or None)) if v is not None}
@@ -105,6 +109,7 @@ def rollout(
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", help="Tasks to sample (rollout.num_prompts)."),
     group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="Samples per task (rollout.group_size)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (output_dir)."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a recording OpenAI-compatible endpoint."),
     config: Optional[List[str]] = ConfigOpt,
     sets: Optional[List[str]] = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -112,7 +117,7 @@ def rollout(
     """Collect trajectories from a model on an env; writes trajectories.jsonl, metrics.json, config.yaml."""
     from agentrl.jobs.rollout import run_rollout
 
-    base = _rollout_base(env, model, num_prompts, group_size, out)
+    base = _rollout_base(env, model, num_prompts, group_size, out, agent)
     try:
         cfg = _load(config, sets, base)
         trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty(),
@@ -132,6 +137,7 @@ def run(
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
     overwrite: bool = typer.Option(False, "--overwrite", help="The run directory holds a run: move it to DIR.old-N and start afresh."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a recording OpenAI-compatible endpoint."),
     config: Optional[List[str]] = ConfigOpt,
     sets: Optional[List[str]] = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -141,7 +147,7 @@ def run(
 
     from agentrl.jobs.run import Runner
 
-    base = _run_base(env, algo, model, steps, out, resume)
+    base = _run_base(env, algo, model, steps, out, resume, agent)
     try:
         cfg = _load(config, sets, base)
         _claim_run_dir(cfg, overwrite)

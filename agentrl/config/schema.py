@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
+from agentrl.agents.config import AgentConfig
 from agentrl.common.bounded import BadText, decode, parse_text
 from agentrl.common.fields import doc
 from agentrl.common.typed_tree import build as _build, deep_merge as _deep_merge, one_line as _one_line, parse_override
@@ -38,7 +39,7 @@ from agentrl.observe.monitors import MonitorConfig
 from agentrl.trainer.config import TrainerConfig
 from agentrl.warmstart.config import SFTConfig
 
-__all__ = ["AlgoConfig", "EngineConfig", "EnvConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
+__all__ = ["AgentConfig", "AlgoConfig", "EngineConfig", "EnvConfig", "EvalConfig", "LoggingConfig", "ModelConfig", "RolloutConfig",
            "RunConfig", "TrainLoopConfig", "doc", "field_docs", "load_config", "merge_layer", "parse_override",
            "save_config", "to_dict"]
 
@@ -186,6 +187,7 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -17,7 +17,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable, Protocol
 
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.engine.base import Engine, SamplingParams
@@ -117,6 +117,25 @@ class _Episode:
         self.versions.extend([-1] * len(ids))
 
 
+class EpisodeRunner(Protocol):
+    """A strategy that runs one episode instead of the built-in turn loop (e.g. an outside agent
+    program through a recording endpoint: ``agentrl.agents``). It fills ``traj`` (task, outcome,
+    reward) and leaves its token buffers in ``state["ep"]`` (``ids``, ``mask``, ``logprobs``,
+    ``turn_ids``, ``versions``, ``turns``, ``messages``, ``prompt_len``), the env in ``state["env"]``
+    (closed for it) and, when the episode split, the earlier buffers in ``state["earlier"]``."""
+
+    async def run(self, manager: "EpisodeManager", spec: EpisodeSpec, traj: Trajectory, state: dict) -> None: ...
+
+
+def _earlier(traj: Trajectory, segments: list) -> list[Trajectory]:
+    """Trajectories of the segments an episode closed before its last one: the episode's outcome
+    and reward, their own tokens (``episode_id`` + ``-seg{k}``)."""
+    return [replace(traj, episode_id=f"{traj.episode_id}-seg{k}", prompt_len=s.prompt_len, token_ids=s.ids,
+                    loss_mask=s.mask, logprobs=s.logprobs, turn_ids=s.turn_ids, versions=s.versions,
+                    turns=s.turns, messages=s.messages, info={**traj.info, "segment": k})
+            for k, s in enumerate(segments)]
+
+
 class EpisodeManager:
     """Runs episodes of one env against one engine.
 
@@ -124,12 +143,14 @@ class EpisodeManager:
     preferred over ``reset``/``step``); ``tokenizer`` is the model's HF tokenizer (its chat
     template renders prompts and observation deltas). The engine receives the episode's live id
     list as the prompt (no copy, so per-turn cost stays flat): engines must treat it as read-only
-    and copy what they keep past the call.
+    and copy what they keep past the call. ``runner`` (an :class:`EpisodeRunner`) runs each episode
+    instead of the built-in loop; its episodes may yield several trajectories (``run_segments``).
     """
 
     def __init__(self, engine: Engine, env_factory: Callable[[], Any], tokenizer: Any,
-                 cfg: RolloutConfig | None = None, env_id: str = "") -> None:
+                 cfg: RolloutConfig | None = None, env_id: str = "", runner: EpisodeRunner | None = None) -> None:
         self.engine, self.env_factory, self.tokenizer = engine, env_factory, tokenizer
+        self.runner = runner
         self.cfg = cfg or RolloutConfig()
         self.env_id = env_id
         self.metrics = RolloutMetrics()
@@ -147,7 +168,7 @@ class EpisodeManager:
     async def stream(self, specs: Iterable[EpisodeSpec]) -> AsyncIterator[Trajectory]:
         """Run ``specs`` with at most ``cfg.max_concurrency`` in flight; yield each Trajectory as it
         finishes. Every spec yields exactly one Trajectory (failures included), unless cancelled
-        before it started."""
+        before it started; a runner's episode that split yields its earlier segments too."""
         it = iter(specs)
         out: asyncio.Queue = asyncio.Queue()
         done = object()
@@ -158,7 +179,8 @@ class EpisodeManager:
                     spec = next(it, None)
                     if spec is None:
                         break
-                    await out.put(await self.run_episode(spec))
+                    for traj in await self.run_segments(spec):
+                        await out.put(traj)
             finally:
                 await out.put(done)
 
@@ -186,13 +208,20 @@ class EpisodeManager:
         return results
 
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
-        """Run one episode to its end; never raises (except CancelledError of the caller's task)."""
+        """Run one episode to its end; never raises (except CancelledError of the caller's task).
+        The episode's (last) trajectory: use ``run_segments`` when a runner may split episodes."""
+        return (await self.run_segments(spec))[-1]
+
+    async def run_segments(self, spec: EpisodeSpec) -> list[Trajectory]:
+        """``run_episode``, with the earlier segments of an episode the runner split before its
+        trajectory (the built-in loop never splits: one trajectory)."""
         await admission()  # backpressure: a saturated sandbox holds new episodes back
         t0 = time.perf_counter()
         traj = Trajectory(episode_id=f"{spec.group_id}-{spec.sample_index}", group_id=spec.group_id,
                           env_id=self.env_id, prompt_len=0, sample_index=spec.sample_index)
         state: dict[str, Any] = {}
-        inner = asyncio.ensure_future(self._run(spec, traj, state))
+        run = self.runner.run(self, spec, traj, state) if self.runner is not None else self._run(spec, traj, state)
+        inner = asyncio.ensure_future(run)
         self._inflight.add(inner)
         try:
             if self._cancelled.is_set():
@@ -222,10 +251,11 @@ class EpisodeManager:
             if ep is not None:
                 traj.token_ids, traj.loss_mask, traj.logprobs = ep.ids, ep.mask, ep.logprobs
                 traj.turn_ids, traj.versions, traj.turns, traj.messages = ep.turn_ids, ep.versions, ep.turns, ep.messages
+                traj.prompt_len = getattr(ep, "prompt_len", traj.prompt_len)
             traj.info["tool_stats"] = state.get("tool_stats", {})
             traj.wall_s = time.perf_counter() - t0
             self.metrics.add(traj)
-        return traj
+        return [*_earlier(traj, state.get("earlier") or []), traj]
 
     # -- internals ----------------------------------------------------------------------------
     @staticmethod

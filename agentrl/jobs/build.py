@@ -105,13 +105,18 @@ def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
     if cfg.distributed == "ray":
         from agentrl.distributed import RayBackend
 
+        if cfg.agent.kind != "builtin":
+            from agentrl.errors import ConfigError
+
+            raise ConfigError(f"agent.kind={cfg.agent.kind!r} runs with distributed=local only (the Ray "
+                              "backend's episode actors run the built-in loop)")
+
         backend = RayBackend.start(cfg, model_path, critic=plan.preset.critic)
         try:
             return backend, backend.trainer.load(resume) if resume else {}
         except BaseException:
             backend.close()
             raise
-    from agentrl.episodes.manager import EpisodeManager
     from agentrl.trainer import Trainer
     from agentrl.weights.drain import with_partial_rollouts
 
@@ -122,5 +127,27 @@ def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
     except BaseException:
         trainer.close()
         raise
-    episodes = EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id)
+    episodes = episode_manager(cfg, engine, make_env, tokenizer)
     return LocalBackend(engine=engine, trainer=trainer, episodes=episodes), extra
+
+
+def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -> Any:
+    """The serve app (OpenAI-compatible) over ``engine``: what the agent proxy records through."""
+    from agentrl.jobs.serve_api import OpenAIAPI
+    from agentrl.jobs.serve_app import build_app
+
+    return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens))
+
+
+def episode_manager(cfg: RunConfig, engine: Any, make_env: Any, tokenizer: Any) -> Any:
+    """The run's EpisodeManager: the built-in turn loop, or (``agent.kind: proxy``) outside agent
+    programs sampling through a recording OpenAI-compatible endpoint (``agentrl.agents``)."""
+    from agentrl.episodes.manager import EpisodeManager
+
+    runner = None
+    if cfg.agent.kind == "proxy":
+        from agentrl.agents.runner import ProxyRunner
+
+        max_tokens = cfg.rollout.max_new_tokens
+        runner = ProxyRunner(cfg.agent, lambda e, tok, name: _openai_app(e, tok, name, max_tokens))
+    return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, runner=runner)

@@ -17,7 +17,7 @@ from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
 from agentrl.episodes.manager import EpisodeManager, make_specs
 from agentrl.episodes.summary import RolloutMetrics
-from agentrl.jobs.build import env_factory, make_engine, model_dir
+from agentrl.jobs.build import env_factory, episode_manager, make_engine, model_dir
 from agentrl.trajectory import Trajectory, json_text
 
 
@@ -80,7 +80,7 @@ def run_rollout(cfg: RunConfig | Plan, progress: bool = True,
     async def main() -> tuple[list[Trajectory], RolloutMetrics]:
         await engine.start()
         try:
-            manager = EpisodeManager(engine, factory, tokenizer, cfg.rollout, env_id=cfg.env.id)
+            manager = episode_manager(cfg, engine, factory, tokenizer)
             specs = make_specs(cfg.rollout.num_prompts, cfg.rollout.group_size, cfg.rollout.seed)
             trajs_path = out / "trajectories.jsonl"
             trajs_path.unlink(missing_ok=True)

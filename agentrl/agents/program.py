@@ -1,0 +1,141 @@
+"""Running the outside agent program of one episode: a shell command or a Python callable.
+
+Owns: starting the program with the endpoint URL, its per-episode API key, the task and a result
+path; the wall-clock limit (a command's whole process group is killed past it); and reading its
+result (the result file's JSON object, else the last JSON-object line of stdout, or a callable's
+return value) into a :class:`ProgramResult`. Does not record completions or decide outcomes
+(:mod:`agentrl.agents.runner`).
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agentrl.errors import ConfigError
+
+_TAIL = 4000
+
+
+@dataclass
+class ProgramResult:
+    """How one run of the agent program ended. ``error`` says why it failed (None: it exited 0)."""
+
+    result: dict | None = None
+    timed_out: bool = False
+    error: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+def reward_of(result: dict | None) -> float | None:
+    """``result["reward"]`` as a float, or None when there is none (or it is not a finite number)."""
+    value = (result or {}).get("reward")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        return None
+    return float(value)
+
+
+def last_json_line(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object, or None."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def program_env(base_url: str, api_key: str, task: dict, result_path: str) -> dict[str, str]:
+    """The environment variables an agent program gets (on top of this process's)."""
+    return {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
+            "AGENTRL_TASK": json.dumps(task, ensure_ascii=False), "AGENTRL_RESULT": result_path}
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """``"module:function"`` -> the function; ConfigError naming what is missing."""
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"agent.callable={spec!r} cannot be loaded: {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise ConfigError(f"agent.callable={spec!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+async def run_command(command: str, base_url: str, api_key: str, task: dict, timeout_s: float) -> ProgramResult:
+    """Run ``command`` in a shell (its own process group) for one episode."""
+    with tempfile.TemporaryDirectory(prefix="agentrl-agent-") as tmp:
+        result_path = str(Path(tmp) / "result.json")
+        proc = await asyncio.create_subprocess_shell(
+            command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={**os.environ, **program_env(base_url, api_key, task, result_path)})
+        out = ProgramResult()
+        try:
+            async with asyncio.timeout(timeout_s):
+                stdout, stderr = await proc.communicate()
+        except (TimeoutError, asyncio.CancelledError) as e:
+            _kill_group(proc.pid)
+            await proc.wait()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            out.timed_out, out.error = True, f"the agent program ran past agent.timeout_s={timeout_s:g}s (killed)"
+            return out
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc.pid)
+        out.stdout = stdout.decode("utf-8", "replace")[-_TAIL:]
+        out.stderr = stderr.decode("utf-8", "replace")[-_TAIL:]
+        if proc.returncode != 0:
+            out.error = f"the agent program exited with code {proc.returncode}: {out.stderr[-600:].strip()!r}"
+        out.result = _read_result(result_path) or last_json_line(out.stdout)
+        return out
+
+
+def _read_result(path: str) -> dict | None:
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def run_callable(fn: Callable[..., Any], base_url: str, api_key: str, task: dict,
+                       timeout_s: float) -> ProgramResult:
+    """Call ``fn(task, base_url=..., api_key=...)``: awaited when async, else in a thread (a thread
+    past the limit cannot be killed: it is abandoned and its episode ends)."""
+    out = ProgramResult()
+    try:
+        async with asyncio.timeout(timeout_s):
+            if inspect.iscoroutinefunction(fn):
+                value = await fn(task, base_url=base_url, api_key=api_key)
+            else:
+                value = await asyncio.to_thread(fn, task, base_url=base_url, api_key=api_key)
+    except TimeoutError:
+        out.timed_out, out.error = True, f"the agent callable ran past agent.timeout_s={timeout_s:g}s"
+        return out
+    except Exception as e:  # noqa: BLE001 - the agent's bug ends its episode, not the run
+        out.error = f"the agent callable raised {type(e).__name__}: {e}"
+        return out
+    out.result = value if isinstance(value, dict) else None
+    return out

@@ -1,0 +1,325 @@
+"""The recording OpenAI-compatible endpoint: outside agent loops sample from the policy through it.
+
+Owns: :class:`ProxyEndpoint` (one HTTP server per run on 127.0.0.1, port 0, started on the run's
+event loop; per-episode API keys mapped to :class:`EpisodeLink`), the ASGI wrapper that resolves a
+request's key (401 for an unknown one), reads its body and refuses what the proxy cannot record
+faithfully (``n`` > 1; ``tool_choice`` other than auto/none and ``response_format``, which the
+server would meet by forcing and re-sampling replies: off-policy), and :class:`RecordingEngine`,
+the Engine the OpenAI app samples through: it finds the request's episode, builds the exact prompt,
+applies the run's sampling settings and budgets, and records every completion in the episode's
+:class:`~agentrl.agents.recorder.Recorder`.
+
+The exact prompt: when the request's messages extend the current segment's conversation (its last
+request + the reply it got, compared with ``recorder.message_key``), the prompt is the segment's ids
+plus the render delta of the new messages (``ChatRenderer.observation_ids``, the built-in loop's
+method): sampled turns are never re-tokenized. Otherwise the app's own rendering of the messages is
+the prompt; the recorder continues the segment if those ids extend it, else splits.
+
+The OpenAI request handling itself (validation, chat template, tool-call parsing, streaming) is
+the serve app's; it is handed in as ``make_app(engine, tokenizer, model_name)`` by the job that
+wires the run (``agentrl.jobs.build``), which keeps this package below the jobs layer.
+
+Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.runner`).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from agentrl.agents.recorder import Recorder, covered
+from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.episodes.chat import ChatRenderer
+from agentrl.errors import ConfigError, EngineError, TemplateError
+from agentrl.tools.calls import parse_hermes
+
+MAX_BODY = 32 << 20
+_ROUTE = "/v1/chat/completions"
+
+
+@dataclass
+class Budget:
+    """The run's rollout limits and sampling settings, applied to every proxied completion."""
+
+    max_turns: int
+    max_new_tokens: int
+    max_context: int
+    min_turn_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: tuple[str, ...] = ()
+    turn_timeout_s: float = 300.0
+
+
+@dataclass
+class EpisodeLink:
+    """One running episode as the endpoint sees it: its recorder, budget and what stopped it."""
+
+    session: str
+    tokenizer: Any
+    budget: Budget
+    seed: int | None = None
+    recorder: Recorder = field(default_factory=Recorder)
+    splits: int = 0
+    delta_prompts: int = 0
+    stopped: tuple[str, str] | None = None  # (outcome value, detail) once a limit ended the episode
+    last_text: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _renderers: dict = field(default_factory=dict)
+    _tools_key: str | None = None
+
+    def renderer(self, tools: list | None) -> ChatRenderer:
+        key = json.dumps(tools or [], sort_keys=True)
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools=tools or None)
+        return self._renderers[key]
+
+    def exact_prompt(self, rendered: list[int], request: "Request") -> list[int]:
+        """The segment's ids + the render delta of the new messages when the request extends the
+        segment's conversation with plain-text messages; else ``rendered``."""
+        seg = self.recorder.current
+        tools_key = json.dumps(request.tools or [], sort_keys=True)
+        if seg is None or request.messages is None or tools_key != self._tools_key:
+            return rendered
+        n = covered(seg.messages, request.messages)
+        new = request.messages[n:] if n is not None else []
+        if not new or not all(isinstance(m.get("content"), str) and not m.get("tool_calls") for m in new):
+            return rendered
+        r = self.renderer(request.tools)
+        try:
+            delta = r.observation_ids([{k: v for k, v in m.items() if k in ("role", "content", "name",
+                                                                              "tool_call_id")} for m in new])
+            if seg.ids[-1] != r.end_of_turn_id:
+                delta = r.close_ids([]) + delta
+        except TemplateError:
+            return rendered
+        self.delta_prompts += 1
+        return seg.ids + delta
+
+    def reply(self, ids: list[int], tools: list | None, parse_tools: bool) -> tuple[dict, str]:
+        """The assistant message the app returns for ``ids`` (as the serve app builds it) and its text."""
+        text = self.renderer(None).decode(ids)
+        if not parse_tools:
+            return {"role": "assistant", "content": text}, text
+        parsed = parse_hermes(text)
+        calls = [{"type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                 for c in parsed.calls]
+        return {"role": "assistant", "content": (parsed.content or None) if calls else text,
+                **({"tool_calls": calls} if calls else {})}, text
+
+    def stop(self, outcome: str, detail: str) -> EngineError:
+        self.stopped = self.stopped or (outcome, detail)
+        return EngineError(detail)
+
+    async def generate(self, inner: Engine, rendered: list[int], params: SamplingParams,
+                       request: "Request", on_token: Callable | None) -> Generation:
+        b = self.budget
+        async with self.lock:
+            if self.stopped:
+                raise EngineError(f"the episode has ended: {self.stopped[1]}")
+            if self.recorder.requests >= b.max_turns:
+                raise self.stop("truncated_turns", f"reached max_turns={b.max_turns}")
+            prompt = self.exact_prompt(rendered, request)
+            room = b.max_context - len(prompt)
+            if room < b.min_turn_tokens:
+                raise self.stop("context_overflow", f"{len(prompt)} tokens leave {room} < min_turn_tokens")
+            k = self.recorder.requests
+            params = replace(params, max_new_tokens=min(params.max_new_tokens, b.max_new_tokens, room),
+                             temperature=b.temperature, top_p=b.top_p, top_k=b.top_k,
+                             stop=tuple(dict.fromkeys([*params.stop, *b.stop])),
+                             seed=None if self.seed is None else (self.seed + 7919 * k) % (2**31))
+            t0 = time.perf_counter()
+            async with asyncio.timeout(b.turn_timeout_s):
+                if on_token is None:
+                    gen = await inner.generate(prompt, params, session=self.session)
+                else:
+                    gen = await inner.generate_streaming(prompt, params, on_token, session=self.session)
+            if not gen.token_ids or len(gen.logprobs) != len(gen.token_ids) or (
+                    gen.versions and len(gen.versions) != len(gen.token_ids)):
+                raise EngineError(f"engine returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
+            versions = gen.versions or [inner.policy_version] * len(gen.token_ids)
+            reply, self.last_text = self.reply(gen.token_ids, request.tools, request.parse_tools)
+            kind = self.recorder.record(prompt, gen.token_ids, gen.logprobs, versions, gen.finish_reason,
+                                        gen_s=time.perf_counter() - t0, messages=request.messages, reply=reply)
+            self._tools_key = json.dumps(request.tools or [], sort_keys=True)
+            self.splits += kind == "split"
+            return gen
+
+
+@dataclass
+class Request:
+    """What the engine needs of the HTTP request it samples for."""
+
+    link: EpisodeLink
+    messages: list[dict] | None
+    tools: list | None
+    parse_tools: bool
+
+
+_current: contextvars.ContextVar[Request | None] = contextvars.ContextVar("agentrl_proxy_request", default=None)
+
+
+class RecordingEngine(Engine):
+    """The Engine the OpenAI app calls: each call is sampled and recorded for the request's episode."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        return self.inner.policy_version
+
+    @property
+    def max_context(self) -> int | None:
+        return self.inner.max_context
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(getattr(self.inner, "eos_token_ids", ()) or ())
+
+    def _request(self) -> Request:
+        req = _current.get()
+        if req is None:
+            raise EngineError("a proxied completion arrived outside an episode's request")
+        return req
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                       session: str | None = None) -> Generation:
+        req = self._request()
+        return await req.link.generate(self.inner, list(prompt_ids), params, req, None)
+
+    async def generate_streaming(self, prompt_ids: Sequence[int], params: SamplingParams,
+                                 on_token: Callable[[int, float], None], *, session: str | None = None) -> Generation:
+        req = self._request()
+        return await req.link.generate(self.inner, list(prompt_ids), params, req, on_token)
+
+
+def refusal(body: Any) -> str | None:
+    """Why the proxy refuses a chat request it could not record as the policy's own samples, or None."""
+    if not isinstance(body, dict):
+        return None  # the app answers malformed bodies itself
+    if body.get("n") not in (None, 1):
+        return f"n={body.get('n')!r}: the recording proxy samples one choice per request"
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        return (f"tool_choice={body.get('tool_choice')!r}: the server would force and re-sample the reply, "
+                "which is not the policy's own sample; use 'auto' or 'none' in training")
+    fmt = body.get("response_format")
+    if fmt not in (None, {"type": "text"}):
+        return f"response_format={fmt!r}: forced and re-sampled replies cannot be trained on; leave it unset"
+    return None
+
+
+async def _answer(send, status: int, message: str, kind: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class KeyedApp:
+    """ASGI wrapper: per-episode API keys -> links; the request's link is set for the engine to find."""
+
+    def __init__(self, app: Any, links: dict[str, EpisodeLink]) -> None:
+        self.app, self.links = app, links
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("path", "").rstrip("/") in ("/health", "/v1/health", "/v1/models"):
+            return await self.app(scope, receive, send)
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        link = self.links.get(key)
+        if link is None:
+            return await _answer(send, 401, "unknown or expired API key: each episode has its own "
+                                 "(OPENAI_API_KEY in the agent program's environment)", "authentication_error")
+        chunks, size, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            more = msg.get("more_body", False)
+            if size > MAX_BODY:
+                return await _answer(send, 413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            body = None
+        chat = scope.get("path", "").rstrip("/") == _ROUTE and isinstance(body, dict)
+        why = refusal(body) if chat else None
+        if why:
+            return await _answer(send, 400, why, "invalid_request_error")
+        tools = body.get("tools") if chat else None
+        messages = body.get("messages") if chat and isinstance(body.get("messages"), list) else None
+        request = Request(link, messages, tools if isinstance(tools, list) else None,
+                          bool(tools) and (body or {}).get("tool_choice") != "none")
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        token = _current.set(request)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            _current.reset(token)
+
+
+class ProxyEndpoint:
+    """The run's recording endpoint: started once on the running loop, then shared by its episodes."""
+
+    def __init__(self, make_app: Callable[[Engine, Any, str], Any], model_name: str) -> None:
+        self.make_app, self.model_name = make_app, model_name
+        self.links: dict[str, EpisodeLink] = {}
+        self.url: str | None = None
+        self._server = None
+        self._task: asyncio.Task | None = None
+        self._engine: Engine | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self, engine: Engine, tokenizer: Any, timeout_s: float = 30.0) -> str:
+        """Serve ``engine`` (idempotent; one engine per endpoint) -> the base URL (``.../v1``)."""
+        async with self._lock:
+            if self._engine is not None:
+                if engine is not self._engine:
+                    raise ConfigError("one proxy endpoint serves one engine; build one endpoint per engine")
+                return self.url  # type: ignore[return-value]
+            import uvicorn
+
+            app = KeyedApp(self.make_app(RecordingEngine(engine), tokenizer, self.model_name), self.links)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            self._server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
+                                                         timeout_graceful_shutdown=2))
+            self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+            end = time.monotonic() + timeout_s
+            while not self._server.started:
+                if self._task.done():
+                    self._task.result()
+                    raise EngineError("the agent proxy's HTTP server stopped at start")
+                if time.monotonic() > end:
+                    raise EngineError(f"the agent proxy's HTTP server did not start in {timeout_s:g} s")
+                await asyncio.sleep(0.01)
+            self._engine, self.url = engine, f"http://127.0.0.1:{port}/v1"
+            return self.url
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 10)
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - stopping: nothing left to serve
+            self._task.cancel()
+        self._server = self._task = self._engine = None

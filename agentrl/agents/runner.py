@@ -1,0 +1,134 @@
+"""Proxy-mode episodes: the strategy the episode manager runs instead of its built-in turn loop.
+
+Owns: :class:`ProxyRunner`, which per episode resets the env (the task), links a fresh API key to a
+recorder on the run's :class:`~agentrl.agents.proxy.ProxyEndpoint`, runs the agent program, then
+types the outcome and reward:
+
+- the program crashed (non-zero exit, a raised exception) -> ``env_error``; it ran past
+  ``agent.timeout_s`` -> ``deadline``; it made no completion request -> ``env_error`` (all
+  infrastructure outcomes: excluded from the loss, counted);
+- a budget stopped it (``rollout.max_turns``, ``rollout.max_context``) -> ``truncated_turns`` /
+  ``context_overflow``; its last reply hit its token limit -> ``truncated_length`` (reward 0);
+- else the reward comes from the program's result (``agent.reward: program``; none ->
+  ``reward_error``) or from the env scoring the final assistant text (``agent.reward: env``).
+
+The recorder's segments go to the manager through ``state``: ``state["ep"]`` the last (the
+episode's trajectory), ``state["earlier"]`` the ones an agent's history rewrite closed.
+Does not: sample or record completions (:mod:`agentrl.agents.proxy`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections import Counter
+from typing import Any, Callable
+
+from agentrl.agents.config import AgentConfig
+from agentrl.agents.program import load_callable, reward_of, run_callable, run_command
+from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
+from agentrl.errors import EnvError
+from agentrl.trajectory import Outcome, Trajectory
+
+
+async def _env_call(env: Any, name: str, *args: Any, **kw: Any) -> Any:
+    afn = getattr(env, "a" + name, None)
+    if afn is not None:
+        return await afn(*args, **kw)
+    return await asyncio.to_thread(getattr(env, name), *args, **kw)
+
+
+class ProxyRunner:
+    """Runs episodes through an outside agent program (``agent.kind: proxy``).
+
+    ``make_app(engine, tokenizer, model_name)`` builds the OpenAI-compatible ASGI app over an engine
+    (the serve app, handed in by the job that wires the run)."""
+
+    def __init__(self, cfg: AgentConfig, make_app: Callable[[Any, Any, str], Any]) -> None:
+        self.cfg = cfg
+        self.endpoint = ProxyEndpoint(make_app, cfg.model_name)
+        self.counts: Counter = Counter()
+        self._fn = load_callable(cfg.callable) if cfg.callable else None
+
+    def metrics(self) -> dict[str, float]:
+        """Running counts: ``agent/episodes``, ``agent/requests``, ``agent/split_trajectories`` (segments
+        closed by a history rewrite), ``agent/delta_prompts``, ``agent/program_crashes``,
+        ``agent/program_timeouts``, ``agent/no_reward``."""
+        keys = ("episodes", "requests", "split_trajectories", "delta_prompts", "program_crashes",
+                "program_timeouts", "no_reward")
+        return {f"agent/{k}": float(self.counts[k]) for k in keys}
+
+    async def close(self) -> None:
+        await self.endpoint.close()
+
+    async def run(self, manager: Any, spec: Any, traj: Trajectory, state: dict) -> None:
+        rc = manager.cfg
+        try:
+            env = state["env"] = manager.env_factory()
+            _, info = await _env_call(env, "reset", seed=spec.task_seed, options=spec.options)
+        except Exception as e:
+            raise EnvError(f"env reset failed: {type(e).__name__}: {e}") from e
+        traj.task = info.get("task", {})
+        url = await self.endpoint.start(manager.engine, manager.tokenizer)
+        own_stop = getattr(env, "stop_strings", None) or ()
+        budget = Budget(rc.max_turns, rc.max_new_tokens, rc.max_context, rc.min_turn_tokens, rc.temperature,
+                        rc.top_p, rc.top_k, tuple(dict.fromkeys([*rc.stop, *own_stop])), rc.turn_timeout_s)
+        link = EpisodeLink(traj.episode_id, manager.tokenizer, budget, seed=spec.sampling_seed)
+        key = "sk-agentrl-" + secrets.token_urlsafe(24)
+        task = {"messages": info["messages"], "tools": info.get("tools") or None, "task": traj.task,
+                "episode_id": traj.episode_id}
+        self.endpoint.links[key] = link
+        self.counts["episodes"] += 1
+        try:
+            if self._fn is not None:
+                res = await run_callable(self._fn, url, key, task, self.cfg.timeout_s)
+            else:
+                res = await run_command(self.cfg.command, url, key, task, self.cfg.timeout_s)
+        finally:
+            self.endpoint.links.pop(key, None)
+            rec = link.recorder
+            state["ep"] = rec.current
+            state["earlier"] = rec.segments[:-1]
+            self.counts["requests"] += rec.requests
+            self.counts["split_trajectories"] += link.splits
+            self.counts["delta_prompts"] += link.delta_prompts
+        traj.info["agent"] = {"requests": rec.requests, "segments": len(rec.segments), "splits": link.splits,
+                              "stderr_tail": res.stderr[-600:], "result": res.result}
+        await self._finish(traj, env, link, res)
+        rec.set_reward(traj.reward)
+
+    async def _finish(self, traj: Trajectory, env: Any, link: EpisodeLink, res: Any) -> None:
+        """Type the outcome and set the reward (see the module docstring)."""
+        traj.reward = 0.0
+        if res.timed_out:
+            self.counts["program_timeouts"] += 1
+            return _end(traj, Outcome.DEADLINE, res.error)
+        if link.stopped:
+            return _end(traj, Outcome(link.stopped[0]), link.stopped[1])
+        if res.error:
+            self.counts["program_crashes"] += 1
+            return _end(traj, Outcome.ENV_ERROR, res.error)
+        if not link.recorder.requests:
+            self.counts["program_crashes"] += 1
+            return _end(traj, Outcome.ENV_ERROR, "the agent program made no completion request")
+        last = link.recorder.current.turns[-1]
+        if last.finish_reason != "stop":
+            return _end(traj, Outcome.TRUNCATED_LENGTH, f"the last reply ended with {last.finish_reason!r}")
+        if self.cfg.reward == "program":
+            reward = reward_of(res.result)
+            if reward is None:
+                self.counts["no_reward"] += 1
+                return _end(traj, Outcome.REWARD_ERROR, "the agent program reported no reward (a JSON object with a "
+                            f"numeric 'reward' in AGENTRL_RESULT or on stdout); got {json.dumps(res.result)[:200]}")
+        else:
+            _, reward, terminated, _, _ = await _env_call(env, "step", link.last_text)
+            if not terminated:
+                self.counts["no_reward"] += 1
+                return _end(traj, Outcome.REWARD_ERROR, "the env did not end the episode on the final assistant "
+                            "text (did the last reply call a tool?)")
+        traj.reward = float(reward)
+        _end(traj, Outcome.OK, "")
+
+
+def _end(traj: Trajectory, outcome: Outcome, detail: str | None) -> None:
+    traj.outcome, traj.outcome_detail = outcome, detail or ""

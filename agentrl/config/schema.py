@@ -96,7 +96,8 @@ class EnvConfig:
 class AlgoConfig:
     name: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "dapo", "gspo",
                   "cispo"] = doc(
-        "grpo", "RL algorithm preset: advantage estimator + credit mode + aggregation (+ critic for ppo), and the "
+        "grpo", "RL algorithm preset (grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, ppo, dapo, gspo, "
+                "cispo): advantage estimator + credit mode + aggregation (+ critic for ppo), and the "
                 "trainer fields and extras it implies where they are left null: dapo = ppo_clip with clip-higher "
                 "(clip_low 0.2, clip_high 0.28) + token-mean + dynamic sampling + soft overlong punishment; gspo = "
                 "policy_loss gspo (clip 3e-4/4e-4) with seq-mean-token-mean; cispo = policy_loss cispo (no lower "

@@ -162,8 +162,11 @@ class Runner:
         async def run_group(index: int, position: int) -> None:
             specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position,
                                attempt=self.stream.drops.get(position, 0))
-            group = await asyncio.gather(*(manager.run_episode(s) for s in specs))
-            await queue.put(index, list(group), position)
+            # run_segments: a proxy-mode episode whose agent rewrote its history yields several trajectories
+            run = getattr(manager, "run_segments", None)
+            done = await asyncio.gather(*(run(s) if run else manager.run_episode(s) for s in specs))
+            group = [t for ts in done for t in (ts if isinstance(ts, list) else [ts])]
+            await queue.put(index, group, position)
             self.in_flight.pop(index, None)
 
         try:

@@ -5,6 +5,7 @@ Layout of a checkpoint directory::
     config.json, generation_config.json, model.safetensors (or shards + index), tokenizer files
     optimizer.pt, scheduler.pt          full (gathered) optimizer / LR-scheduler state
     critic/critic.safetensors, critic/optimizer.pt, critic/scheduler.pt    (PPO with a critic)
+    adapter/adapter_config.json, adapter/adapter_model.safetensors   (LoRA: the adapters, peft format)
     rng/rank{r}.pt                      torch (+cuda), numpy and python RNG states of each rank
     trainer_state.json                  version, world size, caller's ``extra`` (data position, ...)
     <caller's files>                    e.g. rollouts.jsonl: the run's finished-but-untrained groups
@@ -14,6 +15,11 @@ Layout of a checkpoint directory::
 Atomic: everything is written to ``PATH.tmp`` and renamed into place after the marker; a save that
 fails removes its ``PATH.tmp`` (a full disk is reported as such) and leaves earlier checkpoints alone. All ranks
 call save/load (gathering is collective); rank 0 writes, every rank reads (shared filesystem).
+
+With LoRA (``trainer.lora.rank`` > 0) the HF files at the top are the *merged* weights, written only
+with ``lora.export_merged``; the trainable state is the adapters (``adapter/``, loadable with
+``peft.PeftModel.from_pretrained(base, PATH/adapter)``), the adapters' optimizer state and, for a
+critic, its adapters + value head. Resuming rebuilds the frozen base from the trainer's model path.
 
 Owns: writing/reading that layout and HF export of a full state dict. Does not: decide when to
 checkpoint or what ``extra`` holds (the run loop does). Gathered state makes this O(model) on rank
@@ -38,8 +44,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from agentrl.common.faults import fault_point
+from agentrl.errors import ConfigError
 from agentrl.trainer import dist as D
+from agentrl.trainer import lora as L
 from agentrl.trainer.integrity import MARKER, failed_save_cleanup, write_manifest
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -131,6 +140,8 @@ def save(trainer, path: str | Path, extra: dict | None, files: dict[str, str] | 
     critic_sd = critic_optim_sd = None
     if trainer.critic is not None:
         critic_sd = gather_model(trainer.critic)
+        if trainer.cfg.lora.rank:  # the critic's frozen base is rebuilt from the model path on resume
+            critic_sd = L.trainable_state(trainer.critic, critic_sd)
         critic_optim_sd = get_optimizer_state_dict(trainer.critic, trainer.critic_optimizer, options=_FULL)
     rank = D.rank()
     if rank == 0:
@@ -153,7 +164,7 @@ def _write(trainer, tmp: Path, rank: int, model_sd, optim_sd, critic_sd, critic_
     """Everything of one checkpoint into ``tmp``, then its manifest, then (after the crash-test
     fault point) its marker; nothing outside ``tmp`` is touched."""
     if rank == 0:
-        write_hf(tmp, model_sd, trainer.model, trainer.model_path)
+        _write_policy(trainer, tmp, model_sd)
         torch.save(optim_sd, tmp / "optimizer.pt")
         torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
         if trainer.critic is not None:
@@ -162,7 +173,8 @@ def _write(trainer, tmp: Path, rank: int, model_sd, optim_sd, critic_sd, critic_
             torch.save(critic_optim_sd, tmp / "critic" / "optimizer.pt")
             torch.save(trainer.critic_scheduler.state_dict(), tmp / "critic" / "scheduler.pt")
         (tmp / "rng").mkdir()
-        state = {"version": trainer.version, "world_size": D.world(), "extra": extra or {}}
+        state = {"version": trainer.version, "world_size": D.world(), "lora_rank": trainer.cfg.lora.rank,
+                 "extra": extra or {}}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         for name, text in (files or {}).items():
             if "/" in name or name in ("", ".", "..") or (tmp / name).exists():
@@ -178,18 +190,44 @@ def _write(trainer, tmp: Path, rank: int, model_sd, optim_sd, critic_sd, critic_
         (tmp / MARKER).write_text("ok\n")
 
 
+def _write_policy(trainer, tmp: Path, model_sd: dict[str, torch.Tensor]) -> None:
+    lora = trainer.cfg.lora
+    if not lora.rank:
+        write_hf(tmp, model_sd, trainer.model, trainer.model_path)
+        return
+    L.save_adapter(tmp / "adapter", model_sd, lora, trainer.model_path)
+    if lora.export_merged:
+        write_hf(tmp, L.merged_state_dict(model_sd, lora.scaling), trainer.model, trainer.model_path)
+
+
+def _load_policy(trainer, path: Path, opts: StateDictOptions) -> None:
+    """The policy's weights: the whole model, or (LoRA) its adapters on the base it was built from."""
+    if not trainer.cfg.lora.rank:
+        set_model_state_dict(trainer.model, read_hf(path, trainer.model), options=opts)
+        return
+    sd = L.load_adapter(path / "adapter", trainer.cfg.lora)
+    ours = {n for n, _ in trainer.model.named_parameters() if L.is_adapter(n)}
+    if set(sd) != ours:
+        diff = sorted(set(sd) ^ ours)
+        raise ConfigError(f"{path}: its adapters do not match this trainer's (trainer.lora.target_modules); "
+                          f"{len(diff)} differ, e.g. {diff[:3]}")
+    set_model_state_dict(trainer.model, sd, options=opts)
+
+
 def load(trainer, path: str | Path) -> dict:
     path = Path(path)
     if not (path / MARKER).exists():
         raise FileNotFoundError(f"{path} is not a complete trainer checkpoint (no {MARKER} marker)")
     state = json.loads((path / "trainer_state.json").read_text())
-    opts = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(trainer.model, read_hf(path, trainer.model), options=opts)
+    lora = trainer.cfg.lora
+    if int(state.get("lora_rank", 0)) != lora.rank:
+        raise ConfigError(f"{path}: written with trainer.lora.rank={state.get('lora_rank', 0)}, this trainer has "
+                          f"{lora.rank}: resume with the rank the checkpoint was trained with")
+    opts = StateDictOptions(full_state_dict=True, strict=not lora.rank)
+    _load_policy(trainer, path, opts)
     optim_sd = torch.load(path / "optimizer.pt", weights_only=False)
     saved, ours = len(optim_sd.get("param_groups", ())), len(trainer.optimizer.param_groups)
     if saved != ours:  # torch would load it, mix up the groups' lrs and fail at the next step
-        from agentrl.errors import ConfigError
-
         raise ConfigError(
             f"{path}: its optimizer has {saved} parameter group(s), this trainer {ours}: resume with the "
             f"trainer.norm_lr_scale the checkpoint was trained with (1 = one group, as every checkpoint from "

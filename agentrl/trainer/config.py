@@ -6,12 +6,11 @@ runs: loss, aggregation and KL estimator are registry names looked up in ``agent
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from agentrl.common.fields import doc
 from agentrl.errors import ConfigError
-
 
 #: The policy learning rate when trainer.lr is null and nothing else chose one.
 DEFAULT_LR = 1e-6
@@ -22,6 +21,39 @@ DEFAULT_LR = 1e-6
 #: sets them (``agentrl.batches.samples.ALGOS``: dapo, gspo, cispo), else these.
 AUTO = dict(lr=DEFAULT_LR, norm_lr_scale=1.0, lr_schedule="constant", min_lr_ratio=0.0, total_steps=1000,
             policy_loss="ppo_clip", clip_low=0.2, clip_high=0.2)
+
+
+#: The attention and MLP projections of Qwen2/Qwen3/Llama decoder layers (peft matches name suffixes).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    rank: int = doc(
+        0, "LoRA rank r of every adapted projection (0 = off: full-parameter training). On: the base weights are "
+           "frozen, only the adapters (fp32) train and sit in the optimizer; engines still receive merged weights.",
+        min=0)
+    alpha: float = doc(32.0, "LoRA alpha: the adapter update B @ A is scaled by alpha / rank.", min=0.0)
+    dropout: float = doc(0.0, "Dropout on the adapters' input while training (0 = none).", min=0.0, max=0.99)
+    target_modules: list = doc(
+        LORA_TARGETS, "Module-name suffixes that get adapters (default: the attention and MLP projections of "
+                      "Qwen2/Qwen3/Llama). A PPO critic's body gets the same adapters; its value head trains fully.")
+    export_merged: bool = doc(
+        True, "Checkpoints also hold the merged weights as an HF model directory (what `agentrl serve` and "
+              "from_pretrained load). false: only the adapters (adapter/, peft format) and the optimizer state.")
+
+    def check(self) -> None:
+        if self.rank and not self.target_modules:
+            raise ConfigError(
+                f"trainer.lora.target_modules: empty, but trainer.lora.rank={self.rank} asks for adapters")
+        bad = [m for m in self.target_modules if not isinstance(m, str) or not m]
+        if bad:
+            raise ConfigError(f"trainer.lora.target_modules: {bad!r} are not module names")
+
+    @property
+    def scaling(self) -> float:
+        """alpha / rank: the factor on B @ A (0 when LoRA is off)."""
+        return self.alpha / self.rank if self.rank else 0.0
 
 
 @dataclass
@@ -130,6 +162,8 @@ class TrainerConfig:
     dist_timeout_s: float = doc(
         600.0, "Timeout of every collective; a stuck peer fails the step instead of hanging.", min=1.0)
     seed: int = doc(0, "Seeds torch/numpy/python RNGs at trainer start.")
+    # -- LoRA -----------------------------------------------------------------------------------
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def check(self) -> None:
         """Cross-field validation (ranges are checked by the config loader)."""
@@ -138,13 +172,14 @@ class TrainerConfig:
         if self.lr_schedule == "cosine" and self.total_steps is not None and self.warmup_steps >= self.total_steps:
             raise ConfigError(
                 f"trainer.warmup_steps: {self.warmup_steps} must be below trainer.total_steps={self.total_steps}")
+        self.lora.check()
         if self.batching == "pad" and self.packed_mask:
             raise ConfigError("trainer.packed_mask: only meaningful with trainer.batching='pack'")
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_len is None:
             raise ConfigError(
                 "trainer.loss_norm_len: null, but loss_agg 'seq-mean-token-sum-norm' needs a constant length")
 
-    def resolved(self) -> "TrainerConfig":
+    def resolved(self) -> TrainerConfig:
         """A copy with the Trainer API's choices for the null ("auto") fields."""
         import dataclasses
 

@@ -1,8 +1,9 @@
 """The FSDP2 trainer: one optimizer step over a batch of TrainSamples, on 1 or N processes.
 
 Owns: the Trainer (policy + optional frozen reference + optional critic, their AdamW optimizers and
-LR schedules), the step loop (shard samples across ranks, lay them out in micro-batches, recompute
-logprobs, build the per-token loss, accumulate gradients, clip, step) and its metrics, no-grad
+LR schedules; with ``lora.rank`` > 0 only LoRA adapters train: ``agentrl.trainer.lora``), the step
+loop (shard samples across ranks, lay them out in micro-batches, recompute logprobs, build the
+per-token loss, accumulate gradients, clip, step) and its metrics, no-grad
 inference (logprobs, reference logprobs, values) and the public face of weight export/checkpoints.
 
 Algorithm-blind: the per-token advantages come from the run loop (agentrl.algos.credit); the policy
@@ -34,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from agentrl.errors import ConfigError
 from agentrl.trainer import checkpoint as C
 from agentrl.trainer import dist as D
+from agentrl.trainer import lora as L
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.models import (
     all_targets,
@@ -100,8 +102,10 @@ class Trainer:
         random.seed(cfg.seed)
         mesh = init_device_mesh(self.device.type, (self.world,))
         wrap = dict(param_dtype=cfg.param_dtype, checkpointing=cfg.activation_checkpointing)
-        policy = load_causal_lm(self.model_path, cfg.attn_implementation).to(self.device)
-        self.model = shard(policy, mesh, **wrap, trainable=True)
+        policy = load_causal_lm(self.model_path, cfg.attn_implementation)
+        if cfg.lora.rank:  # adapters go in before sharding, so FSDP2 shards them with their layer
+            L.apply(policy, cfg.lora)
+        self.model = shard(policy.to(self.device), mesh, **wrap, trainable=True)
         self.optimizer, self.scheduler = self._optim(self.model, cfg.lr, cfg.norm_lr_scale)
         self.ref = None
         if cfg.kl_coef > 0 or cfg.reference or ref_model_path is not None:
@@ -109,8 +113,10 @@ class Trainer:
             self.ref = shard(ref, mesh, **wrap, trainable=False)
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         if critic:
-            crit = load_value_model(cfg.critic_model_path or self.model_path, cfg.attn_implementation).to(self.device)
-            self.critic = shard(crit, mesh, **wrap, trainable=True)
+            crit = load_value_model(cfg.critic_model_path or self.model_path, cfg.attn_implementation)
+            if cfg.lora.rank:  # the critic's body gets the same adapters; its value head trains fully
+                L.apply(crit, cfg.lora, keep_trainable=("value_head.",))
+            self.critic = shard(crit.to(self.device), mesh, **wrap, trainable=True)
             critic_lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
             self.critic_optimizer, self.critic_scheduler = self._optim(self.critic, critic_lr)
         self.version = 0
@@ -124,11 +130,13 @@ class Trainer:
         normalization gains (1-D ``*norm*`` weights) are a second group at ``lr * gain_scale`` (the
         first group's lr is reported). The critic's gains keep its lr."""
         cfg = self.cfg
-        groups = [{"params": list(model.parameters())}]
+        params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters only
+        groups = [{"params": params}]
         if gain_scale not in (None, 1.0):
-            gains = [p for n, p in model.named_parameters() if p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]]
+            gains = [p for n, p in model.named_parameters()
+                     if p.requires_grad and p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]]
             ids = {id(p) for p in gains}
-            groups = [{"params": [p for p in model.parameters() if id(p) not in ids]}]
+            groups = [{"params": [p for p in params if id(p) not in ids]}]
             if gains:
                 groups.append({"params": gains, "lr": lr * gain_scale})
         opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
@@ -393,8 +401,10 @@ class Trainer:
 
     # -- weights and checkpoints -----------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Gathered full policy weights on CPU, HF names (rank 0; other ranks get {}). Collective."""
-        return C.gather_model(self.model)
+        """Gathered full policy weights on CPU, HF names (rank 0; other ranks get {}). Collective.
+        With LoRA: the merged weights (base + B @ A * alpha / rank) under the base model's names."""
+        sd = C.gather_model(self.model)
+        return L.merged_state_dict(sd, self.cfg.lora.scaling) if self.cfg.lora.rank and sd else sd
 
     def save(self, path: str | Path, *, extra: dict | None = None, files: dict[str, str] | None = None) -> None:
         """Atomic checkpoint (HF dir + optimizer + scheduler + RNG + ``extra`` + the caller's text
@@ -411,7 +421,7 @@ class Trainer:
             self._closed = True
             D.release(self._owns_group)
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_trainer import make_samples
 
 from agentrl.trainer import Trainer, TrainerConfig
-from test_trainer import make_samples
 
 
 @pytest.fixture(scope="module")

@@ -117,6 +117,7 @@ async def test_local_engine_without_a_tokenizer_refuses_stop_strings(tiny_model_
         ref = await eng.generate(PROMPT, SamplingParams(max_new_tokens=12, seed=5, stop_token_ids=NEVER))
         stop = tok.decode(ref.token_ids)[-2:]
         gen = await eng.generate(PROMPT, SamplingParams(max_new_tokens=12, seed=5, stop_token_ids=NEVER, stop=(stop,)))
-        assert gen.finish_reason == "stop" and gen.token_ids == ref.token_ids[: expected_cut(tok, ref.token_ids, stop) + 1]
+        cut = expected_cut(tok, ref.token_ids, stop)
+        assert gen.finish_reason == "stop" and gen.token_ids == ref.token_ids[: cut + 1]
     finally:
         await eng.close()

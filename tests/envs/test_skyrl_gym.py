@@ -29,8 +29,9 @@ class FakeCounterEnv(BaseTextEnv):
     observation asks for the next turn; the action's text after ``</x>`` is cut in
     ``postprocessed_action`` (as skyrl's tag envs do)."""
 
-    def __init__(self, env_config=None, extras={}):
+    def __init__(self, env_config=None, extras=None):
         super().__init__()
+        extras = extras or {}
         self.target = int(extras["target"])
         self.config = env_config
         self.closed = False
@@ -52,8 +53,9 @@ class FakeCounterEnv(BaseTextEnv):
 class FakeBadEnv(BaseTextEnv):
     """A fake skyrl env misbehaving as ``extras["how"]`` says."""
 
-    def __init__(self, env_config=None, extras={}):
+    def __init__(self, env_config=None, extras=None):
         super().__init__()
+        extras = extras or {}
         self.how = extras["how"]
 
     def step(self, action):

@@ -185,7 +185,8 @@ class SkyRLGymEnv(AgentEnv):
             self._skyrl.spec(env_class)
         except Exception as e:
             known = ", ".join(sorted(self._skyrl.registry)) or "(none)"
-            raise ConfigError(f"skyrl-gym has no env {env_class!r} ({type(e).__name__}: {e}); registered: {known}") from e
+            raise ConfigError(f"skyrl-gym has no env {env_class!r} ({type(e).__name__}: {e}); "
+                              f"registered: {known}") from e
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)

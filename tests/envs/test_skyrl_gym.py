@@ -168,6 +168,13 @@ def test_eval_split_is_held_out(tmp_path):
         make("skyrl/text2sql")
 
 
+@pytest.mark.parametrize("env_id", ["skyrl/gsm8k", "skyrl/gsm8k_multi_turn"])
+def test_skyrl_envs_pass_the_agent_env_checker(env_id):
+    from agentrl.envs.checker import check_agent_env
+
+    assert check_agent_env(env_id) == []
+
+
 def test_stop_strings_default_and_override(tmp_path):
     path = str(_jsonl(tmp_path, [{"prompt": "q", "env_class": "search", "reward_spec": {"ground_truth": "x"}}]))
     assert SkyRLGymEnv("search", dataset=path).stop_strings == ("</search>", "</answer>")

@@ -20,7 +20,8 @@ A turn: ``step(text)`` hands the assistant text to the skyrl env; its ``reward``
 reward (the episode's reward is the last step's, agentrl's contract; per-step rewards reach the
 turn records), ``done`` terminates, ``observations`` are the messages appended (roles ``user`` or
 ``tool``). The sampled tokens stay the truth: a ``postprocessed_action`` is reported in the step's
-info, never swapped in. ``stop_strings`` (read by the episode manager) are the closing tags the tag
+info, never swapped in. skyrl envs parse their own tool tags, so ``tool_stats`` stay zero (the
+contract's keys, nothing counted). ``stop_strings`` (read by the episode manager) are the closing tags the tag
 envs expect (``DEFAULT_STOPS``) unless ``stop=`` says otherwise. An exception raised by the skyrl
 env is an ``EnvError`` naming it; a non-finite reward a ``RewardError``.
 
@@ -38,7 +39,7 @@ from typing import Any
 
 from gymnasium.error import ResetNeeded
 
-from agentrl.envs.base import AgentEnv, join_messages
+from agentrl.envs.base import AgentEnv, join_messages, new_stats
 from agentrl.errors import ConfigError, DatasetError, EnvError, RewardError
 
 #: stop strings of skyrl-gym's tag envs: the closing tags that end an action
@@ -228,7 +229,8 @@ class SkyRLGymEnv(AgentEnv):
             raise RewardError(f"{where}.step returned reward {reward}")
         done = bool(out["done"])
         messages = [] if done else check_messages(out["observations"] or [], f"{where}.step", _OBS_ROLES)
-        info: dict[str, Any] = {"messages": messages, "skyrl_metadata": out.get("metadata") or {}}
+        info: dict[str, Any] = {"messages": messages, "tool_stats": new_stats(),
+                                "skyrl_metadata": out.get("metadata") or {}}
         if out.get("postprocessed_action") is not None:
             info["postprocessed_action"] = out["postprocessed_action"]
         if done:

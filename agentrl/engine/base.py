@@ -50,13 +50,13 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """One engine response. ``token_ids`` are exactly the sampled ids (the stop token included when
-    finish_reason is "stop"); ``logprobs[i]`` is the behaviour logprob of ``token_ids[i]`` and
+    """One engine response. ``token_ids`` are exactly the sampled ids (the stop token, or the token
+    that completed a stop string, included when finish_reason is "stop"); ``logprobs[i]`` is the behaviour logprob of ``token_ids[i]`` and
     ``versions[i]`` the policy version whose weights sampled it."""
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (a stop/eos id was sampled) | "length" | "abort"
+    finish_reason: str  # "stop" (a stop/eos id was sampled, or a stop string completed) | "length" | "abort"
     versions: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 

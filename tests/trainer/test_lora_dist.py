@@ -1,0 +1,136 @@
+"""LoRA under FSDP2 on two processes (gloo on CPU, torchrun) matches one process, and runs end to end.
+
+This file is also the worker: torchrun runs it as a script (see ``_worker``). The 2-process run
+trains policy adapters and a LoRA critic (uneven micro-batch counts across ranks, from
+test_trainer_dist's batch), gathers merged weights and writes a checkpoint that one process resumes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.trainer import Trainer, TrainerConfig
+from agentrl.trainer import dist as D
+from agentrl.trainer import lora as L
+from agentrl.trainer.checkpoint import gather_model
+from agentrl.trainer.config import LoraConfig
+
+sys.path.insert(0, str(Path(__file__).parent))  # the worker runs as a script: find test_trainer_dist
+from test_trainer_dist import batch  # noqa: E402
+
+STEPS = 2
+TIMEOUT_S = 300
+
+
+def config() -> TrainerConfig:
+    return TrainerConfig(lr=1e-2, micro_batch_tokens=48, kl_coef=0.05, loss_agg="seq-mean-token-mean",
+                         critic_lr=1e-2, dist_timeout_s=120, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0))
+
+
+def run(t: Trainer) -> dict:
+    metrics = [t.train_step(batch(s)) for s in range(STEPS)]
+    return {"metrics": metrics, "logprobs": t.logprobs(batch(0)), "values": t.values(batch(0))}
+
+
+def _worker(model_dir: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    with Trainer(model_dir, config(), critic=True) as t:
+        assert t.world == 2
+        assert L.count_trainable(t.model) > 0
+        res = run(t)
+        merged, adapters = t.full_state_dict(), gather_model(t.model)
+        t.save(out / "ck")
+        if t.rank == 0:
+            torch.save({"merged": merged, "adapters": {k: v for k, v in adapters.items() if L.is_adapter(k)}},
+                       out / "params.pt")
+            (out / "result.json").write_text(json.dumps(res))
+        else:
+            assert merged == {}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from agentrl.warmstart.tiny_model import build_model
+
+    return str(build_model(tmp_path_factory.mktemp("lora-dist-model"), hidden_size=64, num_layers=2))
+
+
+def _torchrun(model_dir: str, out_dir: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={D.free_port()}", __file__, model_dir, str(out_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers
+        log, _ = proc.communicate()
+        pytest.fail(f"2-process LoRA run did not finish in {TIMEOUT_S}s:\n{log[-4000:]}")
+    assert proc.returncode == 0, log[-6000:]
+
+
+@pytest.mark.slow
+def test_two_process_lora_matches_one_and_resumes(model_dir, tmp_path):
+    _torchrun(model_dir, tmp_path)
+    two = json.loads((tmp_path / "result.json").read_text())
+    p2 = torch.load(tmp_path / "params.pt")
+    with Trainer(model_dir, config(), critic=True) as t:
+        one = run(t)
+        merged1 = t.full_state_dict()
+        adapters1 = {k: v for k, v in gather_model(t.model).items() if L.is_adapter(k)}
+        t.train_step(batch(7))
+        next1 = t.full_state_dict()
+    for a, b in ((merged1, p2["merged"]), (adapters1, p2["adapters"])):
+        assert a.keys() == b.keys()
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert any(p2["adapters"][k].abs().max() > 0 for k in p2["adapters"] if ".lora_B." in k)  # adapters trained
+    for m1, m2 in zip(one["metrics"], two["metrics"]):
+        for k in ("loss", "pg_loss", "kl", "value_loss", "tokens"):
+            assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-6), k
+    for key in ("logprobs", "values"):
+        worst = max(abs(a - b) for r1, r2 in zip(one[key], two[key]) for a, b in zip(r1, r2))
+        assert worst < 1e-5, (key, worst)
+    with Trainer(model_dir, config(), critic=True) as u:  # the 2-process checkpoint resumes in 1
+        u.load(tmp_path / "ck")
+        u.train_step(batch(7))
+        resumed = u.full_state_dict()
+    assert max((resumed[k] - next1[k]).abs().max().item() for k in resumed) < 1e-5
+
+
+@pytest.mark.slow
+def test_agentrl_run_with_lora_end_to_end(tiny_model_dir, tmp_path):
+    """`agentrl run --set trainer.lora.rank=8` on a tiny model: trains, syncs merged weights to the
+    engine every step, writes adapter checkpoints and a merged HF export."""
+    from test_runner import ShortEnv  # noqa: F401  (registers test/Short-v0)
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+
+    out = tmp_path / "run"
+    sets = [f"model.path={tiny_model_dir}", "env.kwargs={}", "rollout.max_new_tokens=4", "rollout.max_turns=1",
+            "rollout.group_size=4", "train.groups_per_step=2", "train.checkpoint_every=2", "eval.every=0",
+            "eval.num_tasks=4", "eval.env_kwargs={}", "logging.tensorboard=false", "trainer.lora.rank=8",
+            "trainer.lr=1e-2"]
+    args = ["run", "--env", "test/Short-v0", "--steps", "2", "--out", str(out), "--quiet"]
+    for s in sets:
+        args += ["--set", s]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, (res.output[-3000:], res.exception)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum(1 for r in rows if "rollout/reward_mean" in r) == 2
+    ck = sorted((out / "checkpoints").glob("step_*/COMPLETE"))[-1].parent
+    assert json.loads((ck / "trainer_state.json").read_text())["lora_rank"] == 8
+    assert (ck / "adapter" / "adapter_model.safetensors").exists() and (ck / "model.safetensors").exists()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])

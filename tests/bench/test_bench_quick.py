@@ -82,6 +82,12 @@ CASES = [
     ),
     Case("bench_soak.py", ("kind", "episodes", "tool statuses"), ("args", "reports"), slow=True),
     Case(
+        "bench_lora_memory.py",
+        ("arm", "trainable", "params MB", "grads MB", "optim MB", "train MB", "peak RSS MB"),
+        ("model", "arms", "ratio_lora_over_full_train_mb", "ratio_lora_over_full_peak_rss", "workload"),
+        slow=True,
+    ),
+    Case(
         "bench_credit.py",
         ("mode", "AUC", "turns s1->end"),
         ("summary", "runs", "workload"),

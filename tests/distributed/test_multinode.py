@@ -136,7 +136,7 @@ def _cluster(worker_cpus=(2, 2)):
     return ray, c, workers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")  # torn down before the node-loss tests start clusters of their own
 def three_nodes():
     before = _ray_pids()
     ray, c, workers = _cluster()
@@ -238,6 +238,42 @@ class TestSimulatedCluster:
                 ray.kill(a)
 
 
+    def test_the_heartbeat_names_a_dead_actor_and_ignores_a_busy_one(self, three_nodes):
+        from agentrl.distributed.backend import ship_by_value
+        from agentrl.distributed.recovery import watch
+
+        ray, c, workers = three_nodes
+        ship_by_value(Pinged)
+        cls = ray.remote(Pinged)
+        actors = {"busy": cls.options(num_cpus=0.1).remote(), "doomed": cls.options(num_cpus=0.1).remote()}
+        where = {n: ray.get(a.placement.remote())["node"] for n, a in actors.items()}
+        actors["busy"].sleep.remote(30)  # a sync actor inside a long call: its pings time out, it is alive
+        try:
+            async def go():
+                task = asyncio.create_task(watch(actors, where, interval_s=0.3, probe_timeout_s=0.5))
+                await asyncio.sleep(2.0)
+                assert not task.done()  # busy is not dead
+                ray.kill(actors["doomed"])
+                t0 = time.monotonic()
+                with pytest.raises(NodeLostError, match="actor doomed"):
+                    await asyncio.wait_for(task, 30)
+                return time.monotonic() - t0
+
+            print(f"\ndead actor noticed by the heartbeat after {asyncio.run(go()):.1f}s")
+        finally:
+            ray.kill(actors["busy"])
+
+
+class Pinged:
+    def placement(self) -> dict:
+        import ray
+
+        return {"node": ray.get_runtime_context().get_node_id()}
+
+    def sleep(self, s: float) -> None:
+        time.sleep(s)
+
+
 # -- a node lost mid-run ----------------------------------------------------------------------------
 def _node_of(cluster_nodes, node_id: str):
     return next(n for n in cluster_nodes if n.node_id == node_id)
@@ -245,11 +281,13 @@ def _node_of(cluster_nodes, node_id: str):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("victim", ["trainer-rank-0", "rollout-worker-1"])
+def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny_model_dir, tmp_path, victim):
     """Head (no CPUs) + 2 worker nodes; ``agentrl run`` with distributed: ray, a checkpoint every
-    step and ray.restart_on_node_loss=2. After step 2 the node holding trainer rank 0 is removed: the
-    run notices, stops its actors, places them again on the node left, resumes from its newest
-    checkpoint and finishes; the ledger shows every prompt trained exactly once."""
+    step and ray.restart_on_node_loss=2. After step 2 the node holding ``victim`` is removed (the
+    trainer's: its next call fails; a rollout worker's: only the heartbeat or the next weight push
+    to its engine can tell): the run notices, stops its actors, places them again on the node left,
+    resumes from its newest checkpoint and finishes; the ledger shows every prompt trained exactly once."""
     from agentrl.jobs.crash_harness import ledger_check
     from agentrl.jobs.run import Runner
 
@@ -259,7 +297,7 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     steps = 6
     cfg = load_config([], [
         f"output_dir={out}", f"model.path={tiny_model_dir}", *RUN_ARGS, "train.groups_per_step=2",
-        f"train.steps={steps}", "train.max_staleness=1", "train.checkpoint_every=1", "eval.num_tasks=0",
+        f"train.steps={steps}", "train.max_staleness=1", "train.checkpoint_every=1", "eval.num_tasks=0", "eval.env_kwargs={}",
         "trainer.lr=2e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false", "distributed=ray",
         f"ray.address={c.address}", "ray.placement=split", "ray.pg_strategy=SPREAD", "ray.workers_per_engine=2",
         "ray.restart_on_node_loss=2", "ray.heartbeat_s=1.0", "ray.startup_timeout_s=240"])
@@ -271,7 +309,7 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
         while time.monotonic() < deadline:
             rows = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
             if any(json.loads(r).get("step", 0) >= 2 for r in rows) and runner.backend is not None:
-                node_id = runner.backend.nodes["trainer-rank-0"]
+                node_id = runner.backend.nodes[victim]
                 removed.update(node=node_id, at=time.time(), step=max(json.loads(r)["step"] for r in rows),
                                actors=sorted(n for n, v in runner.backend.nodes.items() if v == node_id))
                 c.remove_node(_node_of(workers, node_id))

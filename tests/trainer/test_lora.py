@@ -91,6 +91,19 @@ def test_steps_change_only_the_adapters_and_the_value_head(model_dir):
     assert set(merged0) == set(base) and max_diff(merged0, base) == 0.0
 
 
+def test_activation_checkpointing_with_adapter_dropout_gives_the_same_update(model_dir):
+    samples = make_samples(4)
+    out = []
+    for ac in (False, True):
+        cfg = TrainerConfig(lr=1e-3, activation_checkpointing=ac, micro_batch_tokens=48,
+                            lora=LoraConfig(rank=RANK, alpha=8.0, dropout=0.1))
+        with Trainer(model_dir, cfg) as t:
+            t.train_step(samples)
+            out.append(raw(t))
+    assert max_diff(*out) < 1e-6
+    assert max(out[0][k].abs().max().item() for k in out[0] if ".lora_B." in k) > 0
+
+
 # -- merged weights ------------------------------------------------------------------------------
 def test_merged_weight_is_base_plus_scaled_b_at_a_by_hand(model_dir):
     with Trainer(model_dir, lora_cfg()) as t:

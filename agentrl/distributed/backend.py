@@ -5,8 +5,9 @@ the engine actors, rollout workers and trainer ranks there (trainer ranks rendez
 0's node address), wrap them in the driver-side adapters (``engine``, ``episodes``, ``trainer``),
 and ``close()``, which stops every actor, removes the placement groups and disconnects - also
 after a failed start; ``nodes`` (actor name -> Ray node id) and ``watch()``, the heartbeat that
-notices a lost node or actor (``agentrl.distributed.recovery``). ``check(cfg)`` rejects what the Ray mode does not run (called by the run's
-plan, ``agentrl.config.plan``, and again by ``start`` for direct callers).
+notices a lost node or actor (``agentrl.distributed.recovery``). ``check(cfg)`` rejects what the
+Ray mode does not run (called by the run's plan, ``agentrl.config.plan``, and again by ``start``
+for direct callers), ``check_weight_sync`` the weight paths that cannot reach other nodes.
 
 Where things run: envs and their sandboxes live in the rollout workers (one EpisodeManager each),
 model weights in the engine actors and trainer ranks; the driver keeps the run loop, the queue,

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from agentrl.errors import NodeLostError
 

@@ -24,8 +24,9 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentrl.engine.sglang_disk import load_weights_dir, prune_weights_dirs, write_weights_dir
 from agentrl.errors import EngineError
@@ -87,8 +88,9 @@ class ObjectStoreSync(ServerSync):
         found = stagers if stagers is not None else getattr(engine, "weight_stagers", None)
         if not found:
             raise EngineError("ObjectStoreSync: the engine has no weight_stagers (one per server, able to write on "
-                              "its node): engine.weight_sync=object_store needs distributed=ray with engine.kind=sglang "
-                              "engine actors; attached servers (engine.urls) need disk on a shared filesystem")
+                              "its node): engine.weight_sync=object_store needs distributed=ray with "
+                              "engine.kind=sglang engine actors; attached servers (engine.urls) need disk on a "
+                              "shared filesystem")
         bad = [type(s).__name__ for s in found if not callable(getattr(s, "stage_weights", None))]
         if bad:
             raise EngineError(f"ObjectStoreSync: stagers without a stage_weights method: {bad}")

@@ -341,3 +341,58 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     assert chk["duplicates"] == [] and chk["lost"] == [], chk
     assert (out / "checkpoints" / f"step_{steps:06d}" / "COMPLETE").exists()
     _assert_no_leak(before, timeout_s=60)
+
+
+# -- the object-store path on real SGLang engine actors (skips without SGLang) ----------------------
+@pytest.mark.ray
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sglang_model_dir, tmp_path):
+    """Two SGLang engine actors on two simulated nodes (STRICT_SPREAD); a push of the trainer's
+    weights through ``object_store``: each node's actor writes its copy, both servers load it and
+    serve the new version (the tokens they sample afterwards carry it)."""
+    from test_ray_sglang import _sglang_or_skip
+
+    _sglang_or_skip()
+    from agentrl.distributed import RayBackend
+    from agentrl.engine.base import SamplingParams
+    from agentrl.weights.factory import make_weight_sync
+
+    before = _ray_pids()
+    ray, c, workers = _cluster(worker_cpus=(3, 3))
+    try:
+        cfg = resolve(load_config([], [*RUN_ARGS, "engine.kind=sglang", "engine.max_total_tokens=4096",
+                                       "engine.weight_sync=object_store", f"ray.address={c.address}"]), "run").cfg
+        rc = RayConfig(address=c.address, num_engines=2, workers_per_engine=1, placement="split",
+                       pg_strategy="STRICT_SPREAD")
+        backend = RayBackend.start(cfg, sglang_model_dir, rc=rc)
+        try:
+            assert backend.nodes["engine-0"] != backend.nodes["engine-1"]
+            assert {s.node for s in backend.engine.weight_stagers} == {backend.nodes["engine-0"],
+                                                                         backend.nodes["engine-1"]}
+
+            async def go():
+                await backend.engine.start()
+                sync = make_weight_sync("object_store", backend.engine)
+                try:
+                    sd = {k: v + 0.0 for k, v in (await asyncio.to_thread(backend.trainer.full_state_dict)).items()}
+                    stats = await sync.push(sd, 3)
+                    gens = [await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4), session=s)
+                            for s in ("a", "b", "c", "d")]
+                finally:
+                    await sync.close()
+                    await backend.engine.close()
+                return stats, gens
+
+            stats, gens = asyncio.run(go())
+            print(f"\nobject_store push to 2 nodes: {stats.seconds:.2f}s {stats.phases}")
+            assert stats.phases["nodes"] == 2.0
+            assert {g.info["server"] for g in gens} == set(backend.engine.urls)  # both servers answered
+            assert all(set(g.versions) == {3} for g in gens), [g.versions for g in gens]
+        finally:
+            backend.close()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+    _assert_no_leak(before, timeout_s=60)

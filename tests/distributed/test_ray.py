@@ -34,6 +34,13 @@ class CountEnv(AgentEnv):
 
 agentrl.register("test/RayCount-v0", entry_point=CountEnv, override=True)
 
+def _cfg(*sets: str):
+    """The run config of these tests, resolved by the plan as a run resolves it (auto device/dtype)."""
+    from agentrl.config.plan import resolve
+
+    return resolve(load_config([], [*RUN_ARGS, *sets]), "run").cfg
+
+
 RUN_ARGS = ["env.id=test/RayCount-v0", "env.kwargs={}", "rollout.max_new_tokens=6", "rollout.max_turns=1",
             "rollout.score_truncated=true", "rollout.group_size=4", "rollout.temperature=1.0"]
 
@@ -119,7 +126,7 @@ class TestOnLocalRay:
         from agentrl.episodes.manager import make_specs
 
         ray = ray_session
-        cfg = load_config([], RUN_ARGS)
+        cfg = _cfg()
         rc = RayConfig(trainer_ranks=1, num_engines=1, workers_per_engine=2, placement="colocate")
         backend = RayBackend.start(cfg, tiny_model_dir, rc=rc)
         print(f"backend start: {backend.timings}")
@@ -169,7 +176,7 @@ class TestOnLocalRay:
 
         ray = ray_session
         model_dir = str(build_model(tmp_path / "model", hidden_size=64, num_layers=2))
-        cfg = load_config([], RUN_ARGS)
+        cfg = _cfg()
         cfg.trainer = config()
         rc = RayConfig(trainer_ranks=2, placement="split")
         backend = RayBackend.start(cfg, model_dir, critic=True, rc=rc)
@@ -205,7 +212,7 @@ class TestOnLocalRay:
 
         ray = ray_session
         with pytest.raises(Exception, match="no-such-model"):
-            RayBackend.start(load_config([], RUN_ARGS), tmp_path / "no-such-model", rc=RayConfig(trainer_ranks=2))
+            RayBackend.start(_cfg(), tmp_path / "no-such-model", rc=RayConfig(trainer_ranks=2))
         assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
         deadline = time.monotonic() + 60  # Ray's resource view catches up with removals asynchronously
         while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
@@ -217,7 +224,7 @@ class TestOnLocalRay:
 
         rc = RayConfig(trainer_ranks=1, trainer_cpus=64, startup_timeout_s=3)
         with pytest.raises(ConfigError, match=r"bundles \[\[\{'CPU': 64.75\}\]\] \(colocate\) could not be placed"):
-            RayBackend.start(load_config([], RUN_ARGS), tiny_model_dir, rc=rc)
+            RayBackend.start(_cfg(), tiny_model_dir, rc=rc)
         assert not ray_session.util.placement_group_table() or all(
             g["state"] == "REMOVED" for g in ray_session.util.placement_group_table().values())
 
@@ -251,7 +258,7 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
         deadline = time.monotonic() + 120
         while backend is None:
             try:
-                backend = RayBackend.start(load_config([], RUN_ARGS), tiny_model_dir, rc=RayConfig())
+                backend = RayBackend.start(_cfg(), tiny_model_dir, rc=RayConfig())
             except ConnectionError:
                 if head.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"ray head did not come up: {(tmp_path / 'head.log').read_text()[-3000:]}")

@@ -112,7 +112,11 @@ def _sglang_or_skip():
 
 
 def _cfg(*sets: str):
-    return load_config([], [*RUN_ARGS, "engine.kind=sglang", "engine.max_total_tokens=4096", *sets])
+    """Resolved by the plan as a run is (model.device auto -> cpu here: the servers run on CPU)."""
+    from agentrl.config.plan import resolve
+
+    return resolve(load_config([], [*RUN_ARGS, "engine.kind=sglang", "engine.max_total_tokens=4096", *sets]),
+                   "run").cfg
 
 
 @pytest.mark.ray

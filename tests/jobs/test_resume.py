@@ -173,6 +173,8 @@ class SlowOnceEnv(AgentEnv):
     takes 1.5 s on its first attempt only, so at staleness 1 it comes back too stale, is dropped and
     must run again; later attempts are instant."""
 
+    has_eval_split = False  # the eval runs on the same kind of prompts (the env contract's declaration)
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.position = seed

@@ -20,9 +20,11 @@ ledger as consumed, not trained, and they do not run again). A batch is handed o
 ``groups_per_batch`` kept groups are ready, or, with ``max_draws`` > 0, once the groups filtered
 since the last batch plus the ready ones reach ``max_draws * groups_per_batch``: then the batch
 is short (what is ready, maybe nothing; counted in ``short_batches``). The staleness bound is
-unchanged: filtering happens before the hand-out check, a short batch that trains still moves the
-version by one, and the slots it did not fill (``short_slots``) stay charged, so admission still
-never lets a group start that could not be trained within ``k`` versions. Filtered positions not
+unchanged: the hand-out check drops what is too old whatever was filtered, a short batch that
+trains moves the version by one, and the slots it did not fill (``short_slots``) stay charged, so
+admission starts no more groups than a full batch would have let start. Groups still generating
+when a short batch goes out may finish past the bound: they are dropped and rerun as usual (a
+filtered prompt never is). Filtered positions not
 yet reported when a checkpoint is taken are in ``snapshot()["filtered"]``: the run requeues them
 (they run again after a resume, having been recorded nowhere), keeping the stream exactly once.
 
@@ -112,8 +114,13 @@ class StalenessQueue:
 
     async def put(self, index: int, group: list[Trajectory], position: int | None = None) -> None:
         """Hand in the finished group admitted as ``index`` (possibly empty if all failed), generated
-        for prompt ``position``."""
+        for prompt ``position``; with ``keep``, a group it rejects is filtered instead."""
         async with self._cond:
+            if self.keep is not None and not self.keep(group):
+                self.filtered_groups += 1
+                self._filtered.append(position)
+                self._cond.notify_all()  # a freed admission slot, and maybe the draw bound reached
+                return
             self._ready.append(_Entry(index, group, position))
             self._ready.sort()
             self._cond.notify_all()

@@ -137,6 +137,7 @@ from agentrl.algos.credit import (
     turn_returns_group_baseline,
     turn_rewards_to_tokens,
 )
+from agentrl.algos.kl_control import adaptive_kl_coef
 from agentrl.algos.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -157,7 +158,6 @@ from agentrl.algos.losses import (
     value_loss,
     vanilla_pg,
 )
-from agentrl.algos.kl_control import adaptive_kl_coef
 from agentrl.algos.registry import REGISTRIES, lookup
 from agentrl.algos.sampling import dynamic_sampling_keep
 from agentrl.algos.shaping import overlong_penalty

@@ -16,8 +16,8 @@ reference logprobs (or a function computing them).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

@@ -94,7 +94,7 @@ def test_staleness_bound_holds_with_filtering_and_short_batches(k):
 
         prod = asyncio.create_task(producer())
         seen, shorts, handed = [], 0, 0
-        for step in range(steps):
+        for _ in range(steps):
             batch = await q.get_batch()
             shorts += len(batch) < B
             handed += len(batch)

@@ -45,7 +45,8 @@ def test_kl_needs_the_reference():
 def test_overlong_penalty_per_turn():
     # max_new_tokens 4, cache 2: a turn of 3 tokens is half into the soft zone (-0.5 * factor), 4 is -factor
     t = two_turns(lens=(3, 4))
-    rewards, stats = shaped_turn_rewards([t], RewardShaping(max_new_tokens=4, overlong_cache_len=2, overlong_factor=2.0))
+    shaping = RewardShaping(max_new_tokens=4, overlong_cache_len=2, overlong_factor=2.0)
+    rewards, stats = shaped_turn_rewards([t], shaping)
     assert rewards == [[pytest.approx(-1.0), pytest.approx(1.0 - 2.0)]]
     assert stats["overlong/penalty_mean"] == pytest.approx(-3.0) and stats["overlong/penalised_turn_frac"] == 1.0
     short = two_turns(lens=(1, 2))

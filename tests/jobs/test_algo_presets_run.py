@@ -38,7 +38,8 @@ def _cfg(model_dir, out, algo, steps, extra=()):
         f"output_dir={out}", f"model.path={model_dir}", "env.id=test/EveryThirdConst-v0", "env.kwargs={}",
         f"algo.name={algo}", "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
         "rollout.group_size=4", "train.groups_per_step=3", f"train.steps={steps}", "train.max_staleness=0",
-        "train.checkpoint_every=2", "eval.num_tasks=0", "eval.env_kwargs={}", "trainer.lr=2e-2", "logging.tensorboard=false", *extra])
+        "train.checkpoint_every=2", "eval.num_tasks=0", "eval.env_kwargs={}", "trainer.lr=2e-2",
+        "logging.tensorboard=false", *extra])
 
 
 def _rows(out):

@@ -97,13 +97,13 @@ class Runner:
         try:
             self.trainer, self.engine = self.backend.trainer, self.backend.engine
             self.step = int(extra.get("step", 0))
+            self.kl.value = float(extra.get("kl_in_reward", self.cfg.algo.kl_in_reward or 0.0))  # adapted: checkpointed
             self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))},
                                                   max_drops=cfg.train.max_prompt_drops)
             if resume:
                 rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
                 self.restored = load_ready(resume / "rollouts.jsonl")
                 self.restored_counts = extra.get("queue", {})
-                self.kl.value = float(extra.get("kl_in_reward", self.kl.value))
             if cfg.train.replay:
                 from agentrl.batches.replay import ReplaySource
 

@@ -97,3 +97,15 @@ def test_dapo_filters_no_signal_groups_and_resumes_exactly_once(tiny_model_dir, 
     assert all("credit/overlong/penalty_mean" in r for r in rows)  # the soft overlong punishment ran
     config = (out / "config.yaml").read_text()
     assert "clip_high: 0.28" in config and "dynamic_sampling: true" in config
+
+
+def test_adaptive_kl_in_reward_moves_and_is_checkpointed(tiny_model_dir, tmp_path):
+    out = tmp_path / "rpp"
+    _run(_cfg(tiny_model_dir, out, "reinforce_pp", 2, ["algo.kl_target=1.0", "algo.kl_horizon=10"]))
+    rows = [r for r in _rows(out) if "train/loss" in r]
+    # step 1's KL (~0: policy = reference) is far below the target: e = -0.2, n = 12 samples, horizon 10
+    want = 0.001 * (1 - 0.2 * 12 / 10)
+    assert rows[0]["credit/kl_in_reward/coef"] == 0.001 and rows[1]["credit/kl_in_reward/coef"] == pytest.approx(want)
+    extra = json.loads((out / "checkpoints" / "step_000002" / "trainer_state.json").read_text())["extra"]
+    err = min(max(rows[1]["credit/kl_in_reward/kl_mean"] / 1.0 - 1, -0.2), 0.2)
+    assert extra["kl_in_reward"] == pytest.approx(want * (1 + err * 12 / 10))  # a resume starts from it

@@ -5,20 +5,33 @@ The public surface for env, tool and agent authors is re-exported here and pinne
 Names load on first use, so ``import agentrl`` (and importing any submodule) stays cheap: torch and
 transformers load only when an engine or model is built.
 """
+
 import importlib
 
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _PUBLIC = {
-    "AgentEnv": "agentrl.envs.base", "TextSpace": "agentrl.envs.base", "ToolEnv": "agentrl.envs.base",
-    "check_agent_env": "agentrl.envs.checker", "assert_agent_env": "agentrl.envs.checker",
-    "make": "agentrl.envs.registry", "register": "agentrl.envs.registry", "registered": "agentrl.envs.registry",
+    "AgentEnv": "agentrl.envs.base",
+    "TextSpace": "agentrl.envs.base",
+    "ToolEnv": "agentrl.envs.base",
+    "check_agent_env": "agentrl.envs.checker",
+    "assert_agent_env": "agentrl.envs.checker",
+    "make": "agentrl.envs.registry",
+    "register": "agentrl.envs.registry",
+    "registered": "agentrl.envs.registry",
     "spec": "agentrl.envs.registry",
-    "Tool": "agentrl.tools.base", "ToolSet": "agentrl.tools.base", "tool": "agentrl.tools.base",
-    "Trajectory": "agentrl.trajectory", "Outcome": "agentrl.trajectory", "TurnRecord": "agentrl.trajectory",
-    "Engine": "agentrl.engine.base", "Generation": "agentrl.engine.base", "SamplingParams": "agentrl.engine.base",
-    "AgentRLError": "agentrl.errors", "ConfigError": "agentrl.errors",
+    "Tool": "agentrl.tools.base",
+    "ToolSet": "agentrl.tools.base",
+    "tool": "agentrl.tools.base",
+    "Trajectory": "agentrl.trajectory",
+    "Outcome": "agentrl.trajectory",
+    "TurnRecord": "agentrl.trajectory",
+    "Engine": "agentrl.engine.base",
+    "Generation": "agentrl.engine.base",
+    "SamplingParams": "agentrl.engine.base",
+    "AgentRLError": "agentrl.errors",
+    "ConfigError": "agentrl.errors",
 }
 
 

@@ -1,4 +1,5 @@
 """``python -m agentrl ...`` runs the ``agentrl`` command line."""
+
 from agentrl.cli.main import main
 
 main()

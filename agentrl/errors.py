@@ -26,6 +26,7 @@ Hierarchy::
 Infrastructure errors (EpisodeError subclasses) end the episode with their outcome, and such
 episodes are excluded from the loss and counted; they are never scored as reward 0.
 """
+
 from __future__ import annotations
 
 

@@ -15,15 +15,17 @@ Per-token arrays (all of length ``len(token_ids)``):
   whose observation it is; -1 for the initial prompt.
 * ``versions``   - the policy version that sampled the token; -1 where mask is 0.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 
 class Outcome(str, enum.Enum):
@@ -114,7 +116,9 @@ class Trajectory:
         n = len(self.token_ids)
         for name in ("loss_mask", "logprobs", "turn_ids", "versions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"trajectory {self.episode_id}: len({name})={len(getattr(self, name))} != len(token_ids)={n}")
+                raise ValueError(
+                    f"trajectory {self.episode_id}: len({name})={len(getattr(self, name))} != len(token_ids)={n}"
+                )
         if any(m for m in self.loss_mask[: self.prompt_len]):
             raise ValueError(f"trajectory {self.episode_id}: prompt tokens must have loss_mask 0")
         for i, m in enumerate(self.loss_mask):
@@ -132,7 +136,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         d = dict(d)
         d["turns"] = [TurnRecord(**t) for t in d.get("turns", [])]
         d["outcome"] = Outcome(d.get("outcome", "ok"))
@@ -211,13 +215,24 @@ def write_parquet(path: str | Path, trajs: Iterable[Trajectory]) -> int:
         rows.append(d)
     schema = pa.schema(
         [
-            ("episode_id", pa.string()), ("group_id", pa.string()), ("env_id", pa.string()),
-            ("prompt_len", pa.int64()), ("token_ids", pa.list_(pa.int64())),
-            ("loss_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float64())),
-            ("turn_ids", pa.list_(pa.int32())), ("versions", pa.list_(pa.int64())),
-            ("turns", pa.string()), ("reward", pa.float64()), ("outcome", pa.string()),
-            ("outcome_detail", pa.string()), ("sample_index", pa.int64()), ("task", pa.string()),
-            ("messages", pa.string()), ("info", pa.string()), ("wall_s", pa.float64()),
+            ("episode_id", pa.string()),
+            ("group_id", pa.string()),
+            ("env_id", pa.string()),
+            ("prompt_len", pa.int64()),
+            ("token_ids", pa.list_(pa.int64())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("logprobs", pa.list_(pa.float64())),
+            ("turn_ids", pa.list_(pa.int32())),
+            ("versions", pa.list_(pa.int64())),
+            ("turns", pa.string()),
+            ("reward", pa.float64()),
+            ("outcome", pa.string()),
+            ("outcome_detail", pa.string()),
+            ("sample_index", pa.int64()),
+            ("task", pa.string()),
+            ("messages", pa.string()),
+            ("info", pa.string()),
+            ("wall_s", pa.float64()),
         ]
     )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))

@@ -35,10 +35,24 @@ from pathlib import Path
 import torch
 
 ARMS = ("full", "lora")
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
-TINY = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, vocab_size=1024, tie_word_embeddings=True)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+)
 MB = 2**20
 
 
@@ -59,9 +73,14 @@ def batch(n: int, length: int, vocab: int, seed: int):
     out = []
     for i in range(n):
         mask = [0] * (length // 4) + [1] * (length - length // 4)
-        out.append(TrainSample(token_ids=[rng.randrange(10, vocab) for _ in mask], loss_mask=mask,
-                               behaviour_logprobs=[-10.0 * m for m in mask],
-                               advantages=[(1.0 if i % 2 else -1.0) * m for m in mask]))
+        out.append(
+            TrainSample(
+                token_ids=[rng.randrange(10, vocab) for _ in mask],
+                loss_mask=mask,
+                behaviour_logprobs=[-10.0 * m for m in mask],
+                advantages=[(1.0 if i % 2 else -1.0) * m for m in mask],
+            )
+        )
     return out
 
 
@@ -83,20 +102,27 @@ def run_arm(args) -> dict:
         params = list(t.model.parameters())
 
         def pre_step(opt, *_):
-            seen["grads"] = tensor_bytes(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                                         for p in params if p.grad is not None)
+            seen["grads"] = tensor_bytes(
+                p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None
+            )
 
         t.optimizer.register_step_pre_hook(pre_step)
         vocab = t.model.config.vocab_size
         m = t.train_step(batch(args.sequences, args.seq_len, vocab, args.seed))
         local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
-        state = [v.to_local() if hasattr(v, "to_local") else v
-                 for st in t.optimizer.state.values() for v in st.values()]
+        state = [
+            v.to_local() if hasattr(v, "to_local") else v for st in t.optimizer.state.values() for v in st.values()
+        ]
         row = {
-            "arm": args.arm, "rank": lora.rank,
-            "params": sum(p.numel() for p in local), "trainable": sum(p.numel() for p in params if p.requires_grad),
-            "params_mb": tensor_bytes(local) / MB, "grads_mb": seen.get("grads", 0) / MB,
-            "optim_mb": tensor_bytes(state) / MB, "loss": m["loss"], "step_time_s": m["step_time_s"],
+            "arm": args.arm,
+            "rank": lora.rank,
+            "params": sum(p.numel() for p in local),
+            "trainable": sum(p.numel() for p in params if p.requires_grad),
+            "params_mb": tensor_bytes(local) / MB,
+            "grads_mb": seen.get("grads", 0) / MB,
+            "optim_mb": tensor_bytes(state) / MB,
+            "loss": m["loss"],
+            "step_time_s": m["step_time_s"],
         }
     row["train_mb"] = row["params_mb"] + row["grads_mb"] + row["optim_mb"]
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -124,9 +150,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
         n_params = build_model_dir(Path(tmp), model_cfg, args.seed)
         for arm in ARMS:
-            cmd = [sys.executable, __file__, "--arm", arm, "--model-dir", tmp, "--rank", str(args.rank),
-                   "--sequences", str(args.sequences), "--seq-len", str(args.seq_len), "--seed", str(args.seed),
-                   "--threads", str(args.threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--arm",
+                arm,
+                "--model-dir",
+                tmp,
+                "--rank",
+                str(args.rank),
+                "--sequences",
+                str(args.sequences),
+                "--seq-len",
+                str(args.seq_len),
+                "--seed",
+                str(args.seed),
+                "--threads",
+                str(args.threads),
+            ]
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode:
                 sys.exit(f"arm {arm} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -137,20 +178,32 @@ def main() -> None:
     print("".join(f"{c:>14}" for c in cols))
     for r in rows:
         name = r["arm"] + (f" r={r['rank']}" if r["rank"] else "")
-        vals = (name, f"{r['trainable']:,}", *(f"{r[k]:.1f}" for k in
-                                               ("params_mb", "grads_mb", "optim_mb", "train_mb", "peak_rss_mb")))
+        vals = (
+            name,
+            f"{r['trainable']:,}",
+            *(f"{r[k]:.1f}" for k in ("params_mb", "grads_mb", "optim_mb", "train_mb", "peak_rss_mb")),
+        )
         print("".join(f"{v:>14}" for v in vals))
     result = {
         "model": {**model_cfg, "params": n_params, "quick": args.quick},
         "arms": rows,
         "ratio_lora_over_full_train_mb": lora["train_mb"] / full["train_mb"],
         "ratio_lora_over_full_peak_rss": lora["peak_rss_mb"] / full["peak_rss_mb"],
-        "workload": {"sequences": args.sequences, "seq_len": args.seq_len, "rank": args.rank,
-                     "alpha": 2.0 * args.rank, "threads": args.threads, "torch": torch.__version__,
-                     "machine": platform.machine(), "python": platform.python_version()},
+        "workload": {
+            "sequences": args.sequences,
+            "seq_len": args.seq_len,
+            "rank": args.rank,
+            "alpha": 2.0 * args.rank,
+            "threads": args.threads,
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
     }
-    print(f"LoRA / full: train state x{result['ratio_lora_over_full_train_mb']:.3f}, "
-          f"peak RSS x{result['ratio_lora_over_full_peak_rss']:.3f}")
+    print(
+        f"LoRA / full: train state x{result['ratio_lora_over_full_train_mb']:.3f}, "
+        f"peak RSS x{result['ratio_lora_over_full_peak_rss']:.3f}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -11,6 +11,7 @@ check is a crash.
 Does not: time anything or set budgets (the test module and the bench do), or run real programs
 (``EchoSandbox`` answers every run with its own stdin, so tool output carries the hostile text too).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,14 @@ _CONTROL = ("\x00", "\x1b[31m", "\x1b[2J\x1b[H", "\r", "\x7f", "\u202e", "\u200b
 def _rand_unicode(rng: random.Random, n: int, raw_surrogates: bool) -> str:
     out = []
     for _ in range(n):
-        cp = rng.choice((rng.randrange(32, 127), rng.randrange(0x80, 0x800), rng.randrange(0x800, 0x10000),
-                         rng.randrange(0x10000, 0x110000)))
+        cp = rng.choice(
+            (
+                rng.randrange(32, 127),
+                rng.randrange(0x80, 0x800),
+                rng.randrange(0x800, 0x10000),
+                rng.randrange(0x10000, 0x110000),
+            )
+        )
         if 0xD800 <= cp <= 0xDFFF and not raw_surrogates:
             cp = 0xFFFD
         out.append(chr(cp))
@@ -68,20 +75,22 @@ def _rand_unicode(rng: random.Random, n: int, raw_surrogates: bool) -> str:
 
 def _number(rng: random.Random, n: int) -> str:
     k = max(1, n)
-    return rng.choice((
-        "1e" + "".join(rng.choices(_DIGITS, k=min(k, 12))),
-        "-1E-" + "9" * min(k, 12),
-        "".join(rng.choices(_DIGITS, k=k)),
-        "1" + ",000" * (k // 4),
-        "0." + "3" * k,
-        "1/" * (k // 2) + "1",
-        "\\frac{1e" + "9" * min(k, 9) + "}{3}",
-        "\\frac{" + "1" * k + "}{" + "7" * k + "}",
-        "$" + "9" * k + "$",
-        "4" + "2" * min(k, 3),
-        "42",
-        ".5e" + "9" * min(k, 9),
-    ))
+    return rng.choice(
+        (
+            "1e" + "".join(rng.choices(_DIGITS, k=min(k, 12))),
+            "-1E-" + "9" * min(k, 12),
+            "".join(rng.choices(_DIGITS, k=k)),
+            "1" + ",000" * (k // 4),
+            "0." + "3" * k,
+            "1/" * (k // 2) + "1",
+            "\\frac{1e" + "9" * min(k, 9) + "}{3}",
+            "\\frac{" + "1" * k + "}{" + "7" * k + "}",
+            "$" + "9" * k + "$",
+            "4" + "2" * min(k, 3),
+            "42",
+            ".5e" + "9" * min(k, 9),
+        )
+    )
 
 
 def _call(name: str, args: str) -> str:
@@ -93,7 +102,7 @@ def _fragment(rng: random.Random, n: int, raw_surrogates: bool) -> str:
     k = max(1, n // 12)
     kind = rng.randrange(16)
     if kind == 0:  # deep nesting inside a call's arguments, balanced or not
-        o, c = rng.choice((("[", "]"), ('{"a":', "}"), ("[{\"b\":", "}]")))
+        o, c = rng.choice((("[", "]"), ('{"a":', "}"), ('[{"b":', "}]")))
         depth = max(1, n // (len(o) + len(c)))
         return _call('"python"', '{"code": "x", "y": ' + o * depth + "1" + c * rng.choice((depth, depth // 2, 0)) + "}")
     if kind == 1:  # huge numbers where the scorer looks
@@ -109,29 +118,56 @@ def _fragment(rng: random.Random, n: int, raw_surrogates: bool) -> str:
         return box * k + rng.choice(("", "42", "42}", "}" * k, "7}" * (k // 2)))
     if kind == 5:  # surrogates as JSON escapes, in the name and the arguments
         esc = rng.choice(_SURROGATE_ESCAPES)
-        return _call(rng.choice(('"%s"' % esc, '"python%s"' % esc, '"python"')),
-                     '{"code": "print(1) # %s", "%s": 1}' % (esc, esc) if rng.random() < 0.5 else
-                     '{"code": "%s"}' % (esc * max(1, k // 2)))
+        return _call(
+            rng.choice(('"%s"' % esc, '"python%s"' % esc, '"python"')),
+            '{"code": "print(1) # %s", "%s": 1}' % (esc, esc)
+            if rng.random() < 0.5
+            else '{"code": "%s"}' % (esc * max(1, k // 2)),
+        )
     if kind == 6:  # raw surrogates (only where the text need not be tokenized)
-        return "".join(rng.choice(("\ud83d", "\udc00", "\ud83d\ude00", "x")) for _ in range(k)) if raw_surrogates \
+        return (
+            "".join(rng.choice(("\ud83d", "\udc00", "\ud83d\ude00", "x")) for _ in range(k))
+            if raw_surrogates
             else rng.choice(_CONTROL) * k
+        )
     if kind == 7:  # control characters, ANSI escapes, bidi overrides
         return "".join(rng.choice(_CONTROL + ("a", " ", "\n")) for _ in range(max(1, n // 3)))
     if kind == 8:
         return _rand_unicode(rng, max(1, n // 2), raw_surrogates)
     if kind == 9:  # a valid call whose code carries hostile text
         code = json.dumps(_rand_unicode(rng, min(n, 400), raw_surrogates=False) + "\x00\x1b[0m")
-        return _call(rng.choice(('"python"', '"bash"', '"nope"')),
-                     rng.choice(('{"code": %s}' % code, '{"command": %s}' % code, json.dumps('{"code": "1"}'),
-                                 '"{\\"code\\": ' + "[" * k + '"', "null", "[1]", '{"code": 5}')))
+        return _call(
+            rng.choice(('"python"', '"bash"', '"nope"')),
+            rng.choice(
+                (
+                    '{"code": %s}' % code,
+                    '{"command": %s}' % code,
+                    json.dumps('{"code": "1"}'),
+                    '"{\\"code\\": ' + "[" * k + '"',
+                    "null",
+                    "[1]",
+                    '{"code": 5}',
+                )
+            ),
+        )
     if kind == 10:  # python fences, closed and not
         return rng.choice(("```python\nprint(%d)\n```" % k, "```py\n" + "x" * n, "```python" * k, "```" * k))
     if kind == 11:  # many "answer"/"####" markers and <answer> tags
         marks = ("answer: ", "#### ", "answer is ", "Answer = ", "<answer>", "</answer><answer>", "####\n")
         return rng.choice(marks) * k + _number(rng, 4)
     if kind == 12:  # number-like runs the regexes must stay linear on
-        return rng.choice(("1," * (n // 2), "1." * (n // 2), "-" * n + "1", "1e" * (n // 2), "9" * n + "x",
-                           "1 / " * (n // 4) + "2", ".5" * (n // 2), "1,000" * (n // 5)))
+        return rng.choice(
+            (
+                "1," * (n // 2),
+                "1." * (n // 2),
+                "-" * n + "1",
+                "1e" * (n // 2),
+                "9" * n + "x",
+                "1 / " * (n // 4) + "2",
+                ".5" * (n // 2),
+                "1,000" * (n // 5),
+            )
+        )
     if kind == 13:  # \text{} and \frac{} the cleaner rewrites
         return ("\\text{" * k + "1" + "}" * k) if rng.random() < 0.5 else ("\\frac{" * k + "1}{2}" * k)
     if kind == 14:  # arguments as a JSON string holding deep or huge JSON
@@ -158,11 +194,48 @@ def hostile_text(rng: random.Random, max_chars: int = MAX_CHARS, *, raw_surrogat
 
 
 #: small tokens hypothesis strings together (and shrinks): the syntax every parser and scorer keys on
-PIECES = ("<tool_call>", "</tool_call>", '{"name": "python", "arguments": {"code": "print(1)"}}', '{"name": ',
-          '"arguments": ', '"\\ud83d"', "\ud83d", "\udc00", "[", "]", "{", "}", '{"a":', "\\boxed{", "\\fbox{",
-          "\\frac{", "1e9999999", "9" * 50, "1/", ",", ".", "e", "-", "#### ", "answer: ", "The answer is ",
-          "<answer>", "</answer>", "```python\n", "```", "\x00", "\x1b[31m", "\n", " ", "42", "é", "\U0001F600",
-          "\\text{", "$", "%")
+PIECES = (
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "python", "arguments": {"code": "print(1)"}}',
+    '{"name": ',
+    '"arguments": ',
+    '"\\ud83d"',
+    "\ud83d",
+    "\udc00",
+    "[",
+    "]",
+    "{",
+    "}",
+    '{"a":',
+    "\\boxed{",
+    "\\fbox{",
+    "\\frac{",
+    "1e9999999",
+    "9" * 50,
+    "1/",
+    ",",
+    ".",
+    "e",
+    "-",
+    "#### ",
+    "answer: ",
+    "The answer is ",
+    "<answer>",
+    "</answer>",
+    "```python\n",
+    "```",
+    "\x00",
+    "\x1b[31m",
+    "\n",
+    " ",
+    "42",
+    "é",
+    "\U0001f600",
+    "\\text{",
+    "$",
+    "%",
+)
 
 
 # ---------------------------------------------------------------- the checks
@@ -172,27 +245,39 @@ def check_parsers(text: str) -> None:
         p = parse(text)
         _expect(isinstance(p, ParsedTurn) and isinstance(p.content, str), f"{name} returned {type(p).__name__}")
         ids = [c.id for c in p.calls] + [getattr(e, "call_id", None) for e in p.errors]
-        _expect(sorted(ids, key=lambda i: int(i[5:])) == [f"call_{i}" for i in range(len(ids))],
-                f"{name}: call ids {ids[:5]} are not call_0..call_{len(ids) - 1}")
+        _expect(
+            sorted(ids, key=lambda i: int(i[5:])) == [f"call_{i}" for i in range(len(ids))],
+            f"{name}: call ids {ids[:5]} are not call_0..call_{len(ids) - 1}",
+        )
         for e in p.errors:
             _expect(isinstance(e, ToolCallError) and e.kind == "malformed", f"{name}: error {e!r} is not malformed")
             _valid_utf8(str(e), f"{name} error message")
         for c in p.calls:
-            _expect(isinstance(c.name, str) and c.name != "" and isinstance(c.arguments, dict),
-                    f"{name}: call {c.name!r} has arguments of type {type(c.arguments).__name__}")
+            _expect(
+                isinstance(c.name, str) and c.name != "" and isinstance(c.arguments, dict),
+                f"{name}: call {c.name!r} has arguments of type {type(c.arguments).__name__}",
+            )
             _valid_utf8(c.name, f"{name} call name")
 
 
 def check_scorers(text: str, truth: str = TRUTH) -> None:
     """Extraction gives a string or None; rewards are 0.0 or 1.0; nothing raises."""
-    for fn in (rewards.extract_boxed, rewards.extract_answer, rewards.extract_gsm8k_answer, rewards.extract_last_number):
+    for fn in (
+        rewards.extract_boxed,
+        rewards.extract_answer,
+        rewards.extract_gsm8k_answer,
+        rewards.extract_last_number,
+    ):
         out = fn(text)
         _expect(out is None or isinstance(out, str), f"{fn.__name__} returned {type(out).__name__}")
         if isinstance(out, str):
             norm = rewards.normalize_number(out)
             _expect(norm is None or isinstance(norm, str), f"normalize_number returned {type(norm).__name__}")
-    for value in (rewards.rule_reward(text, truth), rewards.gsm8k_reward(text, truth, method="flexible"),
-                  rewards.rule_reward(truth, text)):
+    for value in (
+        rewards.rule_reward(text, truth),
+        rewards.gsm8k_reward(text, truth, method="flexible"),
+        rewards.rule_reward(truth, text),
+    ):
         _expect(value in (0.0, 1.0), f"a rule reward returned {value!r}")
 
 
@@ -226,8 +311,10 @@ async def check_env_step(env: CodeExecEnv, text: str, seed: int = 0) -> None:
     try:
         for action in (text, "\\boxed{42}"):
             obs, reward, terminated, truncated, info = await env.astep(action)
-            _expect(isinstance(obs, str) and isinstance(reward, float) and math.isfinite(reward),
-                    f"step returned obs {type(obs).__name__}, reward {reward!r}")
+            _expect(
+                isinstance(obs, str) and isinstance(reward, float) and math.isfinite(reward),
+                f"step returned obs {type(obs).__name__}, reward {reward!r}",
+            )
             _expect(terminated is info["final"] or info.get("ended_by") == "bad_call", f"terminated {terminated!r}")
             if terminated:
                 _expect(info["messages"] == [], "a final turn answered with messages")
@@ -267,8 +354,13 @@ class ScriptedPolicy:
 
 
 def episode_config(max_new_tokens: int = 4096) -> RolloutConfig:
-    return RolloutConfig(max_turns=4, max_new_tokens=max_new_tokens, max_context=4 * max_new_tokens + 4096,
-                         turn_timeout_s=30.0, episode_timeout_s=60.0)
+    return RolloutConfig(
+        max_turns=4,
+        max_new_tokens=max_new_tokens,
+        max_context=4 * max_new_tokens + 4096,
+        turn_timeout_s=30.0,
+        episode_timeout_s=60.0,
+    )
 
 
 async def check_episode(mgr: EpisodeManager, seed: int, out: Path) -> Trajectory:
@@ -283,9 +375,11 @@ async def check_episode(mgr: EpisodeManager, seed: int, out: Path) -> Trajectory
     return traj
 
 
-def episode_manager(tokenizer, policy: ScriptedPolicy, env_factory: Callable[[], CodeExecEnv] = make_env
-                    ) -> EpisodeManager:
+def episode_manager(
+    tokenizer, policy: ScriptedPolicy, env_factory: Callable[[], CodeExecEnv] = make_env
+) -> EpisodeManager:
     from agentrl.engine.fake import FakeEngine
 
-    return EpisodeManager(FakeEngine(policy), env_factory, tokenizer, episode_config(policy.max_new_tokens),
-                          env_id="code_exec")
+    return EpisodeManager(
+        FakeEngine(policy), env_factory, tokenizer, episode_config(policy.max_new_tokens), env_id="code_exec"
+    )

@@ -2,6 +2,7 @@
 descriptors (``/proc/self/fd``), live child processes, processes of a process group, RSS, and our
 labelled docker containers. Read-only; kills nothing. (Sandbox-level host state: the hostile
 suite's ``test_sandbox_hostile.host_snapshot``.)"""
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,11 @@ def _executor_fds() -> set[str]:
 def new_fds(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
     """fds open in ``after`` that were not in ``before`` (persistent-by-design ones left out)."""
     keep = _executor_fds()
-    return {fd: t for fd, t in after.items()
-            if before.get(fd) != t and fd not in keep and not any(p in t for p in PERSISTENT_FDS)}
+    return {
+        fd: t
+        for fd, t in after.items()
+        if before.get(fd) != t and fd not in keep and not any(p in t for p in PERSISTENT_FDS)
+    }
 
 
 def _status(pid: str) -> dict[str, str]:

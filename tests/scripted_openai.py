@@ -9,6 +9,7 @@ and optional ``tool_calls`` as ``[(name, arguments), ...]``, and ``finish_reason
 request (body and Authorization header) and the most requests it held at once (``max_inflight``;
 a dict step's ``delay_s`` holds the answer back). Tests that claim to test a model endpoint use SGLang.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,10 +43,15 @@ class ScriptedOpenAI:
             def _answer(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with owner._lock:
-                    owner.requests.append({"path": self.path, "body": body,
-                                           "authorization": self.headers.get("Authorization", "")})
+                    owner.requests.append(
+                        {"path": self.path, "body": body, "authorization": self.headers.get("Authorization", "")}
+                    )
                     i = len(owner.requests) - 1
-                    step = owner.script[min(i, len(owner.script) - 1)] if (owner.repeat_last or i < len(owner.script)) else 500
+                    step = (
+                        owner.script[min(i, len(owner.script) - 1)]
+                        if (owner.repeat_last or i < len(owner.script))
+                        else 500
+                    )
                 if isinstance(step, int):
                     step = (step, f"scripted status {step}")
                 if isinstance(step, tuple):
@@ -53,17 +59,34 @@ class ScriptedOpenAI:
                     self._send(step[0], {"error": {"message": message, "type": "invalid_request_error"}})
                     return
                 time.sleep(step.get("delay_s", 0))
-                calls = [{"id": f"tc-{i}-{k}", "type": "function",
-                          "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}}
-                         for k, (n, a) in enumerate(step.get("tool_calls", []))]
+                calls = [
+                    {
+                        "id": f"tc-{i}-{k}",
+                        "type": "function",
+                        "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)},
+                    }
+                    for k, (n, a) in enumerate(step.get("tool_calls", []))
+                ]
                 msg = {"role": "assistant", "content": step.get("content")}
                 if calls:
                     msg["tool_calls"] = calls
-                self._send(200, {"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 0,
-                                 "model": body.get("model", "scripted"),
-                                 "choices": [{"index": 0, "message": msg,
-                                              "finish_reason": step.get("finish_reason", "tool_calls" if calls else "stop")}],
-                                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{i}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body.get("model", "scripted"),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": msg,
+                                "finish_reason": step.get("finish_reason", "tool_calls" if calls else "stop"),
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    },
+                )
 
             def _send(self, status: int, obj: dict) -> None:
                 data = json.dumps(obj).encode()
@@ -80,7 +103,7 @@ class ScriptedOpenAI:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
-    def __enter__(self) -> "ScriptedOpenAI":
+    def __enter__(self) -> ScriptedOpenAI:
         self.thread.start()
         return self
 

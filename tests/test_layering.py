@@ -6,6 +6,7 @@ level or inside a function alike): ``LAYERS`` below. The order is the data path 
 sandbox runs what tools ask, envs use tools, episodes drive an engine against envs, finished groups wait
 in batches, the trainer learns from them, weights flow back to the engine, and jobs wire it all.
 """
+
 import ast
 import collections
 import json
@@ -135,9 +136,9 @@ def test_package_inits_only_reexport():
         for node in ast.parse(p.read_text()).body:
             if isinstance(node, allowed):
                 continue
-            if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id in
-                                                    ("__all__", "__version__", "_PUBLIC", "_LAZY")
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and all(
+                isinstance(t, ast.Name) and t.id in ("__all__", "__version__", "_PUBLIC", "_LAZY") for t in node.targets
+            ):
                 continue
             if isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__"):
                 continue  # lazy re-export (PEP 562)
@@ -166,8 +167,13 @@ def test_every_module_imports_on_its_own():
     """An import that works only after some other module was imported first (a missing import, an
     order-dependent cycle) or fails at import time is named with its error."""
     names = sorted(m for m in MODULES if m.rpartition(".")[2] != "__main__")
-    proc = subprocess.run([sys.executable, "-c", _IMPORT_EACH, json.dumps(names)], cwd=ROOT.parent,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, json.dumps(names)],
+        cwd=ROOT.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     bad = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not bad, "modules that do not import on their own:\n" + "\n".join(f"{k}: {v}" for k, v in bad.items())

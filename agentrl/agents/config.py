@@ -4,6 +4,7 @@ Owns the AgentConfig dataclass (every field documented with ``doc()``) and its c
 its user (:mod:`agentrl.agents.episodes`) so that the agents package needs nothing from the config
 tree; the tree (``agentrl.config.schema``) re-exports it. Does not run programs or serve requests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,25 +17,38 @@ from agentrl.errors import ConfigError
 @dataclass
 class AgentConfig:
     kind: Literal["builtin", "proxy"] = doc(
-        "builtin", "Who runs the agent loop. 'builtin': the episode manager's own turn loop (render -> sample -> "
+        "builtin",
+        "Who runs the agent loop. 'builtin': the episode manager's own turn loop (render -> sample -> "
         "env.step). 'proxy': an outside agent program (agent.command or agent.callable) talks to the policy "
-        "through a recording OpenAI-compatible endpoint; every completion is recorded token-exact.")
+        "through a recording OpenAI-compatible endpoint; every completion is recorded token-exact.",
+    )
     command: str | None = doc(
-        None, "proxy: a shell command run once per episode, e.g. 'python examples/agents/openai_loop.py'. It gets "
+        None,
+        "proxy: a shell command run once per episode, e.g. 'python examples/agents/openai_loop.py'. It gets "
         "OPENAI_BASE_URL, OPENAI_API_KEY (per episode), AGENTRL_TASK (the task as JSON: messages, tools, task) and "
-        "AGENTRL_RESULT (a path to write its result JSON, e.g. {\"reward\": 1.0}) in its environment.")
+        'AGENTRL_RESULT (a path to write its result JSON, e.g. {"reward": 1.0}) in its environment.',
+    )
     callable: str | None = doc(
-        None, "proxy: 'module:function' called once per episode instead of a command, as "
+        None,
+        "proxy: 'module:function' called once per episode instead of a command, as "
         "fn(task, base_url=..., api_key=...) (sync functions run in a thread; async ones on the run's loop); "
-        "its return value (a dict, or None) is the result.")
-    timeout_s: float = doc(600.0, "proxy: wall-clock limit of one episode's agent program; past it the program is "
-                           "killed and the episode ends as 'deadline' (not trained).", min=0.001)
+        "its return value (a dict, or None) is the result.",
+    )
+    timeout_s: float = doc(
+        600.0,
+        "proxy: wall-clock limit of one episode's agent program; past it the program is "
+        "killed and the episode ends as 'deadline' (not trained).",
+        min=0.001,
+    )
     reward: Literal["program", "env"] = doc(
-        "program", "proxy: where the reward comes from. 'program': the result's 'reward' (the AGENTRL_RESULT file, "
+        "program",
+        "proxy: where the reward comes from. 'program': the result's 'reward' (the AGENTRL_RESULT file, "
         "else the last JSON line of stdout, or the callable's return value); none is outcome 'reward_error'. "
-        "'env': the env scores the episode's final assistant text (env.step on it, e.g. code_exec's answer check).")
-    model_name: str = doc("agentrl-policy", "proxy: the model name the endpoint serves (requests naming another "
-                          "model are refused).")
+        "'env': the env scores the episode's final assistant text (env.step on it, e.g. code_exec's answer check).",
+    )
+    model_name: str = doc(
+        "agentrl-policy", "proxy: the model name the endpoint serves (requests naming another model are refused)."
+    )
 
     def __post_init__(self) -> None:
         if self.kind not in ("builtin", "proxy"):
@@ -46,7 +60,8 @@ class AgentConfig:
         if bool(self.command) == bool(self.callable):
             raise ConfigError(
                 "agent.kind=proxy needs exactly one of agent.command (a shell command) or agent.callable "
-                f"('module:function'), got command={self.command!r}, callable={self.callable!r}")
+                f"('module:function'), got command={self.command!r}, callable={self.callable!r}"
+            )
         if self.callable:
             module, _, name = self.callable.partition(":")
             if not module or not name:

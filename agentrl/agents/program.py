@@ -6,6 +6,7 @@ result (the result file's JSON object, else the last JSON-object line of stdout,
 return value) into a :class:`ProgramResult`. Does not record completions or decide outcomes
 (:mod:`agentrl.agents.runner`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,10 @@ import json
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentrl.errors import ConfigError
 
@@ -59,8 +61,12 @@ def last_json_line(text: str) -> dict | None:
 
 def program_env(base_url: str, api_key: str, task: dict, result_path: str) -> dict[str, str]:
     """The environment variables an agent program gets (on top of this process's)."""
-    return {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
-            "AGENTRL_TASK": json.dumps(task, ensure_ascii=False), "AGENTRL_RESULT": result_path}
+    return {
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": api_key,
+        "AGENTRL_TASK": json.dumps(task, ensure_ascii=False),
+        "AGENTRL_RESULT": result_path,
+    }
 
 
 def load_callable(spec: str) -> Callable[..., Any]:
@@ -80,9 +86,13 @@ async def run_command(command: str, base_url: str, api_key: str, task: dict, tim
     with tempfile.TemporaryDirectory(prefix="agentrl-agent-") as tmp:
         result_path = str(Path(tmp) / "result.json")
         proc = await asyncio.create_subprocess_shell(
-            command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            env={**os.environ, **program_env(base_url, api_key, task, result_path)})
+            command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, **program_env(base_url, api_key, task, result_path)},
+        )
         out = ProgramResult()
         try:
             async with asyncio.timeout(timeout_s):
@@ -120,8 +130,9 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def run_callable(fn: Callable[..., Any], base_url: str, api_key: str, task: dict,
-                       timeout_s: float) -> ProgramResult:
+async def run_callable(
+    fn: Callable[..., Any], base_url: str, api_key: str, task: dict, timeout_s: float
+) -> ProgramResult:
     """Call ``fn(task, base_url=..., api_key=...)``: awaited when async, else in a thread (a thread
     past the limit cannot be killed: it is abandoned and its episode ends)."""
     out = ProgramResult()

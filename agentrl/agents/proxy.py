@@ -21,6 +21,7 @@ wires the run (``agentrl.jobs.build``), which keeps this package below the jobs 
 
 Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.runner`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,9 @@ import contextvars
 import json
 import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from agentrl.agents.recorder import Recorder, covered
 from agentrl.engine.base import Engine, Generation, SamplingParams
@@ -79,7 +81,7 @@ class EpisodeLink:
             self._renderers[key] = ChatRenderer(self.tokenizer, tools=tools or None)
         return self._renderers[key]
 
-    def exact_prompt(self, rendered: list[int], request: "Request") -> list[int]:
+    def exact_prompt(self, rendered: list[int], request: Request) -> list[int]:
         """The segment's ids + the render delta of the new messages when the request extends the
         segment's conversation with plain-text messages; else ``rendered``."""
         seg = self.recorder.current
@@ -92,8 +94,9 @@ class EpisodeLink:
             return rendered
         r = self.renderer(request.tools)
         try:
-            delta = r.observation_ids([{k: v for k, v in m.items() if k in ("role", "content", "name",
-                                                                              "tool_call_id")} for m in new])
+            delta = r.observation_ids(
+                [{k: v for k, v in m.items() if k in ("role", "content", "name", "tool_call_id")} for m in new]
+            )
             if seg.ids[-1] != r.end_of_turn_id:
                 delta = r.close_ids([]) + delta
         except TemplateError:
@@ -107,17 +110,23 @@ class EpisodeLink:
         if not parse_tools:
             return {"role": "assistant", "content": text}, text
         parsed = parse_hermes(text)
-        calls = [{"type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                 for c in parsed.calls]
-        return {"role": "assistant", "content": (parsed.content or None) if calls else text,
-                **({"tool_calls": calls} if calls else {})}, text
+        calls = [
+            {"type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in parsed.calls
+        ]
+        return {
+            "role": "assistant",
+            "content": (parsed.content or None) if calls else text,
+            **({"tool_calls": calls} if calls else {}),
+        }, text
 
     def stop(self, outcome: str, detail: str) -> EngineError:
         self.stopped = self.stopped or (outcome, detail)
         return EngineError(detail)
 
-    async def generate(self, inner: Engine, rendered: list[int], params: SamplingParams,
-                       request: "Request", on_token: Callable | None) -> Generation:
+    async def generate(
+        self, inner: Engine, rendered: list[int], params: SamplingParams, request: Request, on_token: Callable | None
+    ) -> Generation:
         b = self.budget
         async with self.lock:
             if self.stopped:
@@ -129,23 +138,39 @@ class EpisodeLink:
             if room < b.min_turn_tokens:
                 raise self.stop("context_overflow", f"{len(prompt)} tokens leave {room} < min_turn_tokens")
             k = self.recorder.requests
-            params = replace(params, max_new_tokens=min(params.max_new_tokens, b.max_new_tokens, room),
-                             temperature=b.temperature, top_p=b.top_p, top_k=b.top_k,
-                             stop=tuple(dict.fromkeys([*params.stop, *b.stop])),
-                             seed=None if self.seed is None else (self.seed + 7919 * k) % (2**31))
+            params = replace(
+                params,
+                max_new_tokens=min(params.max_new_tokens, b.max_new_tokens, room),
+                temperature=b.temperature,
+                top_p=b.top_p,
+                top_k=b.top_k,
+                stop=tuple(dict.fromkeys([*params.stop, *b.stop])),
+                seed=None if self.seed is None else (self.seed + 7919 * k) % (2**31),
+            )
             t0 = time.perf_counter()
             async with asyncio.timeout(b.turn_timeout_s):
                 if on_token is None:
                     gen = await inner.generate(prompt, params, session=self.session)
                 else:
                     gen = await inner.generate_streaming(prompt, params, on_token, session=self.session)
-            if not gen.token_ids or len(gen.logprobs) != len(gen.token_ids) or (
-                    gen.versions and len(gen.versions) != len(gen.token_ids)):
+            if (
+                not gen.token_ids
+                or len(gen.logprobs) != len(gen.token_ids)
+                or (gen.versions and len(gen.versions) != len(gen.token_ids))
+            ):
                 raise EngineError(f"engine returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
             versions = gen.versions or [inner.policy_version] * len(gen.token_ids)
             reply, self.last_text = self.reply(gen.token_ids, request.tools, request.parse_tools)
-            kind = self.recorder.record(prompt, gen.token_ids, gen.logprobs, versions, gen.finish_reason,
-                                        gen_s=time.perf_counter() - t0, messages=request.messages, reply=reply)
+            kind = self.recorder.record(
+                prompt,
+                gen.token_ids,
+                gen.logprobs,
+                versions,
+                gen.finish_reason,
+                gen_s=time.perf_counter() - t0,
+                messages=request.messages,
+                reply=reply,
+            )
             self._tools_key = json.dumps(request.tools or [], sort_keys=True)
             self.splits += kind == "split"
             return gen
@@ -188,13 +213,20 @@ class RecordingEngine(Engine):
             raise EngineError("a proxied completion arrived outside an episode's request")
         return req
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         req = self._request()
         return await req.link.generate(self.inner, list(prompt_ids), params, req, None)
 
-    async def generate_streaming(self, prompt_ids: Sequence[int], params: SamplingParams,
-                                 on_token: Callable[[int, float], None], *, session: str | None = None) -> Generation:
+    async def generate_streaming(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_token: Callable[[int, float], None],
+        *,
+        session: str | None = None,
+    ) -> Generation:
         req = self._request()
         return await req.link.generate(self.inner, list(prompt_ids), params, req, on_token)
 
@@ -206,8 +238,10 @@ def refusal(body: Any) -> str | None:
     if body.get("n") not in (None, 1):
         return f"n={body.get('n')!r}: the recording proxy samples one choice per request"
     if body.get("tool_choice") not in (None, "auto", "none"):
-        return (f"tool_choice={body.get('tool_choice')!r}: the server would force and re-sample the reply, "
-                "which is not the policy's own sample; use 'auto' or 'none' in training")
+        return (
+            f"tool_choice={body.get('tool_choice')!r}: the server would force and re-sample the reply, "
+            "which is not the policy's own sample; use 'auto' or 'none' in training"
+        )
     fmt = body.get("response_format")
     if fmt not in (None, {"type": "text"}):
         return f"response_format={fmt!r}: forced and re-sampled replies cannot be trained on; leave it unset"
@@ -216,8 +250,13 @@ def refusal(body: Any) -> str | None:
 
 async def _answer(send, status: int, message: str, kind: str) -> None:
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -234,8 +273,13 @@ class KeyedApp:
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         link = self.links.get(key)
         if link is None:
-            return await _answer(send, 401, "unknown or expired API key: each episode has its own "
-                                 "(OPENAI_API_KEY in the agent program's environment)", "authentication_error")
+            return await _answer(
+                send,
+                401,
+                "unknown or expired API key: each episode has its own "
+                "(OPENAI_API_KEY in the agent program's environment)",
+                "authentication_error",
+            )
         chunks, size, more = [], 0, True
         while more:
             msg = await receive()
@@ -257,8 +301,12 @@ class KeyedApp:
             return await _answer(send, 400, why, "invalid_request_error")
         tools = body.get("tools") if chat else None
         messages = body.get("messages") if chat and isinstance(body.get("messages"), list) else None
-        request = Request(link, messages, tools if isinstance(tools, list) else None,
-                          bool(tools) and (body or {}).get("tool_choice") != "none")
+        request = Request(
+            link,
+            messages,
+            tools if isinstance(tools, list) else None,
+            bool(tools) and (body or {}).get("tool_choice") != "none",
+        )
         sent = False
 
         async def replay():
@@ -300,8 +348,9 @@ class ProxyEndpoint:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-            self._server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                                         timeout_graceful_shutdown=2))
+            self._server = uvicorn.Server(
+                uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+            )
             self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
             end = time.monotonic() + timeout_s
             while not self._server.started:

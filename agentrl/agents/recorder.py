@@ -10,6 +10,7 @@ build an extending prompt from render deltas instead of re-tokenizing sampled tu
 Does not: render chats, sample, speak HTTP or decide outcomes and rewards (:mod:`agentrl.agents.proxy`,
 :mod:`agentrl.agents.runner`).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ class Segment:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, prompt: list[int]) -> "Segment":
+    def start(cls, prompt: list[int]) -> Segment:
         n = len(prompt)
         return cls(n, list(prompt), [0] * n, [0.0] * n, [-1] * n, [-1] * n)
 
@@ -46,11 +47,15 @@ class Segment:
         self.versions.extend([-1] * len(ids))
         self.turns[-1].n_observation += len(ids)
 
-    def add_sampled(self, ids: list[int], logprobs: list[float], versions: list[int], finish: str,
-                    gen_s: float) -> None:
+    def add_sampled(
+        self, ids: list[int], logprobs: list[float], versions: list[int], finish: str, gen_s: float
+    ) -> None:
         turn = len(self.turns)
-        self.turns.append(TurnRecord(index=turn, start=len(self.ids), n_sampled=len(ids), n_observation=0,
-                                     finish_reason=finish, gen_s=gen_s))
+        self.turns.append(
+            TurnRecord(
+                index=turn, start=len(self.ids), n_sampled=len(ids), n_observation=0, finish_reason=finish, gen_s=gen_s
+            )
+        )
         self.ids.extend(ids)
         self.mask.extend([1] * len(ids))
         self.logprobs.extend(logprobs)
@@ -74,16 +79,25 @@ class Recorder:
     def current(self) -> Segment | None:
         return self.segments[-1] if self.segments else None
 
-    def record(self, prompt: list[int], sampled: list[int], logprobs: list[float], versions: list[int],
-               finish: str, *, gen_s: float = 0.0, messages: list[dict] | None = None,
-               reply: dict | None = None) -> str:
+    def record(
+        self,
+        prompt: list[int],
+        sampled: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        finish: str,
+        *,
+        gen_s: float = 0.0,
+        messages: list[dict] | None = None,
+        reply: dict | None = None,
+    ) -> str:
         """Record one completion -> ``"first"``, ``"extend"`` (the prompt extended the current segment:
         the new part is mask-0 context) or ``"split"`` (it did not: a new segment starts)."""
         if not (len(sampled) == len(logprobs) == len(versions)):
             raise ValueError(f"{len(sampled)} sampled ids, {len(logprobs)} logprobs and {len(versions)} versions")
         seg = self.current
         if seg is not None and extends(seg.ids, prompt):
-            seg.add_context(prompt[len(seg.ids):])
+            seg.add_context(prompt[len(seg.ids) :])
             kind = "extend"
         else:
             kind = "split" if seg is not None else "first"
@@ -123,10 +137,18 @@ def message_key(m: dict) -> str:
     """What a chat template sees of an OpenAI message, as a comparable string: role, content (None,
     "" and text parts alike), tool calls by name and parsed arguments (call ids and client extras
     such as ``refusal`` ignored), tool_call_id and name."""
-    calls = [((c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments")))
-             for c in (m.get("tool_calls") or []) if isinstance(c, dict)]
-    key = {"role": m.get("role"), "content": _content(m.get("content")), "calls": calls,
-           "name": m.get("name"), "tool_call_id": m.get("tool_call_id") if m.get("role") == "tool" else None}
+    calls = [
+        ((c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments")))
+        for c in (m.get("tool_calls") or [])
+        if isinstance(c, dict)
+    ]
+    key = {
+        "role": m.get("role"),
+        "content": _content(m.get("content")),
+        "calls": calls,
+        "name": m.get("name"),
+        "tool_call_id": m.get("tool_call_id") if m.get("role") == "tool" else None,
+    }
     return json.dumps(key, sort_keys=True, default=str)
 
 

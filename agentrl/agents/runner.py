@@ -16,13 +16,15 @@ The recorder's segments go to the manager through ``state``: ``state["ep"]`` the
 episode's trajectory), ``state["earlier"]`` the ones an agent's history rewrite closed.
 Does not: sample or record completions (:mod:`agentrl.agents.proxy`).
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import secrets
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.program import load_callable, reward_of, run_callable, run_command
@@ -54,8 +56,15 @@ class ProxyRunner:
         """Running counts: ``agent/episodes``, ``agent/requests``, ``agent/split_trajectories`` (segments
         closed by a history rewrite), ``agent/delta_prompts``, ``agent/program_crashes``,
         ``agent/program_timeouts``, ``agent/no_reward``."""
-        keys = ("episodes", "requests", "split_trajectories", "delta_prompts", "program_crashes",
-                "program_timeouts", "no_reward")
+        keys = (
+            "episodes",
+            "requests",
+            "split_trajectories",
+            "delta_prompts",
+            "program_crashes",
+            "program_timeouts",
+            "no_reward",
+        )
         return {f"agent/{k}": float(self.counts[k]) for k in keys}
 
     async def close(self) -> None:
@@ -71,12 +80,25 @@ class ProxyRunner:
         traj.task = info.get("task", {})
         url = await self.endpoint.start(manager.engine, manager.tokenizer)
         own_stop = getattr(env, "stop_strings", None) or ()
-        budget = Budget(rc.max_turns, rc.max_new_tokens, rc.max_context, rc.min_turn_tokens, rc.temperature,
-                        rc.top_p, rc.top_k, tuple(dict.fromkeys([*rc.stop, *own_stop])), rc.turn_timeout_s)
+        budget = Budget(
+            rc.max_turns,
+            rc.max_new_tokens,
+            rc.max_context,
+            rc.min_turn_tokens,
+            rc.temperature,
+            rc.top_p,
+            rc.top_k,
+            tuple(dict.fromkeys([*rc.stop, *own_stop])),
+            rc.turn_timeout_s,
+        )
         link = EpisodeLink(traj.episode_id, manager.tokenizer, budget, seed=spec.sampling_seed)
         key = "sk-agentrl-" + secrets.token_urlsafe(24)
-        task = {"messages": info["messages"], "tools": info.get("tools") or None, "task": traj.task,
-                "episode_id": traj.episode_id}
+        task = {
+            "messages": info["messages"],
+            "tools": info.get("tools") or None,
+            "task": traj.task,
+            "episode_id": traj.episode_id,
+        }
         self.endpoint.links[key] = link
         self.counts["episodes"] += 1
         try:
@@ -92,8 +114,13 @@ class ProxyRunner:
             self.counts["requests"] += rec.requests
             self.counts["split_trajectories"] += link.splits
             self.counts["delta_prompts"] += link.delta_prompts
-        traj.info["agent"] = {"requests": rec.requests, "segments": len(rec.segments), "splits": link.splits,
-                              "stderr_tail": res.stderr[-600:], "result": res.result}
+        traj.info["agent"] = {
+            "requests": rec.requests,
+            "segments": len(rec.segments),
+            "splits": link.splits,
+            "stderr_tail": res.stderr[-600:],
+            "result": res.result,
+        }
         await self._finish(traj, env, link, res)
         rec.set_reward(traj.reward)
 
@@ -118,14 +145,21 @@ class ProxyRunner:
             reward = reward_of(res.result)
             if reward is None:
                 self.counts["no_reward"] += 1
-                return _end(traj, Outcome.REWARD_ERROR, "the agent program reported no reward (a JSON object with a "
-                            f"numeric 'reward' in AGENTRL_RESULT or on stdout); got {json.dumps(res.result)[:200]}")
+                return _end(
+                    traj,
+                    Outcome.REWARD_ERROR,
+                    "the agent program reported no reward (a JSON object with a "
+                    f"numeric 'reward' in AGENTRL_RESULT or on stdout); got {json.dumps(res.result)[:200]}",
+                )
         else:
             _, reward, terminated, _, _ = await _env_call(env, "step", link.last_text)
             if not terminated:
                 self.counts["no_reward"] += 1
-                return _end(traj, Outcome.REWARD_ERROR, "the env did not end the episode on the final assistant "
-                            "text (did the last reply call a tool?)")
+                return _end(
+                    traj,
+                    Outcome.REWARD_ERROR,
+                    "the env did not end the episode on the final assistant text (did the last reply call a tool?)",
+                )
         traj.reward = float(reward)
         _end(traj, Outcome.OK, "")
 

@@ -114,6 +114,7 @@ Composing one micro-batch (what the trainer does; every term is per token, then 
     loss_tok = loss_tok + beta * KL_ESTIMATORS["k3"](logp, ref_logp) - ent_coef * entropy
     share = aggregate("token-mean", loss_tok, mask, seq_ntokens, global_tokens=..., global_seqs=...)
 """
+
 from __future__ import annotations
 
 from agentrl.algos.advantages import (
@@ -163,13 +164,44 @@ from agentrl.algos.sampling import dynamic_sampling_keep
 from agentrl.algos.shaping import overlong_penalty
 
 __all__ = [
-    "REGISTRIES", "lookup",
-    "ADVANTAGES", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "group_index",
+    "REGISTRIES",
+    "lookup",
+    "ADVANTAGES",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gae",
+    "group_index",
     "masked_whiten",
-    "CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "gigpo", "turn_boundaries",
-    "turn_rewards_to_tokens", "apply_kl_in_reward",
-    "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "gspo", "cispo", "aggregate",
-    "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits", "value_loss",
-    "truncated_is_weights", "mismatch_metrics",
-    "overlong_penalty", "dynamic_sampling_keep", "adaptive_kl_coef",
+    "CREDIT",
+    "outcome_broadcast",
+    "turn_returns_group_baseline",
+    "turn_gae",
+    "gigpo",
+    "turn_boundaries",
+    "turn_rewards_to_tokens",
+    "apply_kl_in_reward",
+    "POLICY_LOSSES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "ppo_clip",
+    "vanilla_pg",
+    "sft",
+    "gspo",
+    "cispo",
+    "aggregate",
+    "tokens_per_sequence",
+    "k1",
+    "k2",
+    "k3",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "value_loss",
+    "truncated_is_weights",
+    "mismatch_metrics",
+    "overlong_penalty",
+    "dynamic_sampling_keep",
+    "adaptive_kl_coef",
 ]

@@ -18,6 +18,7 @@ Conventions (shared by every estimator here and by ``credit``):
 * Statistics are computed in float64; results come back in the rewards' floating dtype
   (float32 for integer rewards).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
@@ -25,8 +26,17 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["ADVANTAGES", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae",
-           "group_index", "masked_whiten"]
+__all__ = [
+    "ADVANTAGES",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gae",
+    "group_index",
+    "masked_whiten",
+]
 
 
 def group_index(group_ids: Sequence[Hashable] | Tensor) -> Tensor:
@@ -118,8 +128,9 @@ def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e
     return _batch_norm(r - mean, eps).to(dt)
 
 
-def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0,
-        lam: float = 1.0, whiten: bool = False) -> tuple[Tensor, Tensor]:
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False
+) -> tuple[Tensor, Tensor]:
     """Token-level GAE over the mask-1 (sampled) positions only. All inputs ``[B, T]``.
 
     Mask-0 positions (prompt, tool output, glue) are **not steps**: the backward recursion jumps

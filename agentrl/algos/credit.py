@@ -16,14 +16,23 @@ Rewards: ``Trajectory.turns[k].reward`` is the env's reward for turn k; the term
 reward is the episode's outcome reward, so ``sum_k r_k`` is the undiscounted return and the
 outcome must not be added again.
 """
+
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
-__all__ = ["CREDIT", "outcome_broadcast", "turn_returns_group_baseline", "turn_gae", "gigpo", "turn_boundaries",
-           "turn_rewards_to_tokens", "apply_kl_in_reward"]
+__all__ = [
+    "CREDIT",
+    "outcome_broadcast",
+    "turn_returns_group_baseline",
+    "turn_gae",
+    "gigpo",
+    "turn_boundaries",
+    "turn_rewards_to_tokens",
+    "apply_kl_in_reward",
+]
 
 
 def _check(turn_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], n: int) -> None:
@@ -46,7 +55,8 @@ def _spread(per_turn: Sequence[Sequence[float]], turn_ids, loss_masks) -> list[l
                 row.append(float(vals[k]))
             else:
                 raise ValueError(
-                    f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(vals)} turns")
+                    f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(vals)} turns"
+                )
         out.append(row)
     return out
 
@@ -68,10 +78,16 @@ def outcome_broadcast(seq_adv, loss_masks: Sequence[Sequence[int]]) -> list[list
     return [[a if m else 0.0 for m in mask] for a, mask in zip(adv, loss_masks)]
 
 
-def turn_returns_group_baseline(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]],
-                                loss_masks: Sequence[Sequence[int]], group_ids: Sequence[Hashable], *,
-                                gamma: float = 1.0, normalize_std: bool = False,
-                                eps: float = 1e-6) -> list[list[float]]:
+def turn_returns_group_baseline(
+    turn_rewards: Sequence[Sequence[float]],
+    turn_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    group_ids: Sequence[Hashable],
+    *,
+    gamma: float = 1.0,
+    normalize_std: bool = False,
+    eps: float = 1e-6,
+) -> list[list[float]]:
     """Discounted per-turn returns with a group baseline per turn position.
 
     ``G_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}``;
@@ -105,10 +121,17 @@ def turn_returns_group_baseline(turn_rewards: Sequence[Sequence[float]], turn_id
     return _spread(per_turn, turn_ids, loss_masks)
 
 
-def turn_gae(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]],
-             loss_masks: Sequence[Sequence[int]], boundary_values: Sequence[Sequence[float]], *,
-             gamma: float = 1.0, lam: float = 0.95, final_values: Sequence[float] | None = None,
-             whiten: bool = False) -> tuple[list[list[float]], list[list[float]]]:
+def turn_gae(
+    turn_rewards: Sequence[Sequence[float]],
+    turn_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    boundary_values: Sequence[Sequence[float]],
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    final_values: Sequence[float] | None = None,
+    whiten: bool = False,
+) -> tuple[list[list[float]], list[list[float]]]:
     """Turn-level GAE: one step per assistant turn, the critic read at turn boundaries.
 
     ``boundary_values[i][k] = V_k`` = the critic's value of the state before turn k, read at the
@@ -157,10 +180,19 @@ def _normalized(values: Sequence[float], normalize_std: bool, eps: float) -> lis
     return [(v - mean) / (std + eps) if normalize_std else v - mean for v in values]
 
 
-def gigpo(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]],
-          loss_masks: Sequence[Sequence[int]], group_ids: Sequence[Hashable],
-          state_keys: Sequence[Sequence[Hashable | None]], *, omega: float = 1.0, gamma: float = 1.0,
-          normalize_std: bool = True, eps: float = 1e-6, stats: dict | None = None) -> list[list[float]]:
+def gigpo(
+    turn_rewards: Sequence[Sequence[float]],
+    turn_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    group_ids: Sequence[Hashable],
+    state_keys: Sequence[Sequence[Hashable | None]],
+    *,
+    omega: float = 1.0,
+    gamma: float = 1.0,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    stats: dict | None = None,
+) -> list[list[float]]:
     """GiGPO (group-in-group): an episode-level group advantage plus a step-level one computed inside
     anchor-state groups.
 
@@ -201,14 +233,18 @@ def gigpo(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[i
             a_step[i][k] = a
     if stats is not None:
         sizes = [len(m) for m in anchors.values()]
-        stats.update(anchor_groups=len(sizes), anchor_turns_shared=sum(s for s in sizes if s > 1),
-                     anchor_group_size_max=max(sizes, default=0))
+        stats.update(
+            anchor_groups=len(sizes),
+            anchor_turns_shared=sum(s for s in sizes if s > 1),
+            anchor_group_size_max=max(sizes, default=0),
+        )
     per_turn = [[a_ep[i] + omega * a for a in row] for i, row in enumerate(a_step)]
     return _spread(per_turn, turn_ids, loss_masks)
 
 
-def _whiten_sampled(rows: list[list[float]], loss_masks: Sequence[Sequence[int]], eps: float = 1e-8
-                    ) -> list[list[float]]:
+def _whiten_sampled(
+    rows: list[list[float]], loss_masks: Sequence[Sequence[int]], eps: float = 1e-8
+) -> list[list[float]]:
     """Whiten the mask-1 entries of ``rows`` together (unbiased var); mask-0 entries stay 0."""
     sel = [x for row, mask in zip(rows, loss_masks) for x, m in zip(row, mask) if m]
     if len(sel) < 2:
@@ -243,8 +279,9 @@ def turn_boundaries(turn_ids: Sequence[int], loss_mask: Sequence[int], *, num_tu
     return out
 
 
-def turn_rewards_to_tokens(turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]],
-                           loss_masks: Sequence[Sequence[int]]) -> list[list[float]]:
+def turn_rewards_to_tokens(
+    turn_rewards: Sequence[Sequence[float]], turn_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]]
+) -> list[list[float]]:
     """Token-level rewards for ``advantages.gae``: ``r_k`` sits on turn k's last sampled token (on
     its last token if it sampled none); every other token gets 0. B lists in, B per-token lists out."""
     _check(turn_ids, loss_masks, len(turn_rewards))
@@ -268,9 +305,14 @@ def turn_rewards_to_tokens(turn_rewards: Sequence[Sequence[float]], turn_ids: Se
     return out
 
 
-def apply_kl_in_reward(turn_rewards: Sequence[Sequence[float]], kl: Sequence[Sequence[float]],
-                       turn_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], *,
-                       beta: float) -> list[list[float]]:
+def apply_kl_in_reward(
+    turn_rewards: Sequence[Sequence[float]],
+    kl: Sequence[Sequence[float]],
+    turn_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    *,
+    beta: float,
+) -> list[list[float]]:
     """KL in the reward (REINFORCE++, PPO-style): ``r_k' = r_k - beta * sum_{t in turn k, mask 1} kl_t``.
 
     ``kl``: per-token KL estimates (e.g. ``losses.k1(logp, ref_logp)`` as B lists), aligned with
@@ -287,7 +329,8 @@ def apply_kl_in_reward(turn_rewards: Sequence[Sequence[float]], kl: Sequence[Seq
             if m:
                 if not 0 <= k < len(r):
                     raise ValueError(
-                        f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(r)} turns")
+                        f"sequence {i} token {t}: sampled token in turn {k}, but the sequence has {len(r)} turns"
+                    )
                 per_turn[k] += float(x)
         out.append([float(rk) - beta * s for rk, s in zip(r, per_turn)])
     return out

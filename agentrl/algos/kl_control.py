@@ -5,6 +5,7 @@ uses for a KL penalty in the reward: a pure ``(coef, measured KL) -> next coef``
 measure the KL (the caller passes the batch's mean per-sequence KL), hold the coefficient between
 steps (the run does, and checkpoints it) or read configs.
 """
+
 from __future__ import annotations
 
 import math

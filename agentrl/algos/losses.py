@@ -18,6 +18,7 @@ Numerical guards (documented because they change gradients at extremes):
   ``low_var_kl``): a token whose k3 exceeds 10 contributes 10 and no gradient.
 * entropy and log-probs are computed in float32 at least (bf16 logits are upcast).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,17 +30,42 @@ from torch import Tensor
 
 from agentrl.errors import ConfigError
 
-__all__ = ["POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "ppo_clip", "vanilla_pg", "sft", "gspo", "cispo",
-           "aggregate", "tokens_per_sequence", "k1", "k2", "k3", "entropy_from_logits", "logprobs_from_logits",
-           "value_loss", "truncated_is_weights", "mismatch_metrics"]
+__all__ = [
+    "POLICY_LOSSES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "ppo_clip",
+    "vanilla_pg",
+    "sft",
+    "gspo",
+    "cispo",
+    "aggregate",
+    "tokens_per_sequence",
+    "k1",
+    "k2",
+    "k3",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "value_loss",
+    "truncated_is_weights",
+    "mismatch_metrics",
+]
 
 _LOG_RATIO_CLAMP = 20.0
 
 
 # -- policy losses: (logp [N], old_logp [N], adv [N], **kw) -> (loss [N], metrics {name: [N]}) ----------
 
-def ppo_clip(logp: Tensor, old_logp: Tensor, adv: Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-             dual_clip_c: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+
+def ppo_clip(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with asymmetric (DAPO clip-higher) and optional dual clip. All ``[N]``.
 
     ``r = exp(logp - old_logp)``; ``l = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``;
@@ -101,9 +127,16 @@ def _seq_mean(x: Tensor, seq_index: Tensor, mask: Tensor) -> Tensor:
     return (total / count.clamp(min=1.0))[idx].to(x.dtype)
 
 
-def gspo(logp: Tensor, old_logp: Tensor, adv: Tensor, *, seq_index: Tensor | None = None,
-         mask: Tensor | None = None, clip_low: float = 3e-4, clip_high: float = 4e-4
-         ) -> tuple[Tensor, dict[str, Tensor]]:
+def gspo(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    *,
+    seq_index: Tensor | None = None,
+    mask: Tensor | None = None,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Group Sequence Policy Optimization), in its token form "GSPO-token". All ``[N]``.
 
     ``seq_index [N]`` (required, int64): each token's sequence id, sequences packed back to back
@@ -146,8 +179,9 @@ def gspo(logp: Tensor, old_logp: Tensor, adv: Tensor, *, seq_index: Tensor | Non
     return loss, metrics
 
 
-def cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, *, clip_low: float | None = None,
-          clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, *, clip_low: float | None = None, clip_high: float = 0.2
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1): REINFORCE with a clipped, stop-gradient importance weight. All ``[N]``.
 
     ``r = exp(logp - old_logp)``; ``w = sg(clip(r, 1 - clip_low, 1 + clip_high))``;
@@ -166,8 +200,13 @@ def cispo(logp: Tensor, old_logp: Tensor, adv: Tensor, *, clip_low: float | None
         lo = 0.0 if clip_low is None else max(1.0 - clip_low, 0.0)
         w = ratio.clamp(lo, 1.0 + clip_high)
         high, low = ratio > 1.0 + clip_high, ratio < lo
-        metrics = {"clipfrac": (high | low).float(), "clipfrac_high": high.float(), "clipfrac_low": low.float(),
-                   "ratio": ratio, "ppo_kl": -log_ratio}
+        metrics = {
+            "clipfrac": (high | low).float(),
+            "clipfrac_high": high.float(),
+            "clipfrac_low": low.float(),
+            "ratio": ratio,
+            "ppo_kl": -log_ratio,
+        }
     return -w * adv * logp, metrics
 
 
@@ -181,6 +220,7 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
 
 
 # -- aggregation: one micro-batch's share of the step's loss -----------------------------------------------
+
 
 def _masked(loss_tok: Tensor, mask: Tensor) -> Tensor:
     # where(), not multiply: an inf/nan loss on a mask-0 token must not poison the sum
@@ -214,8 +254,16 @@ AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
 }
 
 
-def aggregate(mode: str, loss_tok: Tensor, mask: Tensor, seq_ntokens: Tensor, *, global_tokens: float,
-              global_seqs: float, norm_len: float | None = None) -> Tensor:
+def aggregate(
+    mode: str,
+    loss_tok: Tensor,
+    mask: Tensor,
+    seq_ntokens: Tensor,
+    *,
+    global_tokens: float,
+    global_seqs: float,
+    norm_len: float | None = None,
+) -> Tensor:
     """One micro-batch's contribution ``[]`` to the step's aggregated loss; summing the
     contributions of all micro-batches (and ranks) of an optimizer step gives the loss over the
     whole step. ``loss_tok``, ``mask``, ``seq_ntokens`` are ``[N]`` packed tokens.
@@ -248,6 +296,7 @@ def tokens_per_sequence(seq_index: Tensor, mask: Tensor) -> Tensor:
 
 # -- KL to the frozen reference (samples come from the policy) -------------------------------------------
 
+
 def k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """``logp - ref_logp``: unbiased, high variance, can be negative. ``[N]``."""
     return logp - ref_logp
@@ -269,6 +318,7 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": k1, "k2": 
 
 
 # -- entropy, log-probs, value loss ------------------------------------------------------------------------
+
 
 def _f32(x: Tensor) -> Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
@@ -298,6 +348,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: flo
 
 # -- engine-vs-trainer mismatch ----------------------------------------------------------------------------
 
+
 def truncated_is_weights(train_logp: Tensor, behaviour_logp: Tensor, *, cap: float = 2.0) -> Tensor:
     """Truncated importance weights ``min(exp(train_logp - behaviour_logp), cap)``, no grad. ``[N]``.
 
@@ -312,8 +363,9 @@ def truncated_is_weights(train_logp: Tensor, behaviour_logp: Tensor, *, cap: flo
         return torch.exp(d).clamp(max=cap)
 
 
-def mismatch_metrics(train_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, *,
-                     cap: float | None = None) -> dict[str, Tensor]:
+def mismatch_metrics(
+    train_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, *, cap: float | None = None
+) -> dict[str, Tensor]:
     """Scalar diagnostics over mask-1 tokens (all 0 when there are none):
     ``abs_diff_mean``, ``abs_diff_max`` of ``train - behaviour``, ``ratio_mean`` of
     ``exp(train - behaviour)``, ``kl_k3`` = mean k3 estimate of KL(behaviour || train) (samples come

@@ -1,4 +1,5 @@
 """The algorithm registries by kind, and ``lookup(kind, name)`` (see :mod:`agentrl.algos` for every entry)."""
+
 from __future__ import annotations
 
 import difflib

@@ -5,6 +5,7 @@ group-baseline estimator (GRPO, RLOO, Dr.GRPO), so training on it spends compute
 token-mean aggregation for nothing; DAPO drops such groups and samples more until the batch is
 full. Does not: sample, refill the batch or count what it dropped (the caller's batching does).
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence

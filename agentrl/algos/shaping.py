@@ -6,6 +6,7 @@ reward before any advantage estimator runs. Does not: decide which length counts
 sampled tokens of a turn or of an episode is the caller's choice), read configs, or touch
 trajectories.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,8 +19,9 @@ from agentrl.errors import ConfigError
 __all__ = ["overlong_penalty"]
 
 
-def overlong_penalty(lengths: Tensor | Sequence[int], max_new_tokens: int, cache_len: int, *,
-                     factor: float = 1.0) -> Tensor:
+def overlong_penalty(
+    lengths: Tensor | Sequence[int], max_new_tokens: int, cache_len: int, *, factor: float = 1.0
+) -> Tensor:
     """DAPO's soft overlong punishment: ``[B]`` generated lengths -> ``[B]`` float32 penalties <= 0.
 
     With ``L_max = max_new_tokens``, ``L_c = cache_len`` (the soft zone: the last ``L_c`` tokens
@@ -36,8 +38,9 @@ def overlong_penalty(lengths: Tensor | Sequence[int], max_new_tokens: int, cache
     if max_new_tokens < 1:
         raise ConfigError(f"overlong_penalty: max_new_tokens must be >= 1, got {max_new_tokens!r}")
     if not 0 <= cache_len <= max_new_tokens:
-        raise ConfigError(f"overlong_penalty: cache_len must be in [0, max_new_tokens={max_new_tokens}], "
-                          f"got {cache_len!r}")
+        raise ConfigError(
+            f"overlong_penalty: cache_len must be in [0, max_new_tokens={max_new_tokens}], got {cache_len!r}"
+        )
     if factor < 0:
         raise ConfigError(f"overlong_penalty: factor must be >= 0, got {factor!r}")
     n = torch.as_tensor(lengths)

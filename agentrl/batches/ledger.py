@@ -13,6 +13,7 @@ TensorBoard event files cannot be rewound: after a resume they hold both attempt
 
 Does not decide what is trained (``agentrl.jobs.run``) or hand out positions (``agentrl.batches.prompt_stream``).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,10 +46,16 @@ class Ledger:
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / LEDGER
 
-    def append(self, step: int, version: int, positions: Sequence[int], group_ids: Sequence[str],
-               filtered: Sequence[int] = ()) -> None:
-        row = {"step": int(step), "version": int(version), "positions": [int(p) for p in positions],
-               "group_ids": list(group_ids), **({"filtered": [int(p) for p in filtered]} if filtered else {})}
+    def append(
+        self, step: int, version: int, positions: Sequence[int], group_ids: Sequence[str], filtered: Sequence[int] = ()
+    ) -> None:
+        row = {
+            "step": int(step),
+            "version": int(version),
+            "positions": [int(p) for p in positions],
+            "group_ids": list(group_ids),
+            **({"filtered": [int(p) for p in filtered]} if filtered else {}),
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

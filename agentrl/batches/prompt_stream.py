@@ -15,6 +15,7 @@ below ``next`` is trained by exactly one step in the ledger, is abandoned, or is
 (in flight, in the staleness queue's buffer, or requeued). Does not: run episodes or decide what is
 stale.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -26,8 +27,16 @@ class PromptStream:
     """``take()`` the next position, ``give_back(p)`` one that must run again, ``drop(p)`` one the
     staleness bound dropped (requeued, or abandoned past ``max_drops``)."""
 
-    def __init__(self, next_position: int = 0, requeued: Iterable[int] = (), *, max_drops: int = 0,
-                 drops: dict | None = None, abandoned: Iterable[int] = (), redrops: int = 0) -> None:
+    def __init__(
+        self,
+        next_position: int = 0,
+        requeued: Iterable[int] = (),
+        *,
+        max_drops: int = 0,
+        drops: dict | None = None,
+        abandoned: Iterable[int] = (),
+        redrops: int = 0,
+    ) -> None:
         if next_position < 0:
             raise ValueError(f"next_position must be >= 0, got {next_position}")
         if max_drops < 0:
@@ -81,11 +90,21 @@ class PromptStream:
     def state(self, outstanding: Iterable[int] = ()) -> dict[str, Any]:
         """What a checkpoint stores; ``outstanding``: positions taken but not yet trained whose work the
         checkpoint does not keep (in flight) — they run again after a resume."""
-        return {"next": self.next, "requeued": sorted({*self._requeued, *map(int, outstanding)}),
-                "drops": {str(p): n for p, n in sorted(self.drops.items())}, "abandoned": sorted(self.abandoned),
-                "redrops": self.redrops}
+        return {
+            "next": self.next,
+            "requeued": sorted({*self._requeued, *map(int, outstanding)}),
+            "drops": {str(p): n for p, n in sorted(self.drops.items())},
+            "abandoned": sorted(self.abandoned),
+            "redrops": self.redrops,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, max_drops: int = 0) -> PromptStream:
-        return cls(int(state.get("next", 0)), state.get("requeued", ()), max_drops=max_drops,
-                   drops=state.get("drops"), abandoned=state.get("abandoned", ()), redrops=state.get("redrops", 0))
+        return cls(
+            int(state.get("next", 0)),
+            state.get("requeued", ()),
+            max_drops=max_drops,
+            drops=state.get("drops"),
+            abandoned=state.get("abandoned", ()),
+            redrops=state.get("redrops", 0),
+        )

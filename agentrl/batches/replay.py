@@ -10,6 +10,7 @@ exact. Checked up front: a clear ConfigError names what is missing.
 
 Does not: generate, compute advantages (the runner does, from these groups) or check staleness.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.errors import ConfigError
 from agentrl.batches.ledger import read_ledger
+from agentrl.errors import ConfigError
 from agentrl.trajectory import Trajectory, read_jsonl
 
 
@@ -32,14 +33,17 @@ class ReplaySource:
             raise ConfigError(f"train.replay: {str(self.dir)!r} is not a run directory (no config.yaml)")
         logged = (yaml.safe_load(cfg_file.read_text()) or {}).get("logging", {}).get("trajectories_per_step")
         if logged != -1:
-            raise ConfigError(f"train.replay: {str(self.dir)!r} logged trajectories_per_step={logged!r}; "
-                              f"replay needs every trajectory (-1)")
+            raise ConfigError(
+                f"train.replay: {str(self.dir)!r} logged trajectories_per_step={logged!r}; "
+                f"replay needs every trajectory (-1)"
+            )
         self.steps = {int(r["step"]): r for r in read_ledger(self.dir)}
-        missing = [n for n in range(1, steps + 1)
-                   if n not in self.steps or not self._file(n).exists()]
+        missing = [n for n in range(1, steps + 1) if n not in self.steps or not self._file(n).exists()]
         if missing:
-            raise ConfigError(f"train.replay: {str(self.dir)!r} has no recorded batch for step(s) "
-                              f"{missing[:5]}{' ...' if len(missing) > 5 else ''} (train.steps={steps})")
+            raise ConfigError(
+                f"train.replay: {str(self.dir)!r} has no recorded batch for step(s) "
+                f"{missing[:5]}{' ...' if len(missing) > 5 else ''} (train.steps={steps})"
+            )
 
     def _file(self, step: int) -> Path:
         return self.dir / "trajectories" / f"step_{step:06d}.jsonl"

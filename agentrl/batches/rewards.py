@@ -14,6 +14,7 @@ sums the shaped turns into the episode return. The maths is in ``agentrl.algos``
 run uses is chosen by ``agentrl.config.plan``. Does not run models: the caller passes the
 reference logprobs (or a function computing them).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -67,9 +68,11 @@ def _turn_lengths(t: Trajectory) -> list[int]:
     return n
 
 
-def shaped_turn_rewards(trajs: Sequence[Trajectory], shaping: RewardShaping | None = None,
-                        ref_logprobs: Sequence[Sequence[float]] | Callable[[list[Trajectory]], list[list[float]]]
-                        | None = None) -> tuple[list[list[float]], dict[str, float]]:
+def shaped_turn_rewards(
+    trajs: Sequence[Trajectory],
+    shaping: RewardShaping | None = None,
+    ref_logprobs: Sequence[Sequence[float]] | Callable[[list[Trajectory]], list[list[float]]] | None = None,
+) -> tuple[list[list[float]], dict[str, float]]:
     """Per-turn rewards of each trajectory with ``shaping`` applied, and stats: ``overlong/*``
     (mean penalty per episode, fraction of turns penalised) and ``kl_in_reward/*`` (the mean over
     episodes of the summed per-token KL, and the coefficient). A trajectory without turns keeps
@@ -86,15 +89,20 @@ def shaped_turn_rewards(trajs: Sequence[Trajectory], shaping: RewardShaping | No
             if not t.turns:
                 pens.append(0.0)
                 continue
-            p = algos.overlong_penalty(_turn_lengths(t), s.max_new_tokens, s.overlong_cache_len,
-                                       factor=s.overlong_factor).tolist()
+            p = algos.overlong_penalty(
+                _turn_lengths(t), s.max_new_tokens, s.overlong_cache_len, factor=s.overlong_factor
+            ).tolist()
             for k, pk in enumerate(p):
                 r[k] += pk
             pens.append(float(sum(p)))
             hit += sum(1 for pk in p if pk < 0)
             turns += len(p)
-        stats.update({"overlong/penalty_mean": sum(pens) / len(pens), "overlong/penalised_turn_frac":
-                      hit / turns if turns else 0.0})
+        stats.update(
+            {
+                "overlong/penalty_mean": sum(pens) / len(pens),
+                "overlong/penalised_turn_frac": hit / turns if turns else 0.0,
+            }
+        )
     if s.kl_coef > 0 and trajs:
         if ref_logprobs is None:
             raise ValueError("shaped_turn_rewards: kl_coef > 0 needs the reference logprobs")
@@ -102,15 +110,22 @@ def shaped_turn_rewards(trajs: Sequence[Trajectory], shaping: RewardShaping | No
         if len(ref) != len(trajs):
             raise ValueError(f"shaped_turn_rewards: {len(ref)} reference rows for {len(trajs)} trajectories")
         est = algos.lookup("kl", s.kl_estimator)
-        kls = [est(torch.tensor(t.logprobs, dtype=torch.float64), torch.tensor(list(rr), dtype=torch.float64)).tolist()
-               for t, rr in zip(trajs, ref)]
+        kls = [
+            est(torch.tensor(t.logprobs, dtype=torch.float64), torch.tensor(list(rr), dtype=torch.float64)).tolist()
+            for t, rr in zip(trajs, ref)
+        ]
         with_turns = [i for i, t in enumerate(trajs) if t.turns]
-        shaped = algos.apply_kl_in_reward([rewards[i] for i in with_turns], [kls[i] for i in with_turns],
-                                          [trajs[i].turn_ids for i in with_turns],
-                                          [trajs[i].loss_mask for i in with_turns], beta=s.kl_coef)
+        shaped = algos.apply_kl_in_reward(
+            [rewards[i] for i in with_turns],
+            [kls[i] for i in with_turns],
+            [trajs[i].turn_ids for i in with_turns],
+            [trajs[i].loss_mask for i in with_turns],
+            beta=s.kl_coef,
+        )
         for i, row in zip(with_turns, shaped):
             rewards[i] = row
         seq_kl = [sum(x for x, m in zip(kls[i], trajs[i].loss_mask) if m) for i in with_turns]
-        stats.update({"kl_in_reward/kl_mean": sum(seq_kl) / len(seq_kl) if seq_kl else 0.0,
-                      "kl_in_reward/coef": s.kl_coef})
+        stats.update(
+            {"kl_in_reward/kl_mean": sum(seq_kl) / len(seq_kl) if seq_kl else 0.0, "kl_in_reward/coef": s.kl_coef}
+        )
     return rewards, stats

@@ -22,10 +22,12 @@ the user left them null, and the defaults of the null ``algo.*`` extras):
 * ``gspo``:   grpo / outcome / seq-mean-token-mean (required) / no; policy_loss gspo (3e-4 / 4e-4)
 * ``cispo``:  grpo / outcome / token-mean / no; policy_loss cispo (no lower bound, 0.2 above)
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -64,13 +66,26 @@ ALGOS: dict[str, AlgoPreset] = {
     "reinforce_pp": AlgoPreset("reinforce_pp", "outcome", "token-mean", False, kl_in_reward=REINFORCE_PP_KL),
     "reinforce_pp_baseline": AlgoPreset("reinforce_pp_baseline", "outcome", "token-mean", False),
     "ppo": AlgoPreset("gae", "turn_gae", "token-mean", True, whiten_advantages=True),
-    "dapo": AlgoPreset("grpo", "outcome", "token-mean", False,
-                       trainer={"policy_loss": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},
-                       dynamic_sampling=True, overlong=True),
-    "gspo": AlgoPreset("grpo", "outcome", "seq-mean-token-mean", False, fixed_aggregation=True,
-                       trainer={"policy_loss": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}),
-    "cispo": AlgoPreset("grpo", "outcome", "token-mean", False,
-                        trainer={"policy_loss": "cispo", "clip_low": 1.0, "clip_high": 0.2}),
+    "dapo": AlgoPreset(
+        "grpo",
+        "outcome",
+        "token-mean",
+        False,
+        trainer={"policy_loss": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},
+        dynamic_sampling=True,
+        overlong=True,
+    ),
+    "gspo": AlgoPreset(
+        "grpo",
+        "outcome",
+        "seq-mean-token-mean",
+        False,
+        fixed_aggregation=True,
+        trainer={"policy_loss": "gspo", "clip_low": 3e-4, "clip_high": 4e-4},
+    ),
+    "cispo": AlgoPreset(
+        "grpo", "outcome", "token-mean", False, trainer={"policy_loss": "cispo", "clip_low": 1.0, "clip_high": 0.2}
+    ),
 }
 
 
@@ -99,12 +114,20 @@ def has_signal(group: Sequence[Trajectory]) -> bool:
     return bool(algos.dynamic_sampling_keep(rewards, [0] * len(trajs)).any())
 
 
-def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, gamma: float = 1.0,
-                     lam: float = 0.95, values_fn: Callable[[list[Trajectory]], list[list[float]]] | None = None,
-                     omega: float = 1.0, credit_stats: dict | None = None,
-                     turn_rewards: list[list[float]] | None = None, whiten: bool = False,
-                     turn_return_std: bool = False
-                     ) -> tuple[list[list[float]], list[list[float]] | None, list[list[int]] | None]:
+def token_advantages(
+    trajs: list[Trajectory],
+    advantage: str,
+    credit: str,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    values_fn: Callable[[list[Trajectory]], list[list[float]]] | None = None,
+    omega: float = 1.0,
+    credit_stats: dict | None = None,
+    turn_rewards: list[list[float]] | None = None,
+    whiten: bool = False,
+    turn_return_std: bool = False,
+) -> tuple[list[list[float]], list[list[float]] | None, list[list[int]] | None]:
     """Per-token advantages for ``trajs``; for ``turn_gae`` also per-token critic targets and the mask
     of boundary tokens where the critic is trained. ``turn_rewards``: the shaped per-turn rewards
     (``shaped_turn_rewards``; default the env's); outcome credit sums them. ``gigpo``'s episode
@@ -121,14 +144,32 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
         return algos.CREDIT["outcome"](seq_adv, masks), None, None
     turn_ids = [t.turn_ids for t in trajs]
     if credit == "turn_return":
-        return algos.CREDIT["turn_return"](turn_rewards, turn_ids, masks, groups, gamma=gamma,
-                                           normalize_std=turn_return_std), None, None
+        return (
+            algos.CREDIT["turn_return"](
+                turn_rewards, turn_ids, masks, groups, gamma=gamma, normalize_std=turn_return_std
+            ),
+            None,
+            None,
+        )
     if credit == "gigpo":
         if advantage not in ("grpo", "dr_grpo"):
             raise ConfigError(f"algo.credit=gigpo needs an algo whose advantage is grpo or dr_grpo, got {advantage!r}")
         keys = [[r.state_key for r in t.turns] for t in trajs]
-        return algos.CREDIT["gigpo"](turn_rewards, turn_ids, masks, groups, keys, omega=omega, gamma=gamma,
-                                     normalize_std=advantage == "grpo", stats=credit_stats), None, None
+        return (
+            algos.CREDIT["gigpo"](
+                turn_rewards,
+                turn_ids,
+                masks,
+                groups,
+                keys,
+                omega=omega,
+                gamma=gamma,
+                normalize_std=advantage == "grpo",
+                stats=credit_stats,
+            ),
+            None,
+            None,
+        )
     if credit == "turn_gae":
         if values_fn is None:
             raise ValueError("credit 'turn_gae' needs a critic (values_fn)")
@@ -137,8 +178,9 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
         # before turn k's first sampled token, so V(state before turn k) sits one position later.
         bounds = [[b + 1 for b in algos.turn_boundaries(t.turn_ids, t.loss_mask)] for t in trajs]
         bvals = [[v[i] for i in b] for v, b in zip(values, bounds)]
-        adv, turn_targets = algos.CREDIT["turn_gae"](turn_rewards, turn_ids, masks, bvals, gamma=gamma, lam=lam,
-                                                     whiten=whiten)
+        adv, turn_targets = algos.CREDIT["turn_gae"](
+            turn_rewards, turn_ids, masks, bvals, gamma=gamma, lam=lam, whiten=whiten
+        )
         returns, vmask = [], []
         for t, b, tt in zip(trajs, bounds, turn_targets):
             r, m = [0.0] * len(t.token_ids), [0] * len(t.token_ids)
@@ -150,10 +192,20 @@ def token_advantages(trajs: list[Trajectory], advantage: str, credit: str, *, ga
     raise ValueError(f"unknown credit mode {credit!r}; choose from {sorted(algos.CREDIT)}")
 
 
-def build_samples(groups: Sequence[Sequence[Trajectory]], preset: AlgoPreset, *, credit: str | None = None,
-                  gamma: float = 1.0, lam: float = 0.95, values_fn=None, omega: float = 1.0,
-                  shaping: RewardShaping | None = None, ref_fn=None, whiten: bool = False,
-                  turn_return_std: bool = False):
+def build_samples(
+    groups: Sequence[Sequence[Trajectory]],
+    preset: AlgoPreset,
+    *,
+    credit: str | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    values_fn=None,
+    omega: float = 1.0,
+    shaping: RewardShaping | None = None,
+    ref_fn=None,
+    whiten: bool = False,
+    turn_return_std: bool = False,
+):
     """TrainSamples for one optimizer step, plus stats (excluded count, advantage spread, the
     shaping terms' ``overlong/*`` and ``kl_in_reward/*``). ``ref_fn(trajs)``: the reference
     model's per-token logprobs, called only when ``shaping`` puts a KL term in the reward."""
@@ -164,16 +216,37 @@ def build_samples(groups: Sequence[Sequence[Trajectory]], preset: AlgoPreset, *,
         return [], {"excluded": excluded, "samples": 0}
     cstats: dict = {}
     rewards, rstats = shaped_turn_rewards(trajs, shaping, ref_fn)
-    adv, returns, vmask = token_advantages(trajs, preset.advantage, credit or preset.credit, gamma=gamma, lam=lam,
-                                           values_fn=values_fn, omega=omega, credit_stats=cstats,
-                                           turn_rewards=rewards, whiten=whiten, turn_return_std=turn_return_std)
+    adv, returns, vmask = token_advantages(
+        trajs,
+        preset.advantage,
+        credit or preset.credit,
+        gamma=gamma,
+        lam=lam,
+        values_fn=values_fn,
+        omega=omega,
+        credit_stats=cstats,
+        turn_rewards=rewards,
+        whiten=whiten,
+        turn_return_std=turn_return_std,
+    )
     samples = []
     for i, t in enumerate(trajs):
-        samples.append(TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
-                                   advantages=[float(a) for a in adv[i]],
-                                   returns=returns[i] if returns else None,
-                                   value_mask=vmask[i] if vmask else None))
+        samples.append(
+            TrainSample(
+                token_ids=t.token_ids,
+                loss_mask=t.loss_mask,
+                behaviour_logprobs=t.logprobs,
+                advantages=[float(a) for a in adv[i]],
+                returns=returns[i] if returns else None,
+                value_mask=vmask[i] if vmask else None,
+            )
+        )
     flat = [a for row, t in zip(adv, trajs) for a, m in zip(row, t.loss_mask) if m]
     nonzero = sum(1 for a in flat if abs(a) > 1e-9)
-    return samples, {"excluded": excluded, "samples": len(samples),
-                     "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0, **cstats, **rstats}
+    return samples, {
+        "excluded": excluded,
+        "samples": len(samples),
+        "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0,
+        **cstats,
+        **rstats,
+    }

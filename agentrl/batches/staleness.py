@@ -36,6 +36,7 @@ checkpoint.
 
 Does not: run episodes, compute advantages, or know what the trainer does with a batch.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -65,9 +66,15 @@ class _Entry:
 class StalenessQueue:
     """Groups of trajectories in, batches of ``groups_per_batch`` groups out, within ``max_staleness``."""
 
-    def __init__(self, max_staleness: int, groups_per_batch: int,
-                 on_drop: Callable[[int], None] | None = None, *,
-                 keep: Callable[[list[Trajectory]], bool] | None = None, max_draws: int = 0) -> None:
+    def __init__(
+        self,
+        max_staleness: int,
+        groups_per_batch: int,
+        on_drop: Callable[[int], None] | None = None,
+        *,
+        keep: Callable[[list[Trajectory]], bool] | None = None,
+        max_draws: int = 0,
+    ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if groups_per_batch < 1:
@@ -176,8 +183,11 @@ class StalenessQueue:
 
     def _draws_spent(self) -> bool:
         """Dynamic sampling drew ``max_draws`` batches' worth of groups for this batch."""
-        return bool(self.keep is not None and self.max_draws
-                    and len(self._filtered) + len(self._ready) >= self.max_draws * self.B)
+        return bool(
+            self.keep is not None
+            and self.max_draws
+            and len(self._filtered) + len(self._ready) >= self.max_draws * self.B
+        )
 
     async def set_version(self, version: int) -> None:
         """The trainer finished a step and the engine serves ``version``: admit more."""
@@ -196,23 +206,39 @@ class StalenessQueue:
         run requeues them; ``filtered_groups`` leaves them out) and the counters that ``restore``
         takes. Synchronous: take it with no await in between the snapshot and the other state saved
         with it."""
-        return {"ready": [(e.position, e.group) for e in self._ready],
-                "filtered": [p for p in self._filtered if p is not None],
-                "dropped_groups": self.dropped_groups, "untrained_groups": self.untrained_groups,
-                "filtered_groups": self.filtered_groups - len(self._filtered), "short_slots": self.short_slots,
-                "short_batches": self.short_batches}
+        return {
+            "ready": [(e.position, e.group) for e in self._ready],
+            "filtered": [p for p in self._filtered if p is not None],
+            "dropped_groups": self.dropped_groups,
+            "untrained_groups": self.untrained_groups,
+            "filtered_groups": self.filtered_groups - len(self._filtered),
+            "short_slots": self.short_slots,
+            "short_batches": self.short_batches,
+        }
 
-    def restore(self, ready: list[tuple[int | None, list[Trajectory]]], dropped_groups: int = 0,
-                untrained_groups: int = 0, filtered_groups: int = 0, short_slots: int = 0,
-                short_batches: int = 0) -> None:
+    def restore(
+        self,
+        ready: list[tuple[int | None, list[Trajectory]]],
+        dropped_groups: int = 0,
+        untrained_groups: int = 0,
+        filtered_groups: int = 0,
+        short_slots: int = 0,
+        short_batches: int = 0,
+    ) -> None:
         """Resume: ``version`` already set; put back the snapshot's finished groups as admitted
         before everything the producer admits next. Admission counts them as outstanding."""
         self.dropped_groups, self.untrained_groups = int(dropped_groups), int(untrained_groups)
         self.filtered_groups, self.short_slots = int(filtered_groups), int(short_slots)
         self.short_batches = int(short_batches)
         self._ready = [_Entry(i - len(ready), g, p) for i, (p, g) in enumerate(ready)]
-        self.admitted = (self.version * self.B - self.short_slots + len(ready) + self.dropped_groups
-                         + self.untrained_groups + self.filtered_groups)
+        self.admitted = (
+            self.version * self.B
+            - self.short_slots
+            + len(ready)
+            + self.dropped_groups
+            + self.untrained_groups
+            + self.filtered_groups
+        )
 
     def metrics(self) -> dict:
         total = sum(self.histogram.values())
@@ -222,8 +248,11 @@ class StalenessQueue:
             "staleness_hist": {str(k): v for k, v in sorted(self.histogram.items())},
             "dropped_groups": self.dropped_groups,
             "untrained_groups": self.untrained_groups,
-            **({"filtered_groups": self.filtered_groups, "short_batches": self.short_batches}
-               if self.keep is not None else {}),
+            **(
+                {"filtered_groups": self.filtered_groups, "short_batches": self.short_batches}
+                if self.keep is not None
+                else {}
+            ),
             "buffered_groups": len(self._ready),
             "admitted_groups": self.admitted,
         }
@@ -234,8 +263,12 @@ def dynamic_sampling_metrics(kept: int, filtered: int, groups_per_batch: int) ->
     ``drawn_groups`` (kept + filtered) for its batch, their ratio, and ``short_step`` (1 when the
     batch had fewer than ``groups_per_batch`` groups: the draw bound was reached)."""
     drawn = kept + filtered
-    return {"filtered_groups": filtered, "drawn_groups": drawn, "filtered_frac": filtered / drawn if drawn else 0.0,
-            "short_step": int(kept < groups_per_batch)}
+    return {
+        "filtered_groups": filtered,
+        "drawn_groups": drawn,
+        "filtered_frac": filtered / drawn if drawn else 0.0,
+        "short_step": int(kept < groups_per_batch),
+    }
 
 
 def dump_ready(ready: list[tuple[int | None, list[Trajectory]]]) -> str:

@@ -12,6 +12,7 @@ Status: ``ok`` (works), ``no`` (not available: fine unless the config needs it),
 but not answering), ``info``. A check never raises: its failure is its detail. Does not fix
 anything, and does not decide anything a run decides (it asks the modules that do).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -55,8 +57,10 @@ def check_python(cfg: Any) -> list[Check]:
     import torch
 
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
-    return [Check("python", "info", f"{platform.python_version()} ({sys.executable})"),
-            Check("torch", "info", f"{torch.__version__} ({build})")]
+    return [
+        Check("python", "info", f"{platform.python_version()} ({sys.executable})"),
+        Check("torch", "info", f"{torch.__version__} ({build})"),
+    ]
 
 
 def check_cuda(cfg: Any) -> list[Check]:
@@ -89,8 +93,13 @@ def check_nccl(cfg: Any) -> list[Check]:
         version = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception as e:  # noqa: BLE001
         version = f"version unknown ({type(e).__name__})"
-    return [Check("nccl", "ok" if torch.cuda.is_available() else "info", f"NCCL {version} built in"
-                  + ("" if torch.cuda.is_available() else "; no GPU to use it on"))]
+    return [
+        Check(
+            "nccl",
+            "ok" if torch.cuda.is_available() else "info",
+            f"NCCL {version} built in" + ("" if torch.cuda.is_available() else "; no GPU to use it on"),
+        )
+    ]
 
 
 def _http_json(url: str) -> Any:
@@ -102,8 +111,10 @@ def _http_json(url: str) -> Any:
 
 
 #: Finds the package and reads its version without importing it (an import takes ~25 s).
-_SGLANG_VERSION = ("import importlib.metadata as m, importlib.util as u, sys\n"
-                   "sys.exit('sglang not found') if u.find_spec('sglang') is None else print(m.version('sglang'))")
+_SGLANG_VERSION = (
+    "import importlib.metadata as m, importlib.util as u, sys\n"
+    "sys.exit('sglang not found') if u.find_spec('sglang') is None else print(m.version('sglang'))"
+)
 
 
 def check_sglang(cfg: Any) -> list[Check]:
@@ -113,8 +124,13 @@ def check_sglang(cfg: Any) -> list[Check]:
         for u in urls:
             try:
                 info = _http_json(u.rstrip("/") + "/server_info")
-                out.append(Check("sglang server", "ok", f"{u}: SGLang {info.get('version', '?')}, "
-                                                        f"model {info.get('model_path', '?')}"))
+                out.append(
+                    Check(
+                        "sglang server",
+                        "ok",
+                        f"{u}: SGLang {info.get('version', '?')}, model {info.get('model_path', '?')}",
+                    )
+                )
             except Exception as e:  # noqa: BLE001
                 out.append(Check("sglang server", "warn", f"{u}: not answering ({type(e).__name__})"))
         return out
@@ -129,8 +145,13 @@ def check_sglang(cfg: Any) -> list[Check]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return [Check("sglang", "warn", f"cannot run {py}: {type(e).__name__}")]
     if v.returncode != 0:
-        return [Check("sglang", "warn", f"{py} has no usable sglang package: "
-                                        f"{(v.stderr.strip().splitlines() or ['?'])[-1][:160]}")]
+        return [
+            Check(
+                "sglang",
+                "warn",
+                f"{py} has no usable sglang package: {(v.stderr.strip().splitlines() or ['?'])[-1][:160]}",
+            )
+        ]
     return [Check("sglang", "ok", f"sglang {v.stdout.strip()} installed ({py})")]
 
 
@@ -197,15 +218,22 @@ def check_ray(cfg: Any) -> list[Check]:
     port_n = int(port) if port.isdigit() else (10001 if addr.startswith("ray://") else 6379)
     host = host or hostport
     ok = _tcp(host, port_n)
-    out.append(Check("ray cluster", "ok" if ok else "warn",
-                     f"{addr}: " + ("answers (TCP)" if ok else f"no answer within {TIMEOUT_S:.0f} s")))
+    out.append(
+        Check(
+            "ray cluster",
+            "ok" if ok else "warn",
+            f"{addr}: " + ("answers (TCP)" if ok else f"no answer within {TIMEOUT_S:.0f} s"),
+        )
+    )
     return out
 
 
 def check_hub(cfg: Any) -> list[Check]:
     from agentrl.models.hub import hub_cache_dir, hub_endpoint, offline
 
-    token = "HF_TOKEN set" if (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")) else "no HF_TOKEN"
+    token = (
+        "HF_TOKEN set" if (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")) else "no HF_TOKEN"
+    )
     where = f"cache {hub_cache_dir()}; {token}"
     if offline():
         return [Check("hf hub", "info", f"offline (HF_HUB_OFFLINE=1): cached models only; {where}")]
@@ -216,8 +244,14 @@ def check_hub(cfg: Any) -> list[Check]:
         r = httpx.head(url, timeout=TIMEOUT_S, follow_redirects=True)
         return [Check("hf hub", "ok", f"{url} answers (HTTP {r.status_code}); {where}")]
     except httpx.HTTPError as e:
-        return [Check("hf hub", "warn", f"{url} not reachable within {TIMEOUT_S:.0f} s ({type(e).__name__}): Hub ids "
-                                        f"resolve from the cache only (set HF_HUB_OFFLINE=1 to skip the network); {where}")]
+        return [
+            Check(
+                "hf hub",
+                "warn",
+                f"{url} not reachable within {TIMEOUT_S:.0f} s ({type(e).__name__}): Hub ids "
+                f"resolve from the cache only (set HF_HUB_OFFLINE=1 to skip the network); {where}",
+            )
+        ]
 
 
 def check_device(cfg: Any) -> list[Check]:
@@ -236,8 +270,18 @@ def check_launcher(cfg: Any) -> list[Check]:
 
 
 CHECKS: list[Callable[[Any], list[Check]]] = [
-    check_python, check_cuda, check_nccl, check_sglang, check_docker, check_bwrap, check_sandbox, check_ray,
-    check_hub, check_device, check_launcher]
+    check_python,
+    check_cuda,
+    check_nccl,
+    check_sglang,
+    check_docker,
+    check_bwrap,
+    check_sandbox,
+    check_ray,
+    check_hub,
+    check_device,
+    check_launcher,
+]
 
 
 def run_checks(cfg: Any, checks: list[Callable[[Any], list[Check]]] | None = None) -> list[Check]:
@@ -254,9 +298,17 @@ def run_checks(cfg: Any, checks: list[Callable[[Any], list[Check]]] | None = Non
 
 
 # -- smoke --------------------------------------------------------------------------------------
-SMOKE_SETS = ["train.steps=2", "train.groups_per_step=1", "rollout.num_prompts=1", "rollout.group_size=2",
-              "rollout.max_turns=1", "rollout.max_new_tokens=16", "eval.num_tasks=0", "logging.tensorboard=false",
-              "logging.trajectories_per_step=0"]
+SMOKE_SETS = [
+    "train.steps=2",
+    "train.groups_per_step=1",
+    "rollout.num_prompts=1",
+    "rollout.group_size=2",
+    "rollout.max_turns=1",
+    "rollout.max_new_tokens=16",
+    "eval.num_tasks=0",
+    "logging.tensorboard=false",
+    "logging.trajectories_per_step=0",
+]
 
 
 def smoke(config: list[str], sets: list[str], timeout_s: float) -> Check:
@@ -275,7 +327,9 @@ def smoke(config: list[str], sets: list[str], timeout_s: float) -> Check:
         took = time.perf_counter() - t0
         if proc.returncode != 0:
             tail = [ln for ln in (proc.stderr + proc.stdout).strip().splitlines() if ln.strip()][-1:] or ["?"]
-            return Check("smoke run", "warn", f"2-step run failed (exit {proc.returncode}, {took:.0f} s): {tail[0][:300]}")
+            return Check(
+                "smoke run", "warn", f"2-step run failed (exit {proc.returncode}, {took:.0f} s): {tail[0][:300]}"
+            )
         return Check("smoke run", "ok", f"2-step run finished in {took:.0f} s")
 
 
@@ -290,13 +344,18 @@ def render(checks: list[Check]) -> Table:
 
 
 def doctor_cmd(
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON (a list of {name, status, detail})."),
-    run_smoke: bool = typer.Option(False, "--smoke", help="Also run a 2-step `agentrl run` of the config with tiny counts."),
-    smoke_timeout_s: float = typer.Option(600.0, "--smoke-timeout", help="--smoke: seconds before the run counts as failed."),
+    run_smoke: bool = typer.Option(
+        False, "--smoke", help="Also run a 2-step `agentrl run` of the config with tiny counts."
+    ),
+    smoke_timeout_s: float = typer.Option(
+        600.0, "--smoke-timeout", help="--smoke: seconds before the run counts as failed."
+    ),
 ) -> None:
-    """Report what this machine can do: GPUs, NCCL, SGLang, Docker, bubblewrap, Ray, the Hub, the device a run would use."""
+    """Report what this machine can do: GPUs, NCCL, SGLang, Docker, bubblewrap, Ray, the Hub, the device a run would
+    use."""
     from agentrl.cli.options import load
 
     try:

@@ -5,10 +5,10 @@ code 2 through ``agentrl.cli.errors`` (``--debug`` shows the traceback). Every c
 shared ``-c/--config`` and ``--set`` options of ``agentrl.cli.options`` (``envs`` refuses them with a
 reason). Everything it runs lives in importable modules (jobs, registry, template_check).
 """
+
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -18,10 +18,13 @@ from agentrl.cli.errors import ErrorGroup, fail, set_debug
 from agentrl.cli.options import ConfigOpt, SetOpt, refuse
 from agentrl.errors import AgentRLError, ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, cls=ErrorGroup,
-                  help="Reinforcement learning for multi-turn tool-calling LLM agents.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    cls=ErrorGroup,
+    help="Reinforcement learning for multi-turn tool-calling LLM agents.",
+)
 console = Console()
-
 
 
 def _print_version(value: bool) -> None:
@@ -33,29 +36,36 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error."),
-             version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                          help="Print the version and exit.")) -> None:
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error."),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
     set_debug(debug)
 
 
 _fail = fail
 
 
-def _load(config: Optional[List[str]], sets: Optional[List[str]], base: dict):
+def _load(config: list[str] | None, sets: list[str] | None, base: dict):
     from agentrl.config.schema import load_config
 
     return load_config(config or [], sets or [], base=base)
 
 
 @app.command()
-def envs(config: Optional[List[str]] = ConfigOpt, sets: Optional[List[str]] = SetOpt) -> None:
+def envs(config: list[str] | None = ConfigOpt, sets: list[str] | None = SetOpt) -> None:
     """List registered environments (built-in and from the `agentrl.envs` entry-point group)."""
     from agentrl.envs.registry import registered
 
     try:
-        refuse("envs", config, sets, "it lists every registered env; `agentrl config -c FILE` shows the env "
-                                     "a config names (env.id, env.kwargs)")
+        refuse(
+            "envs",
+            config,
+            sets,
+            "it lists every registered env; `agentrl config -c FILE` shows the env a config names (env.id, env.kwargs)",
+        )
     except AgentRLError as e:
         _fail(e)
 
@@ -63,13 +73,23 @@ def envs(config: Optional[List[str]] = ConfigOpt, sets: Optional[List[str]] = Se
     for col in ("id", "entry point", "defaults"):
         tab.add_column(col)
     for env_id, spec in sorted(registered().items()):
-        ep = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__qualname__", str(spec.entry_point))
+        ep = (
+            spec.entry_point
+            if isinstance(spec.entry_point, str)
+            else getattr(spec.entry_point, "__qualname__", str(spec.entry_point))
+        )
         tab.add_row(env_id, ep, ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items()) or "-")
     console.print(tab)
 
 
-def _rollout_base(env: str = "code_exec", model: Optional[str] = None, num_prompts: Optional[int] = None,
-                  group_size: Optional[int] = None, out: Optional[str] = None, agent: Optional[str] = None) -> dict:
+def _rollout_base(
+    env: str = "code_exec",
+    model: str | None = None,
+    num_prompts: int | None = None,
+    group_size: int | None = None,
+    out: str | None = None,
+    agent: str | None = None,
+) -> dict:
     """The layer `agentrl rollout`'s own options lay under -c and --set."""
     base: dict = {"env": {"id": env}}
     if agent:
@@ -84,8 +104,15 @@ def _rollout_base(env: str = "code_exec", model: Optional[str] = None, num_promp
     return base
 
 
-def _run_base(env: str = "code_exec", algo: str = "grpo", model: Optional[str] = None, steps: Optional[int] = None,
-              out: Optional[str] = None, resume: bool = False, agent: Optional[str] = None) -> dict:
+def _run_base(
+    env: str = "code_exec",
+    algo: str = "grpo",
+    model: str | None = None,
+    steps: int | None = None,
+    out: str | None = None,
+    resume: bool = False,
+    agent: str | None = None,
+) -> dict:
     """The layer `agentrl run`'s own options lay under -c and --set."""
     base: dict = {"env": {"id": env}, "algo": {"name": algo}, "output_dir": out or f"runs/{env}-{algo}"}
     if agent:
@@ -105,13 +132,23 @@ JOB_BASES = {"run": _run_base, "rollout": _rollout_base}
 @app.command()
 def rollout(
     env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in tiny model."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", help="Tasks to sample (rollout.num_prompts)."),
-    group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="Samples per task (rollout.group_size)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (output_dir)."),
-    agent: Optional[str] = typer.Option(None, "--agent", help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a recording OpenAI-compatible endpoint."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in tiny model.",
+    ),
+    num_prompts: int | None = typer.Option(None, "--num-prompts", "-n", help="Tasks to sample (rollout.num_prompts)."),
+    group_size: int | None = typer.Option(None, "--group-size", "-g", help="Samples per task (rollout.group_size)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Output directory (output_dir)."),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a "
+        "recording OpenAI-compatible endpoint.",
+    ),
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Collect trajectories from a model on an env; writes trajectories.jsonl, metrics.json, config.yaml."""
@@ -120,8 +157,9 @@ def rollout(
     base = _rollout_base(env, model, num_prompts, group_size, out, agent)
     try:
         cfg = _load(config, sets, base)
-        trajs, metrics, out_dir = run_rollout(cfg, progress=not quiet and sys.stderr.isatty(),
-                                              note=lambda line: console.print(line, soft_wrap=True))
+        trajs, metrics, out_dir = run_rollout(
+            cfg, progress=not quiet and sys.stderr.isatty(), note=lambda line: console.print(line, soft_wrap=True)
+        )
     except AgentRLError as e:
         _fail(e)
     console.print(metrics.table(f"rollout: {cfg.env.id}"))
@@ -131,15 +169,33 @@ def rollout(
 @app.command()
 def run(
     env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
-    algo: str = typer.Option("grpo", "--algo", "-a", help="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo (algo.name)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in SFT-warm-started tiny model."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),
+    algo: str = typer.Option(
+        "grpo",
+        "--algo",
+        "-a",
+        help="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo (algo.name).",
+    ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in "
+        "SFT-warm-started tiny model.",
+    ),
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Run directory (output_dir); default runs/ENV-ALGO."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the run directory."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="The run directory holds a run: move it to DIR.old-N and start afresh."),
-    agent: Optional[str] = typer.Option(None, "--agent", help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a recording OpenAI-compatible endpoint."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="The run directory holds a run: move it to DIR.old-N and start afresh."
+    ),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a "
+        "recording OpenAI-compatible endpoint.",
+    ),
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
     """The main job: rollouts -> rewards -> credit -> update -> weight sync, with evaluation and checkpoints."""
@@ -158,16 +214,30 @@ def run(
     tab.add_column("metric")
     tab.add_column("value", justify="right")
     rollout = summary.get("rollout") or {}
-    rows = [(k, summary.get(k)) for k in ("steps", "wall_s", "eval_solve_rate_start", "eval_infra_failure_rate_start",
-                                          "eval_solve_rate_end", "eval_infra_failure_rate_end", "eval_tool_use_rate_end")]
-    rows += [(f"rollout_{k}", rollout.get(k)) for k in ("solve_rate", "infra_failure_rate", "infra_failures", "episodes")]
+    rows = [
+        (k, summary.get(k))
+        for k in (
+            "steps",
+            "wall_s",
+            "eval_solve_rate_start",
+            "eval_infra_failure_rate_start",
+            "eval_solve_rate_end",
+            "eval_infra_failure_rate_end",
+            "eval_tool_use_rate_end",
+        )
+    ]
+    rows += [
+        (f"rollout_{k}", rollout.get(k)) for k in ("solve_rate", "infra_failure_rate", "infra_failures", "episodes")
+    ]
     for key, v in rows:  # solve rates count every task; an infrastructure failure is an unsolved one
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     console.print(tab)
     console.print(f"run directory: {cfg.output_dir} (metrics.jsonl, curves.png, summary.json, checkpoints/)")
     if summary.get("stopped"):
-        console.print(f"stopped by {summary['stopped']['reason']} at step {summary['stopped']['step']} "
-                      f"(checkpointed); continue with --resume")
+        console.print(
+            f"stopped by {summary['stopped']['reason']} at step {summary['stopped']['step']} "
+            f"(checkpointed); continue with --resume"
+        )
         raise typer.Exit(128 + 15)
 
 
@@ -196,9 +266,11 @@ async def _run_stoppable(runner) -> dict:
 
 @app.command("check-template")
 def check_template_cmd(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF model or tokenizer dir (default: model.path of the config)."),
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Local HF model or tokenizer dir (default: model.path of the config)."
+    ),
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
 ) -> None:
     """Report whether a chat template keeps the prefix property token-exact multi-turn needs."""
     from transformers import AutoTokenizer
@@ -223,10 +295,12 @@ def check_template_cmd(
 
 @app.command("config")
 def config_cmd(
-    config: Optional[List[str]] = ConfigOpt,
-    sets: Optional[List[str]] = SetOpt,
+    config: list[str] | None = ConfigOpt,
+    sets: list[str] | None = SetOpt,
     docs: bool = typer.Option(False, "--docs", help="List every field with its default and doc."),
-    job: str = typer.Option("run", "--job", help="Resolve for `agentrl run` or `agentrl rollout` (with that command's defaults)."),
+    job: str = typer.Option(
+        "run", "--job", help="Resolve for `agentrl run` or `agentrl rollout` (with that command's defaults)."
+    ),
 ) -> None:
     """Print the resolved config: exactly what `agentrl JOB -c ... --set ...` runs (or every field's documentation)."""
     import yaml

@@ -8,10 +8,12 @@ into :class:`BadText` with a message a user can act on. Callers add the file, fi
 
 Does not: know any schema (``agentrl.config.schema`` and ``agentrl.envs.datasets`` validate the values).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Deepest nesting of lists/mappings accepted anywhere a user hands us data. Real configs and rows
 #: are a few levels deep; the parsers and every recursive walk after them (merge, dump, JSON) fail
@@ -53,7 +55,7 @@ def decode(data: bytes) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise BadText(f"not UTF-8 text (byte {e.start} is {data[e.start:e.start + 1]!r}; a binary file?)") from None
+        raise BadText(f"not UTF-8 text (byte {e.start} is {data[e.start : e.start + 1]!r}; a binary file?)") from None
 
 
 def parse_text(text: str, parser: Callable[[str], Any]) -> Any:

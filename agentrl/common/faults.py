@@ -10,6 +10,7 @@ comma-separated. Unset (the normal case) it costs one dict lookup. Points in the
 
 Owns only that. The tests and ``bench/bench_faults.py`` decide when and where to kill.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Kept apart from ``agentrl.config.schema`` so that config classes living beside their owners (e.g.
 ``agentrl.trainer.config``) can use it without importing the whole config tree.
 """
+
 from __future__ import annotations
 
 from dataclasses import field

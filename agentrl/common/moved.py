@@ -4,6 +4,7 @@ A forwarding module is two lines (``forward(__name__, "agentrl.new.path")``): im
 warns once with a ``DeprecationWarning`` naming the new one and yields the new module itself, so
 ``from agentrl.tooling import tool`` and ``monkeypatch.setattr("agentrl.tooling.x", ...)`` keep working.
 """
+
 from __future__ import annotations
 
 import importlib

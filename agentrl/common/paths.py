@@ -4,6 +4,7 @@ Owns the cache directory (``$AGENTRL_CACHE``, else ``~/.cache/agentrl``): the bu
 SGLang virtualenv and anything else built once and reused. Does not create it nor decide what goes
 in it (each user names its own sub-directory).
 """
+
 from __future__ import annotations
 
 import os

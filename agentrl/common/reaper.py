@@ -2,7 +2,8 @@
 
 An engine actor (or an ``agentrl run`` that launched its servers) starts each SGLang server in a
 session (process group) of its own, so the server would outlive an owner that is SIGKILLed
-(``ray.kill``, the OOM killer, a crashed node agent): nothing runs in the owner to stop it. ``Reaper`` starts a small watchdog process, a child
+(``ray.kill``, the OOM killer, a crashed node agent): nothing runs in the owner to stop it. ``Reaper`` starts a small
+watchdog process, a child
 of the actor in a session of its own, and keeps a pipe to its stdin. The actor writes the process
 group of each server it starts (``watch``) and of each server it stops itself (``forget``); when
 the pipe reaches EOF - the actor exited, cleanly or not, and the kernel closed its end - the
@@ -14,6 +15,7 @@ library at the top, so the watchdog starts in a few milliseconds and never impor
 Used by ``SGLangServer(reap_with_owner=True)`` (servers an engine launches) and the Ray engine actors
 (``agentrl.distributed.sglang_engines``); does not start or supervise servers.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,9 +70,14 @@ class Reaper:
     watchdog without killing anything (forget the groups first) - or kills what it still watches."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True, close_fds=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
         # the watchdog must not hold copies of other pipes of the owner; close_fds does that
 
     @property

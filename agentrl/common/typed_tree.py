@@ -7,6 +7,7 @@ rejecting unknown keys (``build``), merging layers of plain data (``deep_merge``
 and the bad value. Does not know any config class (``agentrl.config.schema`` holds the run's tree,
 ``agentrl.warmstart.sft`` the SFT stage's) nor any cross-field rule (``agentrl.config.plan``).
 """
+
 from __future__ import annotations
 
 import types
@@ -55,9 +56,13 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         return finite(value, path)
     if base is bool and not isinstance(value, bool):
         raise ConfigError(f"{path}: expected true/false, got {value!r}")
-    if base in (int, float, str, dict, list) and not isinstance(value, base) or (base is int and isinstance(value, bool)):
+    if (
+        base in (int, float, str, dict, list)
+        and not isinstance(value, base)
+        or (base is int and isinstance(value, bool))
+    ):
         raise ConfigError(f"{path}: expected {_type_name(base)}, got {value!r} ({type(value).__name__})")
-    if base is int and not -2**63 <= value < 2**63:  # numpy seeds, torch sizes and rlimits stop at 64 bits
+    if base is int and not -(2**63) <= value < 2**63:  # numpy seeds, torch sizes and rlimits stop at 64 bits
         raise ConfigError(f"{path}: {value} is too large (more than 64 bits)")
     return value
 

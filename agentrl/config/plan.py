@@ -35,6 +35,7 @@ What it does, in order (every failure a ConfigError naming the field and the bad
 Does not touch the filesystem, the network or any model: a model directory, a replay run and the
 Ray cluster are checked when the job builds them (``agentrl.jobs.build``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,9 +72,13 @@ class Plan:
         from agentrl.batches.rewards import RewardShaping
 
         a = self.cfg.algo
-        return RewardShaping(max_new_tokens=self.cfg.rollout.max_new_tokens, overlong_cache_len=a.overlong_cache_len,
-                             overlong_factor=a.overlong_factor, kl_coef=a.kl_in_reward or 0.0,
-                             kl_estimator=a.kl_reward_estimator)
+        return RewardShaping(
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            overlong_cache_len=a.overlong_cache_len,
+            overlong_factor=a.overlong_factor,
+            kl_coef=a.kl_in_reward or 0.0,
+            kl_estimator=a.kl_reward_estimator,
+        )
 
     @property
     def eval_env_kwargs(self) -> dict:
@@ -110,8 +115,10 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
         trainer = dataclasses.replace(trainer, reference=True)  # the reference logprobs of the KL in the reward
     trainer.check()
     if trainer.temperature != cfg.rollout.temperature:
-        raise ConfigError(f"trainer.temperature ({trainer.temperature}) must equal rollout.temperature "
-                          f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution")
+        raise ConfigError(
+            f"trainer.temperature ({trainer.temperature}) must equal rollout.temperature "
+            f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution"
+        )
     return Plan(dataclasses.replace(cfg, engine=engine, trainer=trainer, algo=algo), job, preset)
 
 
@@ -175,19 +182,27 @@ def resolve_algo(cfg: RunConfig, preset):
     if cache is None and preset.overlong:
         cache = mnt // 5
     if cache is not None and cache > mnt:
-        raise ConfigError(f"algo.overlong_cache_len: {cache} exceeds rollout.max_new_tokens={mnt} (the soft zone "
-                          "is the last overlong_cache_len tokens before the limit)")
+        raise ConfigError(
+            f"algo.overlong_cache_len: {cache} exceeds rollout.max_new_tokens={mnt} (the soft zone "
+            "is the last overlong_cache_len tokens before the limit)"
+        )
     kl = a.kl_in_reward if a.kl_in_reward is not None else preset.kl_in_reward
     if a.kl_target is not None and kl <= 0:
-        raise ConfigError(f"algo.kl_target: {a.kl_target} adapts the KL-in-reward coefficient, but "
-                          f"algo.kl_in_reward is {kl} (set a starting coefficient > 0)")
+        raise ConfigError(
+            f"algo.kl_target: {a.kl_target} adapts the KL-in-reward coefficient, but "
+            f"algo.kl_in_reward is {kl} (set a starting coefficient > 0)"
+        )
     if a.kl_target is not None and a.kl_target <= 0:
         raise ConfigError(f"algo.kl_target: {a.kl_target} must be > 0 (null: a fixed coefficient)")
     pick = lambda v, d: d if v is None else v  # noqa: E731
     return dataclasses.replace(
-        a, credit=a.credit or preset.credit, whiten_advantages=pick(a.whiten_advantages, preset.whiten_advantages),
-        dynamic_sampling=pick(a.dynamic_sampling, preset.dynamic_sampling), overlong_cache_len=cache,
-        kl_in_reward=float(kl))
+        a,
+        credit=a.credit or preset.credit,
+        whiten_advantages=pick(a.whiten_advantages, preset.whiten_advantages),
+        dynamic_sampling=pick(a.dynamic_sampling, preset.dynamic_sampling),
+        overlong_cache_len=cache,
+        kl_in_reward=float(kl),
+    )
 
 
 def resolve_trainer(cfg: RunConfig, preset):
@@ -196,16 +211,24 @@ def resolve_trainer(cfg: RunConfig, preset):
     from agentrl.warmstart.default_model import BUILTIN_RL
 
     t = cfg.trainer
-    chosen = {**AUTO, **(BUILTIN_RL if cfg.model.path is None else {}), **preset.trainer,
-              "total_steps": cfg.train.steps * t.ppo_epochs * t.mini_batches}
+    chosen = {
+        **AUTO,
+        **(BUILTIN_RL if cfg.model.path is None else {}),
+        **preset.trainer,
+        "total_steps": cfg.train.steps * t.ppo_epochs * t.mini_batches,
+    }
     auto = {k: v for k, v in chosen.items() if getattr(t, k) is None}
     if preset.fixed_aggregation and t.loss_agg not in (None, preset.aggregation):
-        raise ConfigError(f"trainer.loss_agg: {t.loss_agg!r} with algo.name={cfg.algo.name!r}, which is defined with "
-                          f"{preset.aggregation!r} (leave trainer.loss_agg null)")
+        raise ConfigError(
+            f"trainer.loss_agg: {t.loss_agg!r} with algo.name={cfg.algo.name!r}, which is defined with "
+            f"{preset.aggregation!r} (leave trainer.loss_agg null)"
+        )
     loss = t.policy_loss or chosen["policy_loss"]
     if t.dual_clip_c is not None and loss in ("gspo", "cispo"):
-        raise ConfigError(f"trainer.dual_clip_c: {t.dual_clip_c} with policy_loss={loss!r}, which has no dual clip "
-                          "(it bounds ppo_clip's loss for negative advantages; leave it null)")
+        raise ConfigError(
+            f"trainer.dual_clip_c: {t.dual_clip_c} with policy_loss={loss!r}, which has no dual clip "
+            "(it bounds ppo_clip's loss for negative advantages; leave it null)"
+        )
     agg = t.loss_agg or preset.aggregation
     norm = t.loss_norm_len
     if agg == "seq-mean-token-sum-norm" and norm is None:

@@ -12,10 +12,17 @@ supervisor that restarts a run from its checkpoint) and ``backend`` (RayBackend:
 down all of it). Ray is an optional dependency (``pip install
 agentrl[ray]``); importing this package does not import it.
 """
+
 from agentrl.distributed.config import RayConfig
 
-_LAZY = {"RayBackend": "backend", "RayCluster": "cluster", "RayEngine": "adapters", "RayEpisodes": "adapters",
-         "RayTrainer": "adapters", "plan": "cluster"}
+_LAZY = {
+    "RayBackend": "backend",
+    "RayCluster": "cluster",
+    "RayEngine": "adapters",
+    "RayEpisodes": "adapters",
+    "RayTrainer": "adapters",
+    "plan": "cluster",
+}
 
 
 def __getattr__(name: str):

@@ -9,12 +9,14 @@ worker ends its episodes as ``engine_error`` trajectories, never an exception to
 
 Does not create actors or placement groups (``backend``), or run episodes / training itself.
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.errors import EngineError
@@ -65,8 +67,9 @@ class RayEngine(Engine):
         except ray.exceptions.RayError as e:
             raise EngineError(f"engine actor {i}: {type(e).__name__}: {str(e)[:500]}") from e
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         i = _pick(session, len(self.actors), self._rr)
         return await self._call(i, "generate", list(prompt_ids), params, session)
 
@@ -111,7 +114,9 @@ class RayTrainer:
         self._closed = False
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return get_all([getattr(r, method).remote(*args) for r in self.ranks], self.timeout_s, f"trainer ranks: {method}")
+        return get_all(
+            [getattr(r, method).remote(*args) for r in self.ranks], self.timeout_s, f"trainer ranks: {method}"
+        )
 
     def train_step(self, samples: list) -> dict[str, float]:
         import ray
@@ -181,8 +186,13 @@ class RayEpisodes:
             ray.cancel(ref)  # ends the episode in the worker too
             raise
         except Exception as e:  # the worker died or could not deserialize: infra, not model, failure
-            traj = Trajectory(episode_id=f"{spec.group_id}-{spec.sample_index}", group_id=spec.group_id,
-                              env_id=self.env_id, prompt_len=0, sample_index=spec.sample_index)
+            traj = Trajectory(
+                episode_id=f"{spec.group_id}-{spec.sample_index}",
+                group_id=spec.group_id,
+                env_id=self.env_id,
+                prompt_len=0,
+                sample_index=spec.sample_index,
+            )
             traj.outcome, traj.reward = Outcome.ENGINE_ERROR, 0.0
             traj.outcome_detail = f"rollout worker {i}: {type(e).__name__}: {str(e)[:500]}"
         finally:
@@ -193,7 +203,7 @@ class RayEpisodes:
     async def collect(self, specs: Iterable) -> list[Trajectory]:
         return list(await asyncio.gather(*(self.run_episode(s) for s in specs)))
 
-    def gates(self) -> list["WorkerGate"]:
+    def gates(self) -> list[WorkerGate]:
         """One drain gate per worker (``agentrl.weights.drain.drained_together``; partial_rollouts=false)."""
         return [WorkerGate(w, i) for i, w in enumerate(self.workers)]
 

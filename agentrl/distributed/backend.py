@@ -30,6 +30,7 @@ Does not own the training loop (``agentrl.jobs.run`` drives this object exactly 
 in-process ``LocalBackend``), choosing between the two (``agentrl.jobs.build.start_backend``) or
 the behaviour of any actor.
 """
+
 from __future__ import annotations
 
 import sys
@@ -55,8 +56,10 @@ def ship_by_value(entry_point: Any) -> bool:
     path = getattr(mod, "__file__", None) or ""
     if mod is None or mod.__name__ == "__main__" or not path:
         return False  # __main__ already travels by value
-    if any(part in ("site-packages", "dist-packages") for part in Path(path).parts) or \
-            mod.__name__.split(".")[0] == "agentrl":
+    if (
+        any(part in ("site-packages", "dist-packages") for part in Path(path).parts)
+        or mod.__name__.split(".")[0] == "agentrl"
+    ):
         return False
     ray.cloudpickle.register_pickle_by_value(mod)
     return True
@@ -65,8 +68,10 @@ def ship_by_value(entry_point: Any) -> bool:
 def check(cfg, rc: RayConfig) -> None:
     """ConfigError (naming the value) for settings the Ray mode cannot run."""
     if cfg.engine.kind == "sglang" and cfg.engine.num_servers != 1:
-        raise ConfigError(f"engine.num_servers: {cfg.engine.num_servers} with distributed=ray; each of the "
-                          "ray.num_engines engine actors launches one SGLang server: set ray.num_engines instead")
+        raise ConfigError(
+            f"engine.num_servers: {cfg.engine.num_servers} with distributed=ray; each of the "
+            "ray.num_engines engine actors launches one SGLang server: set ray.num_engines instead"
+        )
     rc.check()
     from agentrl.weights.factory import resolve_sync_kind
 
@@ -88,12 +93,16 @@ def check_weight_sync(weight_sync: str, rc: RayConfig, urls=()) -> None:
     ``object_store`` on servers that no engine actor owns (``engine.urls``). Pure: the config's
     values only (``agentrl.config.plan`` calls it through ``check`` for ``distributed: ray``)."""
     if weight_sync == "disk" and joins_cluster(rc) and not rc.shared_filesystem:
-        raise ConfigError("engine.weight_sync: 'disk' on a Ray cluster needs ray.shared_filesystem: true (output_dir "
-                          "and engine.weights_dir on a filesystem every node sees); without one use "
-                          "engine.weight_sync: object_store")
+        raise ConfigError(
+            "engine.weight_sync: 'disk' on a Ray cluster needs ray.shared_filesystem: true (output_dir "
+            "and engine.weights_dir on a filesystem every node sees); without one use "
+            "engine.weight_sync: object_store"
+        )
     if weight_sync == "object_store" and urls:
-        raise ConfigError(f"engine.weight_sync: 'object_store' writes through the engine actors, but engine.urls "
-                          f"{list(urls)} attaches to servers no actor owns: use disk on a shared filesystem")
+        raise ConfigError(
+            f"engine.weight_sync: 'object_store' writes through the engine actors, but engine.urls "
+            f"{list(urls)} attaches to servers no actor owns: use disk on a shared filesystem"
+        )
 
 
 class RayBackend:
@@ -117,7 +126,7 @@ class RayBackend:
         self.nodes: dict[str, str] = {}  # the same names -> the Ray node id each actor runs on
 
     @classmethod
-    def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> "RayBackend":
+    def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> RayBackend:
         """``rc``: the Ray settings (default ``cfg.ray``)."""
         rc = rc or cfg.ray
         check(cfg, rc)
@@ -137,8 +146,13 @@ class RayBackend:
     def _spawn(self, cls: type, slot: Slot, *args: Any, _opts: dict | None = None, **kw: Any):
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=slot.cpus, num_gpus=slot.gpus, **(_opts or {}),
-                                        scheduling_strategy=self.cluster.strategy(slot)).remote(*args, **kw)
+        actor = (
+            ray.remote(cls)
+            .options(
+                num_cpus=slot.cpus, num_gpus=slot.gpus, **(_opts or {}), scheduling_strategy=self.cluster.strategy(slot)
+            )
+            .remote(*args, **kw)
+        )
         self.actors.append(actor)
         return actor
 
@@ -147,8 +161,18 @@ class RayBackend:
         from agentrl.distributed.ray_actors import EngineActor
 
         mc = cfg.rollout.max_context
-        engines = [self._spawn(EngineActor, s, model_path, device=cfg.model.device, dtype=cfg.model.dtype,
-                               max_batch_size=cfg.engine.max_batch_size, max_context=mc) for s in slots]
+        engines = [
+            self._spawn(
+                EngineActor,
+                s,
+                model_path,
+                device=cfg.model.device,
+                dtype=cfg.model.dtype,
+                max_batch_size=cfg.engine.max_batch_size,
+                max_context=mc,
+            )
+            for s in slots
+        ]
         self.engine = RayEngine(engines, max_context=mc)
         return [partial(RayEngine, [e], max_context=mc) for e in engines], []
 
@@ -167,17 +191,28 @@ class RayBackend:
         host = self.rc.server_host or (None if self.cluster.address else "127.0.0.1")
         device = "cpu" if cfg.model.device == "cpu" else "cuda"
         # threaded: alive()/info() answer while a restart() is under way
-        engines = [self._spawn(SGLangEngineActor, s, model_path, host=host, device=device,
-                               max_total_tokens=cfg.engine.max_total_tokens,
-                               startup_timeout_s=self.rc.startup_timeout_s, _opts={"max_concurrency": 4})
-                   for s in slots]
+        engines = [
+            self._spawn(
+                SGLangEngineActor,
+                s,
+                model_path,
+                host=host,
+                device=device,
+                max_total_tokens=cfg.engine.max_total_tokens,
+                startup_timeout_s=self.rc.startup_timeout_s,
+                _opts={"max_concurrency": 4},
+            )
+            for s in slots
+        ]
         self.engine_actors = engines
         infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
         servers = [ActorServer(e, i, model_path, self.rc.startup_timeout_s) for e, i in zip(engines, infos)]
         self.engine = SGLangEngine(servers=servers, max_context=mc)
         self.engine.weight_stagers = servers  # engine.weight_sync=object_store: each node writes its own copy
-        return ([partial(SGLangClient, [i["url"]], max_context=mc, retries=6) for i in infos],
-                [e.ready.remote() for e in engines])
+        return (
+            [partial(SGLangClient, [i["url"]], max_context=mc, retries=6) for i in infos],
+            [e.ready.remote() for e in engines],
+        )
 
     def _start(self, cfg, model_path: str, critic: bool) -> None:
         import ray
@@ -205,15 +240,30 @@ class RayBackend:
         env_spec = spec(cfg.env.id)
         if env_spec.source == "register" and callable(env_spec.entry_point):
             ship_by_value(env_spec.entry_point)
-        workers = [self._spawn(RolloutWorker, s, engine_of[(k // wpe) % len(engine_of)], model_path, cfg.rollout,
-                               env_spec, dict(cfg.env.kwargs)) for k, s in enumerate(layout.workers)]
-        get_all(setups + ready + [w.ping.remote() for w in workers], deadline,
-                "starting trainer ranks, engines and rollout workers")
+        workers = [
+            self._spawn(
+                RolloutWorker,
+                s,
+                engine_of[(k // wpe) % len(engine_of)],
+                model_path,
+                cfg.rollout,
+                env_spec,
+                dict(cfg.env.kwargs),
+            )
+            for k, s in enumerate(layout.workers)
+        ]
+        get_all(
+            setups + ready + [w.ping.remote() for w in workers],
+            deadline,
+            "starting trainer ranks, engines and rollout workers",
+        )
         t3 = time.perf_counter()
         engines = self.engine_actors or getattr(self.engine, "actors", [])
-        self.named = {**{f"trainer-rank-{i}": r for i, r in enumerate(ranks)},
-                      **{f"engine-{j}": e for j, e in enumerate(engines)},
-                      **{f"rollout-worker-{k}": w for k, w in enumerate(workers)}}
+        self.named = {
+            **{f"trainer-rank-{i}": r for i, r in enumerate(ranks)},
+            **{f"engine-{j}": e for j, e in enumerate(engines)},
+            **{f"rollout-worker-{k}": w for k, w in enumerate(workers)},
+        }
         where = get_all([a.placement.remote() for a in self.named.values()], deadline, "locating the actors")
         self.nodes = {name: w["node"] for name, w in zip(self.named, where)}
 

@@ -6,6 +6,7 @@ Owns: ``RayCluster`` (``ray.init`` of a local instance or of a cluster named by 
 placement groups with a deadline whose error names the bundles and the cluster's resources.
 Does not create actors (``agentrl.distributed.backend`` does) or know what runs in them.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,22 @@ def plan(rc: RayConfig) -> Layout:
     side_cpus = rc.engine_cpus + wpe * rc.worker_cpus
     if rc.placement == "colocate":
         n = max(ranks, engines)
-        out.bundles = [[_bundle(rc.trainer_cpus * (i < ranks) + side_cpus * (i < engines),
-                                rc.trainer_gpus * (i < ranks) + rc.engine_gpus * (i < engines)) for i in range(n)]]
+        out.bundles = [
+            [
+                _bundle(
+                    rc.trainer_cpus * (i < ranks) + side_cpus * (i < engines),
+                    rc.trainer_gpus * (i < ranks) + rc.engine_gpus * (i < engines),
+                )
+                for i in range(n)
+            ]
+        ]
         rollout_group = 0
         out.trainer = [Slot(0, i, rc.trainer_cpus, rc.trainer_gpus) for i in range(ranks)]
     else:
-        out.bundles = [[_bundle(rc.trainer_cpus, rc.trainer_gpus)] * ranks,
-                       [_bundle(side_cpus, rc.engine_gpus)] * engines]
+        out.bundles = [
+            [_bundle(rc.trainer_cpus, rc.trainer_gpus)] * ranks,
+            [_bundle(side_cpus, rc.engine_gpus)] * engines,
+        ]
         rollout_group = 1
         out.trainer = [Slot(0, i, rc.trainer_cpus, rc.trainer_gpus) for i in range(ranks)]
     out.engines = [Slot(rollout_group, j, rc.engine_cpus, rc.engine_gpus) for j in range(engines)]
@@ -95,21 +105,25 @@ class RayCluster:
         from ray.util.placement_group import placement_group
 
         for i, bundles in enumerate(layout.bundles):
-            self.groups.append(placement_group(bundles, strategy=self.rc.pg_strategy,
-                                               name=f"agentrl-{os.getpid()}-{i}"))
+            self.groups.append(
+                placement_group(bundles, strategy=self.rc.pg_strategy, name=f"agentrl-{os.getpid()}-{i}")
+            )
         try:
             ray.get([g.ready() for g in self.groups], timeout=self.rc.startup_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise ConfigError(f"ray placement: bundles {layout.bundles} ({self.rc.placement}) could not be placed "
-                              f"({self.rc.pg_strategy}) in {self.rc.startup_timeout_s}s; the cluster has "
-                              f"{ray.available_resources()} available - lower ray.*_cpus / *_gpus or the actor counts") from None
+            raise ConfigError(
+                f"ray placement: bundles {layout.bundles} ({self.rc.placement}) could not be placed "
+                f"({self.rc.pg_strategy}) in {self.rc.startup_timeout_s}s; the cluster has "
+                f"{ray.available_resources()} available - lower ray.*_cpus / *_gpus or the actor counts"
+            ) from None
         return self.groups
 
     def strategy(self, slot: Slot):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return PlacementGroupSchedulingStrategy(placement_group=self.groups[slot.group],
-                                                placement_group_bundle_index=slot.bundle)
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.groups[slot.group], placement_group_bundle_index=slot.bundle
+        )
 
     def close(self) -> None:
         import ray

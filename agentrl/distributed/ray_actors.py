@@ -12,12 +12,14 @@ stay plain objects.
 Does not: schedule or place actors, fan calls out to ranks (``adapters``), or implement any of
 the engine/episode/trainer logic: every method forwards to the wrapped object.
 """
+
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 
@@ -28,8 +30,12 @@ class _Placed:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"placement_group": ctx.get_placement_group_id(), "resources": ctx.get_assigned_resources(),
-                "pid": os.getpid(), "node": ctx.get_node_id()}
+        return {
+            "placement_group": ctx.get_placement_group_id(),
+            "resources": ctx.get_assigned_resources(),
+            "pid": os.getpid(),
+            "node": ctx.get_node_id(),
+        }
 
 
 class EngineActor(_Placed):
@@ -41,13 +47,20 @@ class EngineActor(_Placed):
 
         from agentrl.engine.local import LocalEngine
 
-        self.engine = LocalEngine.from_pretrained(model_path, device=device, dtype=getattr(torch, dtype),
-                                                  max_batch_size=max_batch_size, max_context=max_context)
+        self.engine = LocalEngine.from_pretrained(
+            model_path,
+            device=device,
+            dtype=getattr(torch, dtype),
+            max_batch_size=max_batch_size,
+            max_context=max_context,
+        )
 
     async def start(self) -> None:
         await self.engine.start()
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, session: str | None = None
+    ) -> Generation:
         return await self.engine.generate(prompt_ids, params, session=session)
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> int:
@@ -63,24 +76,31 @@ class RolloutWorker(_Placed):
     the engine ``make_engine()`` builds here (a picklable factory: ``functools.partial(RayEngine,
     actors)`` or ``functools.partial(SGLangClient, urls)``)."""
 
-    def __init__(self, make_engine: Callable[[], Engine], model_path: str, rollout_cfg, env_spec,
-                 env_kwargs: dict) -> None:
+    def __init__(
+        self, make_engine: Callable[[], Engine], model_path: str, rollout_cfg, env_spec, env_kwargs: dict
+    ) -> None:
         from transformers import AutoTokenizer
 
         from agentrl.envs import registry
         from agentrl.episodes.manager import EpisodeManager
 
         if env_spec.source == "register":  # registered by the driver's code, not by a package
-            registry.register(env_spec.id, env_spec.entry_point, max_turns=env_spec.max_turns, override=True,
-                              **env_spec.kwargs)
+            registry.register(
+                env_spec.id, env_spec.entry_point, max_turns=env_spec.max_turns, override=True, **env_spec.kwargs
+            )
         env_id = env_spec.id
         registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
         from agentrl.weights.drain import with_partial_rollouts
 
         # partial_rollouts=false: the driver drains every worker around a weight push (hold/release)
         self.engine = with_partial_rollouts(make_engine(), rollout_cfg.partial_rollouts)
-        self.manager = EpisodeManager(self.engine, lambda: registry.make(env_id, **env_kwargs),
-                                      AutoTokenizer.from_pretrained(model_path), rollout_cfg, env_id=env_id)
+        self.manager = EpisodeManager(
+            self.engine,
+            lambda: registry.make(env_id, **env_kwargs),
+            AutoTokenizer.from_pretrained(model_path),
+            rollout_cfg,
+            env_id=env_id,
+        )
 
     async def run_episode(self, spec):
         return await self.manager.run_episode(spec)
@@ -122,8 +142,13 @@ class TrainerRank(_Placed):
 
     def setup(self, model_path: str, cfg, critic: bool, master_addr: str, master_port: int) -> int:
         # LOCAL_RANK 0: Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        os.environ.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_RANK="0",
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
         from agentrl.trainer import Trainer
 
         self.trainer = Trainer(model_path, cfg, critic=critic)

@@ -17,6 +17,7 @@ notice: at most ``ray.heartbeat_s`` after Ray itself marks the node dead (its GC
 Does not restart actors itself or resume a run (``agentrl.jobs.run`` builds a new backend and resumes
 from the newest checkpoint with its exactly-once ledger), nor place actors (``cluster``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,9 +31,19 @@ from agentrl.errors import NodeLostError
 T = TypeVar("T")
 
 #: Ray exception class names that mean an actor, its node or an object on it is gone
-LOSS_ERRORS = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "NodeDiedError", "ObjectLostError",
-               "OwnerDiedError", "ObjectFetchTimedOutError", "ReferenceCountingAssertionError", "LocalRayletDiedError",
-               "WorkerCrashedError", "RaySystemError")
+LOSS_ERRORS = (
+    "RayActorError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "NodeDiedError",
+    "ObjectLostError",
+    "OwnerDiedError",
+    "ObjectFetchTimedOutError",
+    "ReferenceCountingAssertionError",
+    "LocalRayletDiedError",
+    "WorkerCrashedError",
+    "RaySystemError",
+)
 
 
 def _chain(exc: BaseException) -> Iterable[BaseException]:
@@ -74,8 +85,9 @@ def describe_loss(lost: Mapping[str, list[str]]) -> str:
     return "; ".join(f"node {node[:12]} lost with {', '.join(names)}" for node, names in sorted(lost.items()))
 
 
-async def watch(actors: Mapping[str, Any], where: Mapping[str, str], *, interval_s: float,
-                probe_timeout_s: float | None = None) -> None:
+async def watch(
+    actors: Mapping[str, Any], where: Mapping[str, str], *, interval_s: float, probe_timeout_s: float | None = None
+) -> None:
     """Return never; raise NodeLostError when a node in ``where`` (actor name -> node id) is dead
     or an actor in ``actors`` (name -> handle with a ``placement`` method) has died."""
     import ray
@@ -93,8 +105,9 @@ async def watch(actors: Mapping[str, Any], where: Mapping[str, str], *, interval
                 continue  # busy (a sync actor inside a long call): not known dead
             except Exception as e:
                 if is_node_loss(e):
-                    raise NodeLostError(f"ray: actor {name} (node {where.get(name, '?')[:12]}) died: "
-                                        f"{type(e).__name__}: {str(e)[:300]}") from e
+                    raise NodeLostError(
+                        f"ray: actor {name} (node {where.get(name, '?')[:12]}) died: {type(e).__name__}: {str(e)[:300]}"
+                    ) from e
                 raise
 
 
@@ -109,8 +122,13 @@ class Recovery:
     recovered_at: float | None = None  # the first step after the restart finished
 
     def as_dict(self) -> dict[str, Any]:
-        d = {"attempt": self.attempt, "error": self.error, "noticed_at": self.noticed_at,
-             "resumed_step": self.resumed_step, "recovered_at": self.recovered_at}
+        d = {
+            "attempt": self.attempt,
+            "error": self.error,
+            "noticed_at": self.noticed_at,
+            "resumed_step": self.resumed_step,
+            "recovered_at": self.recovered_at,
+        }
         if self.recovered_at is not None:
             d["recover_s"] = self.recovered_at - self.noticed_at
         return d
@@ -145,5 +163,7 @@ class Supervisor:
         r = self.recoveries[-1] if self.recoveries else None
         if r is not None and r.recovered_at is None:
             r.recovered_at, r.resumed_step = time.time(), step - 1
-            self.note(f"recovered: resumed at step {step - 1}, step {step} done "
-                      f"{r.recovered_at - r.noticed_at:.1f}s after the loss was noticed")
+            self.note(
+                f"recovered: resumed at step {step - 1}, step {step} done "
+                f"{r.recovered_at - r.noticed_at:.1f}s after the loss was noticed"
+            )

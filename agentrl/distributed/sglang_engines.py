@@ -23,14 +23,15 @@ Does not place actors (``backend``) or move weights (``agentrl.weights``, run by
 driver on the driver's engine: the disk path needs a weights dir every server can read; the
 object-store path asks each node's actor to write its own copy, ``stage_weights``).
 """
+
 from __future__ import annotations
 
 import os
 import threading
 from typing import Any
 
-from agentrl.distributed.ray_actors import _Placed
 from agentrl.common.reaper import Reaper
+from agentrl.distributed.ray_actors import _Placed
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang_server import SGLangServer
 
@@ -39,16 +40,18 @@ class SGLangEngineActor(_Placed):
     """One SGLang server owned by this actor. The server starts in ``__init__`` (not waited for:
     ``ready()`` waits), so the backend learns every URL at once and the servers boot in parallel."""
 
-    def __init__(self, model_path: str, *, host: str | None, device: str, max_total_tokens: int,
-                 startup_timeout_s: float) -> None:
+    def __init__(
+        self, model_path: str, *, host: str | None, device: str, max_total_tokens: int, startup_timeout_s: float
+    ) -> None:
         if host is None:  # a cluster: listen where the driver and the other nodes can reach it
             import ray
 
             host = ray.util.get_node_ip_address()
         self._lock = threading.Lock()  # restart/stop come on different threads of this actor
         self.reaper = Reaper()
-        self.server = SGLangServer(model_path, host=host, device=device, max_total_tokens=max_total_tokens,
-                                   startup_timeout_s=startup_timeout_s)
+        self.server = SGLangServer(
+            model_path, host=host, device=device, max_total_tokens=max_total_tokens, startup_timeout_s=startup_timeout_s
+        )
         self._launch(restart=False)
 
     def _launch(self, restart: bool) -> None:
@@ -68,9 +71,15 @@ class SGLangEngineActor(_Placed):
         import ray
 
         s = self.server
-        return {"url": s.url, "pid": s.proc.pid if s.proc is not None else None, "actor_pid": os.getpid(),
-                "reaper_pid": self.reaper.pid, "log_path": str(s.log_path), "restarts": s.restarts,
-                "node": ray.get_runtime_context().get_node_id()}
+        return {
+            "url": s.url,
+            "pid": s.proc.pid if s.proc is not None else None,
+            "actor_pid": os.getpid(),
+            "reaper_pid": self.reaper.pid,
+            "log_path": str(s.log_path),
+            "restarts": s.restarts,
+            "node": ray.get_runtime_context().get_node_id(),
+        }
 
     def stage_weights(self, state_dict: dict, version: int, parent: str, keep: int) -> str:
         """``engine.weight_sync=object_store``: write ``state_dict`` (fetched by Ray from the object
@@ -136,8 +145,9 @@ class ActorServer:
         and writes the weights dir there (blocking)."""
         import ray
 
-        return ray.get(self.actor.stage_weights.remote(state_ref, version, parent, keep),
-                       timeout=self.startup_timeout_s + 60)
+        return ray.get(
+            self.actor.stage_weights.remote(state_ref, version, parent, keep), timeout=self.startup_timeout_s + 60
+        )
 
     def alive(self) -> bool:
         import ray

@@ -5,11 +5,13 @@ request/response records, and :func:`named_tensors`, the check of a weight updat
 (HF names -> tensors) shared by engines and weight syncs. Does not render chat or parse tool calls:
 engines see only ids.
 """
+
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from agentrl.errors import EngineError
 
@@ -51,7 +53,8 @@ class SamplingParams:
 @dataclass
 class Generation:
     """One engine response. ``token_ids`` are exactly the sampled ids (the stop token, or the token
-    that completed a stop string, included when finish_reason is "stop"); ``logprobs[i]`` is the behaviour logprob of ``token_ids[i]`` and
+    that completed a stop string, included when finish_reason is "stop"); ``logprobs[i]`` is the behaviour logprob of
+    ``token_ids[i]`` and
     ``versions[i]`` the policy version whose weights sampled it."""
 
     token_ids: list[int]
@@ -84,16 +87,23 @@ class Engine(abc.ABC):
     policy_version: int = 0
 
     @abc.abstractmethod
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         """Continue ``prompt_ids``. Raises agentrl.errors.EngineError when the engine fails.
 
         ``session`` names the episode the request belongs to: engines with several servers send all
         requests of one session to the same server (its prefix cache then holds the episode so far);
         single-process engines ignore it."""
 
-    async def generate_streaming(self, prompt_ids: Sequence[int], params: SamplingParams,
-                                 on_token: Callable[[int, float], None], *, session: str | None = None) -> Generation:
+    async def generate_streaming(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_token: Callable[[int, float], None],
+        *,
+        session: str | None = None,
+    ) -> Generation:
         """``generate`` that also calls ``on_token(token_id, logprob)`` on the caller's event loop for
         every sampled token, in order, before it returns. This default calls it for every token once
         the generation is done (engines that cannot stream); the local engine calls it per token as it

@@ -5,11 +5,13 @@ A *policy* function decides what the "model" samples: ``policy(prompt_ids, param
 returns deterministic fake logprobs, and stamps versions. It never stands in for the real engine
 in tests that claim to test an engine.
 """
+
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.errors import EngineError
@@ -32,8 +34,14 @@ class FakeEngine(Engine):
     finish_reason is "stop" when a stop id was produced (and kept), else "length": a script that
     returns ids without a stop id behaves as if the engine ran out of new tokens."""
 
-    def __init__(self, policy: Policy, *, delay_s: float | Callable[[FakeContext], float] = 0.0,
-                 logprob: float = -0.5, max_context: int | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        delay_s: float | Callable[[FakeContext], float] = 0.0,
+        logprob: float = -0.5,
+        max_context: int | None = None,
+    ) -> None:
         self.policy = policy
         self.delay_s = delay_s
         self.logprob = logprob
@@ -46,8 +54,9 @@ class FakeEngine(Engine):
     def max_context(self) -> int | None:
         return self._max_context
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         ctx = FakeContext(self.calls, self.state)
         self.calls += 1
         if self._max_context is not None and len(prompt_ids) >= self._max_context:

@@ -12,6 +12,7 @@ Does not run the model or sample (see :mod:`agentrl.engine.local`), and does not
 attended window is as wide as the longest row in flight, and shorter rows pay for its padding.
 Buffers grow by doubling while the batch is busy and are freed when it empties.
 """
+
 from __future__ import annotations
 
 import torch

@@ -29,15 +29,17 @@ Conventions (the same as SGLang's ``return_logprob``):
 Does not: page the K/V cache or share prefixes, run on several devices, support sliding-window
 attention, or guard a model shared with a trainer that mutates it while the engine is generating.
 """
+
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -88,7 +90,9 @@ def _resolve(fut: asyncio.Future, result: Any = None, error: BaseException | Non
         fut.set_result(result)
 
 
-def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+def _deliver(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any = None, error: BaseException | None = None
+) -> None:
     try:
         loop.call_soon_threadsafe(_resolve, fut, result, error)
     except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
@@ -190,7 +194,7 @@ class LocalEngine(Engine):
         self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0}
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> "LocalEngine":
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> LocalEngine:
         return cls(path, **kwargs)
 
     @property
@@ -209,16 +213,24 @@ class LocalEngine(Engine):
                 self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
                 self._thread.start()
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         return await self._submit(prompt_ids, params, None)
 
-    async def generate_streaming(self, prompt_ids: Sequence[int], params: SamplingParams,
-                                 on_token: Callable[[int, float], None], *, session: str | None = None) -> Generation:
+    async def generate_streaming(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_token: Callable[[int, float], None],
+        *,
+        session: str | None = None,
+    ) -> Generation:
         return await self._submit(prompt_ids, params, on_token)
 
-    async def _submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-                      on_token: Callable[[int, float], None] | None) -> Generation:
+    async def _submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, on_token: Callable[[int, float], None] | None
+    ) -> Generation:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise EngineError("empty prompt: the engine needs at least one token to continue")
@@ -260,20 +272,23 @@ class LocalEngine(Engine):
         """The tokenizer stop strings are decoded with (loaded from the model dir on first use)."""
         if self._tokenizer is None:
             if self._tokenizer_dir is None:
-                raise EngineError("stop strings need a tokenizer: this LocalEngine was built from a loaded model; "
-                                  "pass tokenizer= to LocalEngine")
+                raise EngineError(
+                    "stop strings need a tokenizer: this LocalEngine was built from a loaded model; "
+                    "pass tokenizer= to LocalEngine"
+                )
             from transformers import AutoTokenizer
 
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_dir)
             except Exception as e:
-                raise EngineError(f"stop strings need a tokenizer, and none loads from {self._tokenizer_dir}: "
-                                  f"{type(e).__name__}: {e}") from e
+                raise EngineError(
+                    f"stop strings need a tokenizer, and none loads from {self._tokenizer_dir}: {type(e).__name__}: {e}"
+                ) from e
         return self._tokenizer
 
     def _hit_stop_string(self, r: _Request) -> bool:
         """Whether the tail of ``r``'s sampled ids, decoded, holds one of its stop strings."""
-        tail = self._tokenizer.decode(r.tokens[-r.stop_window:])
+        tail = self._tokenizer.decode(r.tokens[-r.stop_window :])
         return any(s in tail for s in r.stop_strs)
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:

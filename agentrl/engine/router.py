@@ -5,22 +5,23 @@ a restart epoch and lock, counters for tests and metrics) and the session -> ser
 LRU so that an episode's turns reach the server whose prefix cache holds the episode so far.
 Does not talk HTTP, probe health, or start and restart servers (``agentrl.engine.sglang`` does).
 """
+
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Collection, Sequence
 
 #: counters every Backend keeps (all start at 0)
 COUNTERS = (
-    "sent",            # /generate requests written to the server (re-sends included)
-    "ok",              # answered with a generation
-    "http_errors",     # answered with a non-200 status
+    "sent",  # /generate requests written to the server (re-sends included)
+    "ok",  # answered with a generation
+    "http_errors",  # answered with a non-200 status
     "connect_errors",  # never delivered: connection refused / connect timeout
-    "lost",            # delivered, then the connection died before an answer (server crash)
-    "resent",          # requests that this server received as their one re-send after a loss
-    "restarts",        # times the engine restarted this (supervised) server
+    "lost",  # delivered, then the connection died before an answer (server crash)
+    "resent",  # requests that this server received as their one re-send after a loss
+    "restarts",  # times the engine restarted this (supervised) server
 )
 
 

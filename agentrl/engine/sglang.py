@@ -37,12 +37,14 @@ retry a failed restart; requests do not wait on one) and bring an attached serve
 else it serves its original weights and keeps that version label, so stamps stay honest.
 Prompt ids outside the vocabulary are refused here: SGLang 0.5.23's scheduler dies on them.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -69,14 +71,25 @@ class SGLangEngine(Supervision, Engine):
     #: a supervised server restarted this many times is left dead (its requests then fail)
     MAX_RESTARTS = 5
 
-    def __init__(self, urls: Sequence[str] = (), *, servers: Sequence[SGLangServer] = (),
-                 max_connections: int = 2048, request_timeout_s: float = 600.0, retries: int = 3,
-                 backoff_s: float = 0.5, restart_dead: bool = True, max_context: int | None = None) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str] = (),
+        *,
+        servers: Sequence[SGLangServer] = (),
+        max_connections: int = 2048,
+        request_timeout_s: float = 600.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        restart_dead: bool = True,
+        max_context: int | None = None,
+    ) -> None:
         if bool(urls) == bool(servers):
             raise EngineError("SGLangEngine needs either urls= (attach) or servers= (supervise), not both or neither")
         if max_connections < 1 or request_timeout_s <= 0 or retries < 0 or backoff_s < 0:
-            raise EngineError(f"bad SGLangEngine limits: max_connections={max_connections}, "
-                              f"request_timeout_s={request_timeout_s}, retries={retries}, backoff_s={backoff_s}")
+            raise EngineError(
+                f"bad SGLangEngine limits: max_connections={max_connections}, "
+                f"request_timeout_s={request_timeout_s}, retries={retries}, backoff_s={backoff_s}"
+            )
         self._servers = {i: s for i, s in enumerate(servers)}
         self.router = Router([s.url for s in servers] if servers else list(urls))
         self.max_connections, self.request_timeout_s = max_connections, request_timeout_s
@@ -103,8 +116,9 @@ class SGLangEngine(Supervision, Engine):
         self.resends = 0
 
     @classmethod
-    def launch(cls, model_path: str | Path, *, num_servers: int = 1, device: str = "cpu",
-               **server_kwargs: Any) -> "SGLangEngine":
+    def launch(
+        cls, model_path: str | Path, *, num_servers: int = 1, device: str = "cpu", **server_kwargs: Any
+    ) -> SGLangEngine:
         """Start ``num_servers`` SGLang servers on ``model_path`` (in parallel) and return an engine
         that owns them: :meth:`close` stops them. Keyword arguments named like the constructor's
         (``retries``, ``max_context``, ...) go to the engine, the rest to :class:`SGLangServer`."""
@@ -164,9 +178,11 @@ class SGLangEngine(Supervision, Engine):
             if self._started:
                 return
             self._client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=self.max_connections,
-                                    max_keepalive_connections=self.max_connections),
-                timeout=httpx.Timeout(self.request_timeout_s, connect=10.0, pool=self.request_timeout_s))
+                limits=httpx.Limits(
+                    max_connections=self.max_connections, max_keepalive_connections=self.max_connections
+                ),
+                timeout=httpx.Timeout(self.request_timeout_s, connect=10.0, pool=self.request_timeout_s),
+            )
             self._running = asyncio.Event()
             if not self._paused:
                 self._running.set()
@@ -210,8 +226,9 @@ class SGLangEngine(Supervision, Engine):
         self._max_context, self._vocab = mc, vocab
 
     # --- generation ---------------------------------------------------------------------------
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         await self.start()
         prompt = [int(t) for t in prompt_ids]  # a copy: the caller's list keeps growing
         if not prompt:
@@ -220,8 +237,9 @@ class SGLangEngine(Supervision, Engine):
             bad = next(t for t in prompt if not 0 <= t < self._vocab)
             raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
         if self._max_context is not None and len(prompt) >= self._max_context:
-            raise EngineError(f"prompt of {len(prompt)} tokens leaves no room to generate within "
-                              f"max_context={self._max_context}")
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={self._max_context}"
+            )
         n = params.max_new_tokens
         if self._max_context is not None:
             n = min(n, self._max_context - len(prompt))
@@ -256,22 +274,25 @@ class SGLangEngine(Supervision, Engine):
                 b.counts["connect_errors"] += 1
                 connect_failures += 1
                 if self._closed or connect_failures > self.retries:
-                    raise EngineError(f"SGLang server {b.url} unreachable after {connect_failures} tries: "
-                                      f"{type(e).__name__}: {e}") from e
+                    raise EngineError(
+                        f"SGLang server {b.url} unreachable after {connect_failures} tries: {type(e).__name__}: {e}"
+                    ) from e
                 if not await self._recover(b, epoch):
                     exclude.add(b)
                 await asyncio.sleep(self.backoff_s * 2 ** (connect_failures - 1))
                 continue
             except httpx.TimeoutException as e:
-                raise EngineError(f"SGLang server {b.url} did not answer /generate within "
-                                  f"{self.request_timeout_s}s") from e
+                raise EngineError(
+                    f"SGLang server {b.url} did not answer /generate within {self.request_timeout_s}s"
+                ) from e
             except httpx.TransportError as e:  # delivered, then lost: re-send once
                 b.counts["lost"] += 1
                 if self._closed:
                     raise EngineError("the SGLang engine was closed during the request") from e
                 if resent:
-                    raise EngineError(f"SGLang server {b.url} lost the request again after its one re-send: "
-                                      f"{type(e).__name__}: {e}") from e
+                    raise EngineError(
+                        f"SGLang server {b.url} lost the request again after its one re-send: {type(e).__name__}: {e}"
+                    ) from e
                 resent = True
                 self.resends += 1
                 if not await self._recover(b, epoch):
@@ -283,8 +304,9 @@ class SGLangEngine(Supervision, Engine):
                 b.inflight -= 1
             if resp.status_code != 200:
                 b.counts["http_errors"] += 1
-                raise EngineError(f"SGLang server {b.url} answered /generate with HTTP {resp.status_code}: "
-                                  f"{resp.text[:500]}")
+                raise EngineError(
+                    f"SGLang server {b.url} answered /generate with HTTP {resp.status_code}: {resp.text[:500]}"
+                )
             try:
                 data = resp.json()
             except ValueError as e:
@@ -297,8 +319,9 @@ class SGLangEngine(Supervision, Engine):
     async def _post(self, b: Backend, path: str, payload: dict, timeout_s: float | None) -> dict:
         assert self._client is not None
         try:
-            r = await self._client.post(b.url + path, json=payload,
-                                        timeout=timeout_s if timeout_s is not None else self.request_timeout_s)
+            r = await self._client.post(
+                b.url + path, json=payload, timeout=timeout_s if timeout_s is not None else self.request_timeout_s
+            )
         except httpx.HTTPError as e:
             raise EngineError(f"SGLang server {b.url}: POST {path} failed: {type(e).__name__}: {e}") from e
         try:
@@ -391,8 +414,9 @@ class SGLangEngine(Supervision, Engine):
         awaits) and the counters since start ``engine/resends``, ``engine/restarts``,
         ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors``."""
         await self.start()
-        loads = await asyncio.gather(*(self._get_json(b, "/v1/loads", 10.0) for b in self.router.backends),
-                                     return_exceptions=True)
+        loads = await asyncio.gather(
+            *(self._get_json(b, "/v1/loads", 10.0) for b in self.router.backends), return_exceptions=True
+        )
         out = load_stats(loads)
         out["engine/servers"] = float(len(self.router.backends))
         out["engine/inflight"] = float(sum(b.inflight for b in self.router.backends))

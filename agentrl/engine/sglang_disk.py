@@ -12,6 +12,7 @@ The weight-sync paths (``agentrl.weights``, one layer up) drive the engine from 
 format; this module does not know them. Does not gather weights from the trainer or decide when to
 push.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,9 @@ async def server_model_path(url: str, who: str, hint: str = "") -> Path:
             r.raise_for_status()
             return Path(r.json()["model_path"])
     except (httpx.HTTPError, KeyError, ValueError) as e:
-        raise EngineError(f"{who}: cannot learn the model path from {url}/server_info "
-                          f"({type(e).__name__}: {e}){hint}") from e
+        raise EngineError(
+            f"{who}: cannot learn the model path from {url}/server_info ({type(e).__name__}: {e}){hint}"
+        ) from e
 
 
 def write_weights_dir(named: list[tuple[str, Any]], version: int, src: Path, parent: Path) -> Path:
@@ -93,8 +95,9 @@ def prune_weights_dirs(parent: Path, keep: int) -> None:
 async def load_weights_dir(engine: Any, path: Path, version: int) -> None:
     """Every server of ``engine`` loads ``path`` (generation must be paused), stamping ``version``
     and flushing its cache; a restarted server reloads it (``engine.note_weights`` when offered)."""
-    await engine.post_all("/update_weights_from_disk", {
-        "model_path": str(path), "weight_version": str(version), "flush_cache": True})
+    await engine.post_all(
+        "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version), "flush_cache": True}
+    )
     note = getattr(engine, "note_weights", None)
     if note is not None:
         note(path, version)

@@ -10,6 +10,7 @@ Where SGLang is looked for, first hit wins:
 ``$AGENTRL_SGLANG_PYTHON`` (a python executable), ``$AGENTRL_CACHE/sglang-venv/bin/python`` (what
 ``.ci/install_sglang.sh`` makes), then this interpreter if it can import ``sglang``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +22,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 
@@ -31,12 +32,23 @@ from agentrl.errors import EngineError
 #: The SGLang release agentrl is tested against (.ci/install_sglang.sh installs it).
 SGLANG_VERSION = "0.5.23"
 
-#: Flags that make SGLang run on a CPU (not an officially supported mode, so pinned here): the transformers model implementation (the
+#: Flags that make SGLang run on a CPU (not an officially supported mode, so pinned here): the transformers model
+#: implementation (the
 #: default one imports vllm), torch-native attention and sampling, no CUDA graphs, and
 #: ``--sleep-on-idle`` (an idle scheduler otherwise spins a whole core, measured, slowing everything
 #: else on a small machine; it wakes at once on a request).
-CPU_FLAGS = ("--device", "cpu", "--model-impl", "transformers", "--attention-backend", "torch_native",
-             "--disable-cuda-graph", "--sampling-backend", "pytorch", "--sleep-on-idle")
+CPU_FLAGS = (
+    "--device",
+    "cpu",
+    "--model-impl",
+    "transformers",
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--sampling-backend",
+    "pytorch",
+    "--sleep-on-idle",
+)
 
 
 def sglang_python() -> str | None:
@@ -58,8 +70,10 @@ def unavailable_reason() -> str | None:
     """Why no SGLang server can be started here (None when one can)."""
     py = sglang_python()
     if py is None:
-        return ("SGLang is not installed: run `bash .ci/install_sglang.sh` (makes $AGENTRL_CACHE/sglang-venv) "
-                "or set AGENTRL_SGLANG_PYTHON to a python that has sglang")
+        return (
+            "SGLang is not installed: run `bash .ci/install_sglang.sh` (makes $AGENTRL_CACHE/sglang-venv) "
+            "or set AGENTRL_SGLANG_PYTHON to a python that has sglang"
+        )
     if not Path(py).exists():
         return f"AGENTRL_SGLANG_PYTHON={py} does not exist"
     return None
@@ -84,10 +98,22 @@ class SGLangServer:
     Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
 
-    def __init__(self, model_path: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 device: str = "cpu", max_total_tokens: int = 32768, max_running_requests: int = 64,
-                 dtype: str | None = None, extra_args: Sequence[str] = (), python: str | None = None, log_path: str | Path | None = None,
-                 startup_timeout_s: float = 240.0, reap_with_owner: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        device: str = "cpu",
+        max_total_tokens: int = 32768,
+        max_running_requests: int = 64,
+        dtype: str | None = None,
+        extra_args: Sequence[str] = (),
+        python: str | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = 240.0,
+        reap_with_owner: bool = False,
+    ) -> None:
         if not Path(model_path).is_dir():
             raise EngineError(f"SGLang model path {model_path} is not a directory")
         self.model_path = str(model_path)
@@ -115,10 +141,23 @@ class SGLangServer:
     def command(self) -> list[str]:
         if self.python is None:
             raise EngineError(unavailable_reason() or "SGLang not found")
-        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
-               "--host", self.host, "--port", str(self.port),
-               "--max-total-tokens", str(self.max_total_tokens),
-               "--max-running-requests", str(self.max_running_requests), "--dtype", self.dtype]
+        cmd = [
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-total-tokens",
+            str(self.max_total_tokens),
+            "--max-running-requests",
+            str(self.max_running_requests),
+            "--dtype",
+            self.dtype,
+        ]
         if self.device == "cpu":
             cmd += CPU_FLAGS
         return cmd + self.extra_args
@@ -126,7 +165,7 @@ class SGLangServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, wait: bool = True) -> "SGLangServer":
+    def start(self, wait: bool = True) -> SGLangServer:
         """Spawn the server (a new process group, output to ``log_path``); wait until ready."""
         with self._spawn_lock:
             if self.alive():
@@ -145,8 +184,14 @@ class SGLangServer:
 
             # SGLang needs no API key: none reaches it, its log or its children
             env = {**without_secrets(), "PYTHONUNBUFFERED": "1"}
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
         if self.reap_with_owner:
             from agentrl.common.reaper import Reaper
 
@@ -160,14 +205,18 @@ class SGLangServer:
         while time.monotonic() < deadline:
             if not self.alive():
                 code = None if self.proc is None else self.proc.returncode
-                raise EngineError(f"SGLang server on port {self.port} exited with code {code} while starting; "
-                                  f"log {self.log_path} ends with:\n{self.log_tail()}")
+                raise EngineError(
+                    f"SGLang server on port {self.port} exited with code {code} while starting; "
+                    f"log {self.log_path} ends with:\n{self.log_tail()}"
+                )
             if self.healthy(timeout_s=2.0):
                 return
             time.sleep(0.5)
         self.kill()
-        raise EngineError(f"SGLang server on port {self.port} not ready after {timeout_s or self.startup_timeout_s}s; "
-                          f"log {self.log_path} ends with:\n{self.log_tail()}")
+        raise EngineError(
+            f"SGLang server on port {self.port} not ready after {timeout_s or self.startup_timeout_s}s; "
+            f"log {self.log_path} ends with:\n{self.log_tail()}"
+        )
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
         try:
@@ -225,7 +274,7 @@ class SGLangServer:
         except OSError:
             return "(no log)"
 
-    def __enter__(self) -> "SGLangServer":
+    def __enter__(self) -> SGLangServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

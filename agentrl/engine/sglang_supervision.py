@@ -8,6 +8,7 @@ weights and version, ``/health`` probes, and the periodic health-check loop. The
 implement is described in the engine's module docstring ("Failures"). Does not send requests or
 decide about re-sending them (the engine does).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,8 +70,12 @@ class Supervision:
                 served = self.weights_version if self.weights_version is not None else self._version
             b.serves_stale = served != self._version
             if b.serves_stale:
-                log.warning("restarted SGLang server %s serves version %s, not %s (no weights_path)",
-                            b.url, served, self._version)
+                log.warning(
+                    "restarted SGLang server %s serves version %s, not %s (no weights_path)",
+                    b.url,
+                    served,
+                    self._version,
+                )
             await self._push_version(b, served)
             b.healthy, b.failed_restart = True, False
         except Exception as e:  # the server stays down; its requests fail with EngineError

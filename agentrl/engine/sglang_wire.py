@@ -5,11 +5,13 @@ Owns: SamplingParams -> ``/generate`` ``sampling_params``; a ``/generate`` answe
 spans, with the consistency checks); ``/v1/loads`` answers -> the ``engine/*`` stats; the model
 limits read from a local HF dir. Does not send requests (``agentrl.engine.sglang``).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.errors import EngineError
@@ -32,10 +34,17 @@ def model_limits(model_path: str | None) -> tuple[int | None, int | None]:
 
 def sampling_params(p: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
     """SGLang ``sampling_params``. ``no_stop_trim`` and no special-token skipping keep the text
-    side from changing anything (a stop string's token stays in ``output_ids``); ``top_k=-1`` is SGLang's "off"; ``seed`` -> ``sampling_seed``."""
-    sp: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
-                          "top_k": p.top_k if p.top_k > 0 else -1, "no_stop_trim": True,
-                          "skip_special_tokens": False, "spaces_between_special_tokens": False}
+    side from changing anything (a stop string's token stays in ``output_ids``); ``top_k=-1`` is SGLang's "off";
+    ``seed`` -> ``sampling_seed``."""
+    sp: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+    }
     if p.stop_token_ids:
         sp["stop_token_ids"] = [int(t) for t in p.stop_token_ids]
     if p.stop:
@@ -71,8 +80,9 @@ def to_generation(data: dict, url: str, default_version: int) -> Generation:
         lp_ids = [int(t) for _, t, *_ in pairs]
         fr = meta.get("finish_reason") or {}
     except (KeyError, TypeError, ValueError) as e:
-        raise EngineError(f"SGLang server {url} sent an answer without ids/logprobs "
-                          f"({type(e).__name__}: {e}): {str(data)[:300]}") from e
+        raise EngineError(
+            f"SGLang server {url} sent an answer without ids/logprobs ({type(e).__name__}: {e}): {str(data)[:300]}"
+        ) from e
     if lp_ids != ids:
         raise EngineError(f"SGLang server {url}: logprob ids {lp_ids[:8]}... differ from output_ids {ids[:8]}...")
     reason = _FINISH.get(fr.get("type"))
@@ -83,8 +93,13 @@ def to_generation(data: dict, url: str, default_version: int) -> Generation:
         raise EngineError(f"SGLang server {url} stopped on id {matched} but trimmed it from output_ids")
     if reason == "stop" and isinstance(matched, str) and not ids:
         raise EngineError(f"SGLang server {url} stopped on the string {matched!r} but sent no output_ids")
-    info = {"server": url, "prompt_tokens": meta.get("prompt_tokens"), "cached_tokens": meta.get("cached_tokens"),
-            "latency_s": meta.get("e2e_latency"), "retractions": meta.get("num_retractions", 0)}
+    info = {
+        "server": url,
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "cached_tokens": meta.get("cached_tokens"),
+        "latency_s": meta.get("e2e_latency"),
+        "retractions": meta.get("num_retractions", 0),
+    }
     if reason == "abort":
         info["abort"] = fr.get("message")
     return Generation(ids, logprobs, reason, token_versions(meta, len(ids), default_version), info)

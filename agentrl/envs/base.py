@@ -26,6 +26,7 @@ The contract (what the episode manager relies on):
 
 Does not: enforce ``max_turns`` or token budgets (the episode manager does), tokenize, or sandbox.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,17 +34,18 @@ import copy
 import math
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import ResetNeeded
 
-from agentrl.errors import ConfigError, EpisodeError, EnvError, RewardError, ToolCallError, ToolTimeoutError
+from agentrl.errors import ConfigError, EnvError, EpisodeError, RewardError, ToolCallError, ToolTimeoutError
 from agentrl.sandbox.slots import WAIT_CLOCK, WaitClock
-from agentrl.tools.calls import ParsedTurn, ToolCall, get_parser
 from agentrl.tools.base import Tool, ToolSet
+from agentrl.tools.calls import ParsedTurn, ToolCall, get_parser
 from agentrl.trajectory import valid_text
 
 _PRINTABLE = np.array(list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()-+*/=\n"))
@@ -142,13 +144,24 @@ class ToolEnv(AgentEnv):
     tools: list[Tool] = []
     parser: str = "hermes"
 
-    def __init__(self, *, parser: str | None = None, on_bad_call: str = "observe", on_tool_timeout: str = "end",
-                 on_tool_exception: str = "end", tool_timeout_s: float | None = 30.0, max_calls_per_turn: int = 8,
-                 max_tool_output_chars: int = 4000, max_text_length: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        *,
+        parser: str | None = None,
+        on_bad_call: str = "observe",
+        on_tool_timeout: str = "end",
+        on_tool_exception: str = "end",
+        tool_timeout_s: float | None = 30.0,
+        max_calls_per_turn: int = 8,
+        max_tool_output_chars: int = 4000,
+        max_text_length: int = 1 << 20,
+    ) -> None:
         super().__init__(max_text_length=max_text_length)
-        for field_name, value, choices in (("on_bad_call", on_bad_call, ("observe", "end")),
-                                           ("on_tool_timeout", on_tool_timeout, ("observe", "end")),
-                                           ("on_tool_exception", on_tool_exception, ("observe", "end"))):
+        for field_name, value, choices in (
+            ("on_bad_call", on_bad_call, ("observe", "end")),
+            ("on_tool_timeout", on_tool_timeout, ("observe", "end")),
+            ("on_tool_exception", on_tool_exception, ("observe", "end")),
+        ):
             if value not in choices:
                 raise ConfigError(f"{field_name} must be one of {choices}, got {value!r}")
         if tool_timeout_s is not None and not tool_timeout_s > 0:
@@ -206,8 +219,10 @@ class ToolEnv(AgentEnv):
         except RuntimeError:
             pass
         else:
-            raise RuntimeError(f"{type(self).__name__}.step() was called from inside a running event loop; "
-                               f"use `await env.astep(action)` there instead")
+            raise RuntimeError(
+                f"{type(self).__name__}.step() was called from inside a running event loop; "
+                f"use `await env.astep(action)` there instead"
+            )
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(self.astep(action))
@@ -219,9 +234,13 @@ class ToolEnv(AgentEnv):
             raise TypeError(f"action must be the assistant turn's text (str), got {type(action).__name__}")
         task = self._task
         parsed = self._parse(action)
-        self._transcript.append({"role": "assistant", "content": action,
-                                 "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
-                                                for c in parsed.calls]})
+        self._transcript.append(
+            {
+                "role": "assistant",
+                "content": action,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.calls],
+            }
+        )
         stats = new_stats()
         if not parsed.calls and not parsed.errors:
             self._done = True
@@ -259,7 +278,10 @@ class ToolEnv(AgentEnv):
         return value
 
     def _tool_message(self, r: CallResult) -> dict:
-        msg = {"role": "tool", "content": valid_text(self._cap(r.content))}  # a tool's exception text may hold surrogates
+        msg = {
+            "role": "tool",
+            "content": valid_text(self._cap(r.content)),
+        }  # a tool's exception text may hold surrogates
         if r.call is not None:
             msg["name"] = r.call.name
         call_id = r.call.id if r.call is not None else r.call_id
@@ -273,7 +295,7 @@ class ToolEnv(AgentEnv):
         if len(text) <= n:
             return text
         head, tail = (n * 3) // 4, n // 4
-        return f"{text[:head]}\n[truncated {len(text) - head - tail} chars]\n{text[len(text) - tail:]}"
+        return f"{text[:head]}\n[truncated {len(text) - head - tail} chars]\n{text[len(text) - tail :]}"
 
     async def _answer(self, parsed: ParsedTurn, stats: dict[str, int]) -> list[CallResult]:
         """Answer every attempt of the turn, in text order (ids are ``call_<n>`` by position)."""
@@ -287,8 +309,12 @@ class ToolEnv(AgentEnv):
             if isinstance(item, ToolCallError):
                 slots[k] = CallResult(None, f"Error: {item}", "malformed", getattr(item, "call_id", "") or "")
             elif len(runnable) >= self.max_calls_per_turn:
-                slots[k] = CallResult(item, f"Error: too many tool calls in one turn (at most "
-                                            f"{self.max_calls_per_turn}); this call was not run.", "over_limit")
+                slots[k] = CallResult(
+                    item,
+                    f"Error: too many tool calls in one turn (at most "
+                    f"{self.max_calls_per_turn}); this call was not run.",
+                    "over_limit",
+                )
             else:
                 runnable.append((k, item))
         for (k, _), res in zip(runnable, await self._run_all([c for _, c in runnable])):

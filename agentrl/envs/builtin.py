@@ -29,13 +29,21 @@ BUILTINS: dict[str, tuple[str, int | None, tuple[str, ...], bool | None]] = {
 
 #: skyrl-gym's env ids, served as ``skyrl/<id>`` by ``agentrl.envs.adapters.skyrl_gym`` (max_turns
 #: hint: the env's own default); ``skyrl`` takes ``env_id=`` or each dataset row's ``env_class``
-SKYRL_IDS: dict[str, int] = {"gsm8k": 1, "gsm8k_multi_turn": 5, "aime": 1, "lcb": 1, "text2sql": 5, "search": 2,
-                             "searchcode": 2}
+SKYRL_IDS: dict[str, int] = {
+    "gsm8k": 1,
+    "gsm8k_multi_turn": 5,
+    "aime": 1,
+    "lcb": 1,
+    "text2sql": 5,
+    "search": 2,
+    "searchcode": 2,
+}
 _SKYRL_EP = "agentrl.envs.adapters.skyrl_gym:SkyRLGymEnv"
 register("skyrl", _SKYRL_EP, source="builtin", has_eval_split=True, gym_id=None)
 for _id, _max_turns in SKYRL_IDS.items():
-    register(f"skyrl/{_id}", _SKYRL_EP, max_turns=_max_turns, source="builtin", has_eval_split=True, gym_id=None,
-             env_id=_id)
+    register(
+        f"skyrl/{_id}", _SKYRL_EP, max_turns=_max_turns, source="builtin", has_eval_split=True, gym_id=None, env_id=_id
+    )
 
 for _name, (_ep, _max_turns, _aliases, _split) in BUILTINS.items():
     register(_name, _ep, max_turns=_max_turns, source="builtin", has_eval_split=_split, gym_id=f"agentrl/{_name}")

@@ -23,6 +23,7 @@ sandbox, so nothing the model left in its session can touch the grader.
 
 Does not: isolate code (the sandbox does, or does not: see ``agentrl.sandbox``), count turns.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,12 @@ import secrets
 
 import numpy as np
 
-from agentrl.envs import rewards, tasks as procedural
+from agentrl.envs import rewards
+from agentrl.envs import tasks as procedural
 from agentrl.envs.base import ToolEnv
 from agentrl.errors import ConfigError
-from agentrl.sandbox.factory import BACKENDS, shared_sandbox
 from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.factory import BACKENDS, shared_sandbox
 from agentrl.tools.episode_sandbox import EpisodeSandbox
 
 SYSTEM_PROMPTS = {
@@ -55,7 +57,7 @@ SYSTEM_PROMPTS = {
 _CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\r?\n(.*?)```", re.DOTALL)
 
 # Runs the solution, then each test in its own try/except, and reports on a nonce-tagged line.
-_GRADER = r'''
+_GRADER = r"""
 import contextlib, io, json, sys
 nonce = sys.stdin.readline().strip()
 tests = json.load(open("tests.json", encoding="utf-8"))
@@ -79,7 +81,7 @@ for test in tests:
     passed.append(ok)
 sys.__stdout__.write(nonce + json.dumps(passed) + "\n")
 sys.__stdout__.flush()
-'''
+"""
 
 
 _FAILURE_MARKS = ("Traceback (most recent call last)", "[exit code ", "TimeoutError: ", "[the program was killed")
@@ -114,17 +116,32 @@ class CodeExecEnv(ToolEnv):
         **kwargs: ``ToolEnv`` options (parser, on_bad_call, tool_timeout_s, ...).
     """
 
-    def __init__(self, *, difficulty: int | list[int] = 3, split: str = "train", dataset: str | None = None,
-                 on_bad_row: str = "error", tools: tuple[str, ...] | list[str] = ("python",),
-                 sandbox: Sandbox | None = None, sandbox_backend: str = "auto", sandbox_options: dict | None = None,
-                 session: bool = False, code_timeout_s: float = 5.0, test_reward: str = "all",
-                 system_prompt: str | None = None, failed_call_penalty: float = 0.0, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        difficulty: int | list[int] = 3,
+        split: str = "train",
+        dataset: str | None = None,
+        on_bad_row: str = "error",
+        tools: tuple[str, ...] | list[str] = ("python",),
+        sandbox: Sandbox | None = None,
+        sandbox_backend: str = "auto",
+        sandbox_options: dict | None = None,
+        session: bool = False,
+        code_timeout_s: float = 5.0,
+        test_reward: str = "all",
+        system_prompt: str | None = None,
+        failed_call_penalty: float = 0.0,
+        **kwargs,
+    ) -> None:
         from agentrl.tools.bash import make_bash_tool
         from agentrl.tools.python import make_python_tool
 
         levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
         if not levels or any(d not in procedural.DIFFICULTIES for d in levels):
-            raise ConfigError(f"difficulty must be in {procedural.DIFFICULTIES} (or a list of them), got {difficulty!r}")
+            raise ConfigError(
+                f"difficulty must be in {procedural.DIFFICULTIES} (or a list of them), got {difficulty!r}"
+            )
         if split not in procedural.SPLITS:
             raise ConfigError(f"split must be one of {procedural.SPLITS}, got {split!r}")
         if test_reward not in ("all", "fraction"):
@@ -148,8 +165,9 @@ class CodeExecEnv(ToolEnv):
         self.difficulty, self.split = levels, split
         self.tools = [factories[t](self.runner, timeout_s=code_timeout_s) for t in tools]
         super().__init__(**kwargs)
-        self.system_prompt = SYSTEM_PROMPTS.get(self.parser, SYSTEM_PROMPTS["hermes"]) \
-            if system_prompt is None else system_prompt
+        self.system_prompt = (
+            SYSTEM_PROMPTS.get(self.parser, SYSTEM_PROMPTS["hermes"]) if system_prompt is None else system_prompt
+        )
         self.dataset = None
         if dataset is not None:
             from agentrl.envs.datasets import load_tasks
@@ -210,15 +228,19 @@ class CodeExecEnv(ToolEnv):
         if code is None:
             return 0.0
         nonce = "AGENTRL-RESULT-" + secrets.token_hex(16)
-        files = {"solution.py": code.encode("utf-8", "surrogatepass"),
-                 "tests.json": json.dumps(list(task["tests"])).encode(), "grader.py": _GRADER.encode()}
-        res = await self.sandbox.run(["python3", "grader.py"], stdin=(nonce + "\n").encode(), files=files,
-                                     timeout_s=self.code_timeout_s)
+        files = {
+            "solution.py": code.encode("utf-8", "surrogatepass"),
+            "tests.json": json.dumps(list(task["tests"])).encode(),
+            "grader.py": _GRADER.encode(),
+        }
+        res = await self.sandbox.run(
+            ["python3", "grader.py"], stdin=(nonce + "\n").encode(), files=files, timeout_s=self.code_timeout_s
+        )
         line = next((ln for ln in res.stdout.splitlines() if ln.startswith(nonce)), None)
         if res.status != "ok" or line is None:
             return 0.0  # timed out, crashed the grader, or exited early: the solution's fault
         try:
-            passed = json.loads(line[len(nonce):])
+            passed = json.loads(line[len(nonce) :])
         except json.JSONDecodeError:
             return 0.0
         if not isinstance(passed, list) or len(passed) != len(task["tests"]):

@@ -37,23 +37,47 @@ early. Note that the episode manager ends an episode at a turn cut by ``max_new_
 later turns are then never played, which a model that cannot stop its turns sees as a
 one-turn env (and which makes a long reply cost the turns after it if it runs into the cut).
 """
+
 from __future__ import annotations
 
 from agentrl.envs.base import AgentEnv, join_messages, new_stats
 from agentrl.errors import ConfigError
 
 PATTERNS = ("same", "alternate")
-TOPICS = ("rivers", "bread", "stars", "music", "trees", "rain", "cats", "glass", "salt", "maps",
-          "clocks", "boats", "snow", "paper", "bees", "stone")
+TOPICS = (
+    "rivers",
+    "bread",
+    "stars",
+    "music",
+    "trees",
+    "rain",
+    "cats",
+    "glass",
+    "salt",
+    "maps",
+    "clocks",
+    "boats",
+    "snow",
+    "paper",
+    "bees",
+    "stone",
+)
 
 
 class ConciseEnv(AgentEnv):
     """``n_turns`` requests for a short (or, with ``pattern="alternate"``, on every second turn a
     long) reply, each rewarded for its own length; see the module docstring."""
 
-    def __init__(self, *, n_turns: int = 4, max_chars: int = 40, waste_penalty: float = 0.0,
-                 topics: tuple[str, ...] | list[str] = TOPICS, pattern: str = "same",
-                 max_text_length: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        *,
+        n_turns: int = 4,
+        max_chars: int = 40,
+        waste_penalty: float = 0.0,
+        topics: tuple[str, ...] | list[str] = TOPICS,
+        pattern: str = "same",
+        max_text_length: int = 1 << 20,
+    ) -> None:
         super().__init__(max_text_length=max_text_length)
         if isinstance(n_turns, bool) or not isinstance(n_turns, int) or n_turns < 1:
             raise ConfigError(f"ConciseEnv n_turns must be an int >= 1, got {n_turns!r}")
@@ -90,8 +114,13 @@ class ConciseEnv(AgentEnv):
         picks = self.np_random.integers(len(self.topics), size=self.n_turns)
         self._topics = [self.topics[int(i)] for i in picks]
         self._turn = 0
-        task = {"id": f"concise-{'-'.join(str(int(i)) for i in picks)}", "topics": list(self._topics),
-                "n_turns": self.n_turns, "max_chars": self.max_chars, "pattern": self.pattern}
+        task = {
+            "id": f"concise-{'-'.join(str(int(i)) for i in picks)}",
+            "topics": list(self._topics),
+            "n_turns": self.n_turns,
+            "max_chars": self.max_chars,
+            "pattern": self.pattern,
+        }
         messages = [self._request(0)]
         return join_messages(messages), {"messages": messages, "tools": [], "task": task}
 

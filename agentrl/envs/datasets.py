@@ -12,13 +12,15 @@ adapters of peer envs that read their own fields). ``load_tasks`` makes each row
 
 Numbers as answers become strings (NaN and infinities are rejected). Files are UTF-8, a leading
 byte-order mark accepted; binary bytes, rows nested deeper than ``agentrl.common.bounded.MAX_DEPTH`` and
-integers of more than 4,300 digits are bad rows, not crashes. A row that cannot be used raises ``DatasetError`` naming the
+integers of more than 4,300 digits are bad rows, not crashes. A row that cannot be used raises ``DatasetError``
+naming the
 file and the row (``line N`` for JSONL, 1-based; ``row N`` for parquet/JSON, 0-based), or, with
 ``on_bad_row="skip"``, is dropped and counted in ``TaskDataset.skipped``. Loads are cached by
 (path, mtime, size, options): envs are built per episode and must not re-read a file each time.
 
 Does not: tokenize, shuffle, split or score (rewards live in ``agentrl.envs.rewards``).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +34,7 @@ from agentrl.common.bounded import BadText, decode, finite_error, parse_text
 from agentrl.errors import DatasetError
 
 _ROLES = {"system", "user", "assistant", "tool"}
-_CACHE: dict[tuple, "TaskDataset"] = {}
+_CACHE: dict[tuple, TaskDataset] = {}
 _CACHE_MAX = 8
 
 
@@ -110,8 +112,7 @@ def row_to_task(row: Any, index: int, stem: str) -> dict:
             raise _BadRow("'prompt' is empty")
     else:
         prompt = _messages(prompt)
-    task: dict[str, Any] = {"id": None, "prompt": prompt, "answer": _answer(row), "difficulty": None,
-                            "kind": "dataset"}
+    task: dict[str, Any] = {"id": None, "prompt": prompt, "answer": _answer(row), "difficulty": None, "kind": "dataset"}
     tests = row.get("tests")
     if tests is not None:
         if hasattr(tests, "tolist"):

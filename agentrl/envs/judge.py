@@ -16,6 +16,7 @@ Any env can use it: ``agentrl.envs.judged.JudgedEnv`` wraps an env so that its f
 Does not: cache verdicts, ensemble judges, or defend against a policy that writes to the judge
 (prompt injection in the final answer reaches the judge verbatim).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ import re
 import string
 from typing import Any
 
-from agentrl.errors import ConfigError, EngineError, RewardError
 from agentrl.common.llm_api import ApiClient, redact
+from agentrl.errors import ConfigError, EngineError, RewardError
 
 DEFAULT_RUBRIC = """You are grading the final answer an AI assistant gave to a task.
 
@@ -113,7 +114,7 @@ def render_transcript(transcript: list[dict], max_chars: int) -> str:
         return text or "(none)"
     head = max_chars * 3 // 4
     tail = max_chars - head
-    return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[len(text) - tail :]}"
 
 
 class JudgeReward:
@@ -130,16 +131,31 @@ class JudgeReward:
         max_transcript_chars: cap on the transcript shown to the judge.
     """
 
-    def __init__(self, model: str, rubric: str = DEFAULT_RUBRIC, *, min_score: float = 0.0, max_score: float = 10.0,
-                 api_base: str | None = None, api_key_env: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 3, backoff_s: float = 1.0, concurrency: int = 16, temperature: float = 0.0,
-                 max_tokens: int = 512, max_transcript_chars: int = 8000) -> None:
+    def __init__(
+        self,
+        model: str,
+        rubric: str = DEFAULT_RUBRIC,
+        *,
+        min_score: float = 0.0,
+        max_score: float = 10.0,
+        api_base: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        concurrency: int = 16,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        max_transcript_chars: int = 8000,
+    ) -> None:
         if not isinstance(rubric, str) or not rubric.strip():
             raise ConfigError(f"judge rubric must be a non-empty string, got {rubric!r:.80}")
         try:
             names = {f for _, f, _, _ in string.Formatter().parse(rubric) if f is not None}
         except ValueError as e:
-            raise ConfigError(f"judge rubric is not a valid template ({e}); write literal braces as {{{{ }}}}") from None
+            raise ConfigError(
+                f"judge rubric is not a valid template ({e}); write literal braces as {{{{ }}}}"
+            ) from None
         unknown = sorted(n for n in names if n not in FIELDS)
         if unknown:
             raise ConfigError(f"judge rubric uses unknown field(s) {unknown}; allowed: {list(FIELDS)}")
@@ -153,12 +169,19 @@ class JudgeReward:
             raise ConfigError(f"judge max_transcript_chars must be an int >= 100, got {max_transcript_chars!r}")
         self.rubric, self.min_score, self.max_score = rubric, float(min_score), float(max_score)
         self.max_transcript_chars = max_transcript_chars
-        self.client = ApiClient(model, api_base=api_base, api_key_env=api_key_env, timeout_s=timeout_s,
-                                max_retries=max_retries, backoff_s=backoff_s, concurrency=concurrency,
-                                sampling={"temperature": temperature, "max_tokens": max_tokens})
+        self.client = ApiClient(
+            model,
+            api_base=api_base,
+            api_key_env=api_key_env,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            concurrency=concurrency,
+            sampling={"temperature": temperature, "max_tokens": max_tokens},
+        )
 
     @classmethod
-    def from_config(cls, cfg: "JudgeReward | dict[str, Any]") -> "JudgeReward":
+    def from_config(cls, cfg: JudgeReward | dict[str, Any]) -> JudgeReward:
         """A judge from its keyword arguments (env kwargs in YAML); a judge is returned as is."""
         if isinstance(cfg, JudgeReward):
             return cfg
@@ -175,9 +198,13 @@ class JudgeReward:
     def prompt(self, task: dict, final_text: str, transcript: list[dict]) -> str:
         reference = task.get("answer", task.get("reference"))
         return self.rubric.format(
-            question=_question(task, transcript), reference="" if reference is None else str(reference),
-            answer=final_text, transcript=render_transcript(transcript, self.max_transcript_chars),
-            min_score=f"{self.min_score:g}", max_score=f"{self.max_score:g}")
+            question=_question(task, transcript),
+            reference="" if reference is None else str(reference),
+            answer=final_text,
+            transcript=render_transcript(transcript, self.max_transcript_chars),
+            min_score=f"{self.min_score:g}",
+            max_score=f"{self.max_score:g}",
+        )
 
     async def __call__(self, task: dict, final_text: str, transcript: list[dict]) -> float:
         messages = [{"role": "user", "content": self.prompt(task, final_text, transcript)}]

@@ -14,6 +14,7 @@ episode ends as ``reward_error``, never with reward 0. Episodes that end without
 
 Does not: judge intermediate turns, or change what the wrapped env parses, runs or shows the model.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from agentrl.errors import ConfigError
 from agentrl.envs.judge import JudgeReward
+from agentrl.errors import ConfigError
 
 COMBINE = ("replace", "add", "multiply")
 
@@ -103,8 +104,14 @@ class JudgedEnv(gym.Wrapper):
             self._loop = None
 
 
-def make_judged_env(env: str = "code_exec", judge: JudgeReward | dict | None = None, env_kwargs: dict | None = None,
-                    combine: str = "replace", weight: float = 1.0, **inner: Any) -> JudgedEnv:
+def make_judged_env(
+    env: str = "code_exec",
+    judge: JudgeReward | dict | None = None,
+    env_kwargs: dict | None = None,
+    combine: str = "replace",
+    weight: float = 1.0,
+    **inner: Any,
+) -> JudgedEnv:
     """The ``judged`` env id: ``agentrl.make(env, **env_kwargs, **inner)`` wrapped in a ``JudgedEnv``
     (other keywords go to the wrapped env, so ``eval.env_kwargs={split: eval}`` still reaches it)."""
     from agentrl.envs.registry import make

@@ -9,6 +9,7 @@ is the manager, the engine and the tokenizer.
 
 Does not: check tool calls, run tools, or vary over seeds beyond the task id.
 """
+
 from __future__ import annotations
 
 from agentrl.envs.base import AgentEnv, join_messages, new_stats
@@ -16,28 +17,51 @@ from agentrl.errors import ConfigError
 
 
 def _noop_schema() -> dict:
-    return {"type": "function", "function": {
-        "name": "noop", "description": "Does nothing and returns 'ok'.",
-        "parameters": {"type": "object", "properties": {}, "required": []}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": "noop",
+            "description": "Does nothing and returns 'ok'.",
+            "parameters": {"type": "object", "properties": {}, "required": []},
+        },
+    }
 
 
 class NoopEnv(AgentEnv):
     """Ends after ``n_turns`` turns; see the module docstring."""
 
-    def __init__(self, *, n_turns: int = 8, reward: float = 1.0, observation: str = "ok", echo: bool = False,
-                 prompt: str = "Reply with anything.", max_text_length: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        *,
+        n_turns: int = 8,
+        reward: float = 1.0,
+        observation: str = "ok",
+        echo: bool = False,
+        prompt: str = "Reply with anything.",
+        max_text_length: int = 1 << 20,
+    ) -> None:
         super().__init__(max_text_length=max_text_length)
         if n_turns < 1:
             raise ConfigError(f"n_turns must be >= 1, got {n_turns!r}")
-        self.n_turns, self.reward, self.observation, self.echo, self.prompt = n_turns, float(reward), observation, echo, prompt
+        self.n_turns, self.reward, self.observation, self.echo, self.prompt = (
+            n_turns,
+            float(reward),
+            observation,
+            echo,
+            prompt,
+        )
         self._turn = -1
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         n = int((options or {}).get("n_turns", self.n_turns))
         self._turn, self._n = 0, n
-        task = {"id": f"noop-{int(self.np_random.integers(2**31))}", "prompt": self.prompt, "answer": None,
-                "n_turns": n}
+        task = {
+            "id": f"noop-{int(self.np_random.integers(2**31))}",
+            "prompt": self.prompt,
+            "answer": None,
+            "n_turns": n,
+        }
         messages = [{"role": "user", "content": self.prompt}]
         return self.prompt, {"messages": messages, "tools": [_noop_schema()], "task": task}
 

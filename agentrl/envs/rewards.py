@@ -40,6 +40,7 @@ anything the text controls. A number is compared as a number only when that is c
 a number here (``1e30000000`` is "not equal" to ``42`` at once instead of building a
 30-million-digit integer); two such answers can still match as identical text.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,8 +54,14 @@ _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _NUMBER_START = r"(?<![\w.])(?<!\d[,/])"
 _NUMBER_END = r"(?![.,]?\d|[eE][-+]?\d|\s*/\s*\d)"
 _NUMBER_RE = re.compile(
-    _NUMBER_START + r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?" + _NUMBER_END
-    + "|" + _NUMBER_START + r"[-+]?\.\d+(?:[eE][-+]?\d+)?" + _NUMBER_END)
+    _NUMBER_START
+    + r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
+    + _NUMBER_END
+    + "|"
+    + _NUMBER_START
+    + r"[-+]?\.\d+(?:[eE][-+]?\d+)?"
+    + _NUMBER_END
+)
 _GSM8K_MARK = re.compile(r"#{4,}")
 _ANSWER_MARK = re.compile(r"answer\s*(?:is|:|=)\s*:?", re.IGNORECASE)
 _ANSWER_TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
@@ -82,7 +89,7 @@ def extract_boxed(text: str) -> str | None:
             i = stack.pop()
             if i != -1 and (best is None or i > best[0]):
                 best = (i, m.start())
-    return text[best[0]:best[1]].strip() if best else None
+    return text[best[0] : best[1]].strip() if best else None
 
 
 def normalize_number(text: str) -> str | None:
@@ -161,7 +168,7 @@ def _last_marked(text: str, marker: re.Pattern) -> str | None:
     nxt = len(text)
     for m in reversed(list(marker.finditer(text))):
         stop = text.find("\n", m.end(), nxt)
-        content = text[m.end():stop if stop != -1 else nxt].strip()
+        content = text[m.end() : stop if stop != -1 else nxt].strip()
         if content:
             return content
         nxt = m.start()
@@ -184,7 +191,7 @@ def extract_answer_tag(text: str) -> str | None:
             best, open_end = (open_end, m.start()), None
     if best is None:
         return None
-    return _first_token(text[best[0]:best[1]]) or None
+    return _first_token(text[best[0] : best[1]]) or None
 
 
 def extract_last_number(text: str) -> str | None:
@@ -224,8 +231,9 @@ def answers_match(pred: str | None, truth: object) -> bool:
     return _norm_text(pred) == _norm_text(truth_s) != ""
 
 
-def gsm8k_reward(text: str, ground_truth: str, *, method: str = "strict", format_score: float = 0.0,
-                 score: float = 1.0) -> float:
+def gsm8k_reward(
+    text: str, ground_truth: str, *, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
     """GSM8K rule reward (as veRL's): ``score`` if the answer after ``####`` equals the ground truth,
     ``format_score`` if an answer was found but is wrong, 0.0 if none was found.
 

@@ -16,11 +16,12 @@ fixed 10% bucket, and the generator redraws until the task lands in the requeste
 held-out prompt is ever produced for training whatever the seed. Generation is a pure function of
 (seed, difficulty, split). Does not: score answers (``agentrl.envs.rewards``) or run tests.
 """
+
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -66,8 +67,12 @@ def _multiples(rng):
     while m == k:
         m = _i(rng, 2, 9)
     ans = sum(x for x in range(1, n) if x % k == 0 or x % m == 0)
-    return ("multiples", f"What is the sum of all positive integers below {n} that are multiples of {k} or {m}?", ans,
-            f"print(sum(x for x in range(1, {n}) if x % {k} == 0 or x % {m} == 0))")
+    return (
+        "multiples",
+        f"What is the sum of all positive integers below {n} that are multiples of {k} or {m}?",
+        ans,
+        f"print(sum(x for x in range(1, {n}) if x % {k} == 0 or x % {m} == 0))",
+    )
 
 
 def _squares(rng):
@@ -75,25 +80,33 @@ def _squares(rng):
     b = a + _i(rng, 10, 200)
     parity = ["odd", "even"][_i(rng, 0, 1)]
     ans = sum(x * x for x in range(a, b + 1) if x % 2 == (1 if parity == "odd" else 0))
-    return ("squares", f"What is the sum of the squares of the {parity} integers from {a} to {b} inclusive?", ans,
-            f"print(sum(x * x for x in range({a}, {b} + 1) if x % 2 == {1 if parity == 'odd' else 0}))")
+    return (
+        "squares",
+        f"What is the sum of the squares of the {parity} integers from {a} to {b} inclusive?",
+        ans,
+        f"print(sum(x * x for x in range({a}, {b} + 1) if x % 2 == {1 if parity == 'odd' else 0}))",
+    )
 
 
 # ------------------------------------------------------------------ difficulty 4: needs code
 def _primes_below(n: int) -> list[int]:
     sieve = bytearray([1]) * n
     sieve[:2] = b"\x00\x00"[: min(2, n)]
-    for p in range(2, int(n ** 0.5) + 1):
+    for p in range(2, int(n**0.5) + 1):
         if sieve[p]:
-            sieve[p * p:: p] = bytearray(len(range(p * p, n, p)))
+            sieve[p * p :: p] = bytearray(len(range(p * p, n, p)))
     return [i for i in range(n) if sieve[i]]
 
 
 def _prime_sum(rng):
     n = _i(rng, 1000, 50000)
-    return ("prime_sum", f"What is the sum of all prime numbers below {n}?", sum(_primes_below(n)),
-            f"n = {n}\nis_p = [True] * n\nfor i in range(2, int(n ** 0.5) + 1):\n    if is_p[i]:\n"
-            f"        for j in range(i * i, n, i):\n            is_p[j] = False\nprint(sum(i for i in range(2, n) if is_p[i]))")
+    return (
+        "prime_sum",
+        f"What is the sum of all prime numbers below {n}?",
+        sum(_primes_below(n)),
+        f"n = {n}\nis_p = [True] * n\nfor i in range(2, int(n ** 0.5) + 1):\n    if is_p[i]:\n"
+        f"        for j in range(i * i, n, i):\n            is_p[j] = False\nprint(sum(i for i in range(2, n) if is_p[i]))",  # noqa: E501
+    )
 
 
 def _fib_mod(rng):
@@ -101,21 +114,33 @@ def _fib_mod(rng):
     a, b = 0, 1
     for _ in range(n):
         a, b = b, (a + b) % m
-    return ("fib_mod", f"Let F(0) = 0, F(1) = 1 and F(k) = F(k-1) + F(k-2). What is F({n}) mod {m}?", a,
-            f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, (a + b) % {m}\nprint(a)")
+    return (
+        "fib_mod",
+        f"Let F(0) = 0, F(1) = 1 and F(k) = F(k-1) + F(k-2). What is F({n}) mod {m}?",
+        a,
+        f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, (a + b) % {m}\nprint(a)",
+    )
 
 
 def _digit_sum_pow(rng):
     a, b = _i(rng, 2, 99), _i(rng, 50, 500)
-    return ("digit_sum_pow", f"What is the sum of the decimal digits of {a}^{b}?", sum(map(int, str(a ** b))),
-            f"print(sum(int(d) for d in str({a} ** {b})))")
+    return (
+        "digit_sum_pow",
+        f"What is the sum of the decimal digits of {a}^{b}?",
+        sum(map(int, str(a**b))),
+        f"print(sum(int(d) for d in str({a} ** {b})))",
+    )
 
 
 def _divisors(rng):
     n = _i(rng, 10_000, 10_000_000)
     count = sum(2 if d * d != n else 1 for d in range(1, math.isqrt(n) + 1) if n % d == 0)
-    return ("divisors", f"How many positive divisors does {n} have?", count,
-            f"n = {n}\nprint(sum(1 if d * d == n else 2 for d in range(1, int(n ** 0.5) + 1) if n % d == 0))")
+    return (
+        "divisors",
+        f"How many positive divisors does {n} have?",
+        count,
+        f"n = {n}\nprint(sum(1 if d * d == n else 2 for d in range(1, int(n ** 0.5) + 1) if n % d == 0))",
+    )
 
 
 def _collatz(rng):
@@ -124,26 +149,36 @@ def _collatz(rng):
     while x != 1:
         x = x // 2 if x % 2 == 0 else 3 * x + 1
         steps += 1
-    return ("collatz", f"Starting from {n}, repeatedly replace n by n/2 if n is even and by 3n+1 if it is odd. "
-            f"How many steps does it take to reach 1?", steps,
-            f"n, s = {n}, 0\nwhile n != 1:\n    n = n // 2 if n % 2 == 0 else 3 * n + 1\n    s += 1\nprint(s)")
+    return (
+        "collatz",
+        f"Starting from {n}, repeatedly replace n by n/2 if n is even and by 3n+1 if it is odd. "
+        f"How many steps does it take to reach 1?",
+        steps,
+        f"n, s = {n}, 0\nwhile n != 1:\n    n = n // 2 if n % 2 == 0 else 3 * n + 1\n    s += 1\nprint(s)",
+    )
 
 
 # ------------------------------------------------------------------ difficulty 5: unit tests
 def _fn_task(name: str, signature: str, spec: str, ref: Callable, inputs: list[tuple], solution: str) -> tuple:
     tests = [f"assert {name}({', '.join(map(repr, args))}) == {ref(*args)!r}" for args in inputs]
-    prompt = (f"Write a Python function `{name}{signature}` that {spec} "
-              f"Give the complete function in a ```python code block in your final answer.")
+    prompt = (
+        f"Write a Python function `{name}{signature}` that {spec} "
+        f"Give the complete function in a ```python code block in your final answer."
+    )
     return name, prompt, tests, solution
 
 
 def _fn_digit_power(rng):
     k = _i(rng, 2, 5)
-    ins = [(_i(rng, 0, 10 ** 6),) for _ in range(5)] + [(0,)]
-    return _fn_task("digit_power_sum", "(n: int) -> int",
-                    f"returns the sum of the {k}-th powers of the decimal digits of the non-negative integer n.",
-                    lambda n: sum(int(d) ** k for d in str(n)), ins,
-                    f"def digit_power_sum(n):\n    return sum(int(d) ** {k} for d in str(n))")
+    ins = [(_i(rng, 0, 10**6),) for _ in range(5)] + [(0,)]
+    return _fn_task(
+        "digit_power_sum",
+        "(n: int) -> int",
+        f"returns the sum of the {k}-th powers of the decimal digits of the non-negative integer n.",
+        lambda n: sum(int(d) ** k for d in str(n)),
+        ins,
+        f"def digit_power_sum(n):\n    return sum(int(d) ** {k} for d in str(n))",
+    )
 
 
 def _fn_count_div(rng):
@@ -152,20 +187,27 @@ def _fn_count_div(rng):
     for _ in range(6):
         a = _i(rng, -500, 500)
         ins.append((a, a + _i(rng, 0, 1000)))
-    return _fn_task("count_divisible", "(a: int, b: int) -> int",
-                    f"returns how many integers x with a <= x <= b are divisible by {k}.",
-                    lambda a, b: b // k - (a - 1) // k, ins,
-                    f"def count_divisible(a, b):\n    return b // {k} - (a - 1) // {k}")
+    return _fn_task(
+        "count_divisible",
+        "(a: int, b: int) -> int",
+        f"returns how many integers x with a <= x <= b are divisible by {k}.",
+        lambda a, b: b // k - (a - 1) // k,
+        ins,
+        f"def count_divisible(a, b):\n    return b // {k} - (a - 1) // {k}",
+    )
 
 
 def _fn_rotate(rng):
     ins = [([_i(rng, 0, 9) for _ in range(_i(rng, 0, 8))], _i(rng, -10, 10)) for _ in range(6)]
-    return _fn_task("rotate_left", "(xs: list, k: int) -> list",
-                    "returns the list xs rotated left by k positions (k may be negative or larger than "
-                    "len(xs); an empty list stays empty).",
-                    lambda xs, k: xs[k % len(xs):] + xs[:k % len(xs)] if xs else [], ins,
-                    "def rotate_left(xs, k):\n    if not xs:\n        return []\n    k %= len(xs)\n"
-                    "    return xs[k:] + xs[:k]")
+    return _fn_task(
+        "rotate_left",
+        "(xs: list, k: int) -> list",
+        "returns the list xs rotated left by k positions (k may be negative or larger than "
+        "len(xs); an empty list stays empty).",
+        lambda xs, k: xs[k % len(xs) :] + xs[: k % len(xs)] if xs else [],
+        ins,
+        "def rotate_left(xs, k):\n    if not xs:\n        return []\n    k %= len(xs)\n    return xs[k:] + xs[:k]",
+    )
 
 
 _KINDS: dict[int, list[Callable]] = {
@@ -196,11 +238,25 @@ def generate_task(seed: int, difficulty: int = 2, split: str = "train") -> dict:
     task_id = f"d{difficulty}-{split}-" + hashlib.blake2b(out[1].encode(), digest_size=6).hexdigest()
     if difficulty == 5:
         name, prompt, tests, solution = out
-        return {"id": task_id, "prompt": prompt, "answer": None, "difficulty": difficulty, "kind": "function",
-                "entry_point": name, "tests": tests, "solution": solution}
+        return {
+            "id": task_id,
+            "prompt": prompt,
+            "answer": None,
+            "difficulty": difficulty,
+            "kind": "function",
+            "entry_point": name,
+            "tests": tests,
+            "solution": solution,
+        }
     kind, prompt, answer, solution = out
-    return {"id": task_id, "prompt": prompt, "answer": str(answer), "difficulty": difficulty, "kind": kind,
-            "solution": solution}
+    return {
+        "id": task_id,
+        "prompt": prompt,
+        "answer": str(answer),
+        "difficulty": difficulty,
+        "kind": kind,
+        "solution": solution,
+    }
 
 
 def sample_task(rng: np.random.Generator, difficulty: int | list[int] = 2, split: str = "train") -> dict:

@@ -15,6 +15,7 @@ conversation (the dummy here cannot see e.g. reasoning stripped from earlier tur
 
 Does not: parse tool calls (``agentrl.tools.calls``), run tools, or decide what ids are masked.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,25 @@ _DUMMY = [
 _CACHE_SIZE = 512
 
 
-def render(tokenizer, messages: list[dict], *, tools: list[dict] | None = None,
-           add_generation_prompt: bool = False, **template_kwargs) -> str:
+def render(
+    tokenizer,
+    messages: list[dict],
+    *,
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+    **template_kwargs,
+) -> str:
     """The template's text for ``messages``; TemplateError (with the cause) when it cannot render."""
     if not getattr(tokenizer, "chat_template", None):
         raise TemplateError("the tokenizer has no chat_template")
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                             tokenize=False, **template_kwargs)
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **template_kwargs,
+        )
     except TemplateError:
         raise
     except Exception as e:  # jinja raise_exception(), undefined variables, ...: name the roles involved
@@ -48,14 +60,21 @@ def first_difference(a: str, b: str, context: int = 30) -> str:
     """Human-readable location of the first character where ``a`` and ``b`` differ."""
     i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     lo = max(0, i - context)
-    return f"char {i}: expected {a[lo:i + context]!r}, got {b[lo:i + context]!r}"
+    return f"char {i}: expected {a[lo : i + context]!r}, got {b[lo : i + context]!r}"
 
 
 def _key(messages: list[dict]):
     """Cache key of a message list; None (no caching) when it holds unhashable extras."""
     try:
-        return tuple(tuple(sorted((k, v if isinstance(v, (str, int, float, type(None))) else json.dumps(v, sort_keys=True))
-                                  for k, v in m.items())) for m in messages)
+        return tuple(
+            tuple(
+                sorted(
+                    (k, v if isinstance(v, (str, int, float, type(None))) else json.dumps(v, sort_keys=True))
+                    for k, v in m.items()
+                )
+            )
+            for m in messages
+        )
     except (TypeError, ValueError):
         return None
 
@@ -91,8 +110,13 @@ class ChatRenderer:
 
     # -------------------------------------------------------------- rendering
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        return render(self.tokenizer, messages, tools=self.tools,
-                      add_generation_prompt=add_generation_prompt, **self.template_kwargs)
+        return render(
+            self.tokenizer,
+            messages,
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
 
     def encode(self, text: str) -> list[int]:
         # The template writes BOS itself where it wants one; never let the tokenizer add another.
@@ -128,7 +152,7 @@ class ChatRenderer:
         at = prefix.rfind(answer)
         if at == -1:
             raise TemplateError("the template does not write an assistant message's content verbatim")
-        after = prefix[at + len(answer):]
+        after = prefix[at + len(answer) :]
         ids = self.encode(after) if after else []
         if not ids or ids[0] not in self._special:
             raise TemplateError(
@@ -139,7 +163,7 @@ class ChatRenderer:
         token = added.content if added is not None else self.tokenizer.convert_ids_to_tokens(ids[0])
         if not after.startswith(token):
             raise TemplateError(f"cannot locate end-of-turn token {token!r} in {after!r}")
-        self.end_of_turn_id, self.glue = ids[0], after[len(token):]
+        self.end_of_turn_id, self.glue = ids[0], after[len(token) :]
 
     # -------------------------------------------------------------- deltas
     def observation_ids(self, messages: list[dict]) -> list[int]:
@@ -161,7 +185,7 @@ class ChatRenderer:
                     f"roles {[m.get('role') for m in messages]} changes the earlier text at "
                     f"{first_difference(self._prefix, full)}"
                 )
-        return self._put(key, self.encode(self.glue + full[len(self._prefix):]))
+        return self._put(key, self.encode(self.glue + full[len(self._prefix) :]))
 
     def close_ids(self, sampled_ids: list[int]) -> list[int]:
         """Ids to append to a turn that stopped without a stop token (length cut) before

@@ -8,6 +8,7 @@ mapping every failure to a typed Outcome so that one failing episode never break
 holding new episodes back while a sandbox is saturated (``agentrl.sandbox.slots.admission``).
 Does not batch model calls (engines do), parse tool calls or run tools (envs do), or train.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,14 +17,15 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
-from agentrl.episodes.chat import ChatRenderer
 from agentrl.engine.base import Engine, SamplingParams
+from agentrl.episodes.chat import ChatRenderer
 from agentrl.episodes.config import RolloutConfig
-from agentrl.errors import EngineError, EpisodeError, EnvError, ToolTimeoutError
 from agentrl.episodes.summary import RolloutMetrics
+from agentrl.errors import EngineError, EnvError, EpisodeError, ToolTimeoutError
 from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 
@@ -65,8 +67,7 @@ class EpisodeSpec:
     options: dict | None = None
 
 
-def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0,
-               attempt: int = 0) -> list[EpisodeSpec]:
+def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0, attempt: int = 0) -> list[EpisodeSpec]:
     """Specs for ``num_prompts`` tasks x ``group_size`` samples; a group's samples are adjacent so
     they run together (prefix caching in engines that have it). ``attempt`` (how many times the
     staleness bound dropped this prompt's group) keeps the tasks and changes the sampling seeds: a
@@ -75,8 +76,9 @@ def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0,
     for i in range(start, start + num_prompts):
         task_seed = (seed * 1_000_003 + i) % (2**31)
         for g in range(group_size):
-            specs.append(EpisodeSpec(f"s{seed}-p{i}", g, task_seed,
-                                     (task_seed * 131 + g + 999_983 * attempt) % (2**31)))
+            specs.append(
+                EpisodeSpec(f"s{seed}-p{i}", g, task_seed, (task_seed * 131 + g + 999_983 * attempt) % (2**31))
+            )
     return specs
 
 
@@ -124,16 +126,28 @@ class EpisodeRunner(Protocol):
     ``turn_ids``, ``versions``, ``turns``, ``messages``, ``prompt_len``), the env in ``state["env"]``
     (closed for it) and, when the episode split, the earlier buffers in ``state["earlier"]``."""
 
-    async def run(self, manager: "EpisodeManager", spec: EpisodeSpec, traj: Trajectory, state: dict) -> None: ...
+    async def run(self, manager: EpisodeManager, spec: EpisodeSpec, traj: Trajectory, state: dict) -> None: ...
 
 
 def _earlier(traj: Trajectory, segments: list) -> list[Trajectory]:
     """Trajectories of the segments an episode closed before its last one: the episode's outcome
     and reward, their own tokens (``episode_id`` + ``-seg{k}``)."""
-    return [replace(traj, episode_id=f"{traj.episode_id}-seg{k}", prompt_len=s.prompt_len, token_ids=s.ids,
-                    loss_mask=s.mask, logprobs=s.logprobs, turn_ids=s.turn_ids, versions=s.versions,
-                    turns=s.turns, messages=s.messages, info={**traj.info, "segment": k})
-            for k, s in enumerate(segments)]
+    return [
+        replace(
+            traj,
+            episode_id=f"{traj.episode_id}-seg{k}",
+            prompt_len=s.prompt_len,
+            token_ids=s.ids,
+            loss_mask=s.mask,
+            logprobs=s.logprobs,
+            turn_ids=s.turn_ids,
+            versions=s.versions,
+            turns=s.turns,
+            messages=s.messages,
+            info={**traj.info, "segment": k},
+        )
+        for k, s in enumerate(segments)
+    ]
 
 
 class EpisodeManager:
@@ -147,8 +161,15 @@ class EpisodeManager:
     instead of the built-in loop; its episodes may yield several trajectories (``run_segments``).
     """
 
-    def __init__(self, engine: Engine, env_factory: Callable[[], Any], tokenizer: Any,
-                 cfg: RolloutConfig | None = None, env_id: str = "", runner: EpisodeRunner | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        env_factory: Callable[[], Any],
+        tokenizer: Any,
+        cfg: RolloutConfig | None = None,
+        env_id: str = "",
+        runner: EpisodeRunner | None = None,
+    ) -> None:
         self.engine, self.env_factory, self.tokenizer = engine, env_factory, tokenizer
         self.runner = runner
         self.cfg = cfg or RolloutConfig()
@@ -199,7 +220,9 @@ class EpisodeManager:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
 
-    async def collect(self, specs: Iterable[EpisodeSpec], on_result: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    async def collect(
+        self, specs: Iterable[EpisodeSpec], on_result: Callable[[Trajectory], None] | None = None
+    ) -> list[Trajectory]:
         results = []
         async for t in self.stream(specs):
             results.append(t)
@@ -217,8 +240,13 @@ class EpisodeManager:
         trajectory (the built-in loop never splits: one trajectory)."""
         await admission()  # backpressure: a saturated sandbox holds new episodes back
         t0 = time.perf_counter()
-        traj = Trajectory(episode_id=f"{spec.group_id}-{spec.sample_index}", group_id=spec.group_id,
-                          env_id=self.env_id, prompt_len=0, sample_index=spec.sample_index)
+        traj = Trajectory(
+            episode_id=f"{spec.group_id}-{spec.sample_index}",
+            group_id=spec.group_id,
+            env_id=self.env_id,
+            prompt_len=0,
+            sample_index=spec.sample_index,
+        )
         state: dict[str, Any] = {}
         run = self.runner.run(self, spec, traj, state) if self.runner is not None else self._run(spec, traj, state)
         inner = asyncio.ensure_future(run)
@@ -250,7 +278,12 @@ class EpisodeManager:
             ep: _Episode | None = state.get("ep")
             if ep is not None:
                 traj.token_ids, traj.loss_mask, traj.logprobs = ep.ids, ep.mask, ep.logprobs
-                traj.turn_ids, traj.versions, traj.turns, traj.messages = ep.turn_ids, ep.versions, ep.turns, ep.messages
+                traj.turn_ids, traj.versions, traj.turns, traj.messages = (
+                    ep.turn_ids,
+                    ep.versions,
+                    ep.turns,
+                    ep.messages,
+                )
                 traj.prompt_len = getattr(ep, "prompt_len", traj.prompt_len)
             traj.info["tool_stats"] = state.get("tool_stats", {})
             traj.wall_s = time.perf_counter() - t0
@@ -291,22 +324,38 @@ class EpisodeManager:
         ep = state["ep"] = _Episode(renderer.prompt_ids(info["messages"]), info["messages"])
         traj.prompt_len = len(ep.ids)
         stats = state["tool_stats"] = {}
-        base = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              top_k=cfg.top_k, stop_token_ids=tuple(renderer.stop_token_ids), seed=spec.sampling_seed,
-                              stop=stop_strings(cfg.stop, env))
+        base = SamplingParams(
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop_token_ids=tuple(renderer.stop_token_ids),
+            seed=spec.sampling_seed,
+            stop=stop_strings(cfg.stop, env),
+        )
         for turn in range(cfg.max_turns):
             budget = cfg.max_context - len(ep.ids)
             if budget < cfg.min_turn_tokens:
                 self._end(traj, Outcome.CONTEXT_OVERFLOW, f"{len(ep.ids)} tokens leave {budget} < min_turn_tokens")
                 return
-            params = replace(base, max_new_tokens=min(cfg.max_new_tokens, budget),
-                             seed=None if base.seed is None else (base.seed + 7919 * turn) % (2**31))
+            params = replace(
+                base,
+                max_new_tokens=min(cfg.max_new_tokens, budget),
+                seed=None if base.seed is None else (base.seed + 7919 * turn) % (2**31),
+            )
             key = state_key_of(env, obs if isinstance(obs, str) else "")
             t_gen = time.perf_counter()
             gen = await self._generate(ep.ids, params, traj.episode_id)
             t_env = time.perf_counter()
-            rec = TurnRecord(index=turn, start=len(ep.ids), n_sampled=len(gen.token_ids), n_observation=0,
-                             finish_reason=gen.finish_reason, gen_s=t_env - t_gen, state_key=key)
+            rec = TurnRecord(
+                index=turn,
+                start=len(ep.ids),
+                n_sampled=len(gen.token_ids),
+                n_observation=0,
+                finish_reason=gen.finish_reason,
+                gen_s=t_env - t_gen,
+                state_key=key,
+            )
             ep.turns.append(rec)
             versions = gen.versions or [self.engine.policy_version] * len(gen.token_ids)
             ep.add_sampled(gen.token_ids, gen.logprobs, versions, turn)
@@ -340,8 +389,11 @@ class EpisodeManager:
                 # does, as glue (mask 0), so the observation delta lines up with the template again
                 delta = renderer.close_ids([]) + delta
             if len(ep.ids) + len(delta) + cfg.min_turn_tokens > cfg.max_context:
-                self._end(traj, Outcome.CONTEXT_OVERFLOW,
-                          f"observation of {len(delta)} tokens would leave no room under max_context={cfg.max_context}")
+                self._end(
+                    traj,
+                    Outcome.CONTEXT_OVERFLOW,
+                    f"observation of {len(delta)} tokens would leave no room under max_context={cfg.max_context}",
+                )
                 return
             ep.add_observation(delta, turn)
             ep.messages.extend(new_msgs)
@@ -365,8 +417,9 @@ class EpisodeManager:
             raise on_error(f"{what} failed: {type(e).__name__}: {e}") from e
 
     async def _generate(self, ids: list[int], params: SamplingParams, session: str):
-        gen = await self._guarded(self.engine.generate(ids, params, session=session), "generation",
-                                  EngineError, EngineError)
+        gen = await self._guarded(
+            self.engine.generate(ids, params, session=session), "generation", EngineError, EngineError
+        )
         if len(gen.logprobs) != len(gen.token_ids) or (gen.versions and len(gen.versions) != len(gen.token_ids)):
             raise EngineError(f"engine returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
         if not gen.token_ids:

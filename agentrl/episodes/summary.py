@@ -16,13 +16,15 @@ Owns the definitions every job shares - ``agentrl run`` (per step and held-out e
 Does not write files or draw tables' surroundings (callers do); ``agentrl.observe.metrics``
 re-exports these names for the logging side.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 from agentrl.trajectory import Outcome, Trajectory
 
@@ -54,8 +56,12 @@ def is_solved(outcome: Outcome | str, reward: float) -> bool:
 def rates(episodes: int, solved: int, infra_failures: int) -> dict[str, float]:
     """``solve_rate`` and ``infra_failure_rate`` over every episode (0.0 when there are none), with
     their counts: ``episodes`` (the denominator), ``infra_failures``."""
-    return {"episodes": episodes, "solve_rate": solved / episodes if episodes else 0.0,
-            "infra_failures": infra_failures, "infra_failure_rate": infra_failures / episodes if episodes else 0.0}
+    return {
+        "episodes": episodes,
+        "solve_rate": solved / episodes if episodes else 0.0,
+        "infra_failures": infra_failures,
+        "infra_failure_rate": infra_failures / episodes if episodes else 0.0,
+    }
 
 
 def episode_rates(ended: Iterable[tuple[Outcome | str, float]]) -> dict[str, float]:
@@ -79,9 +85,11 @@ def summarize(ends: Iterable[End]) -> dict[str, Any]:
     there are none (a gap in a curve, not a 0; a table may show 0)."""
     ends = list(ends)
     ok = [e for e in ends if Outcome(e.outcome).trainable]
-    out: dict[str, Any] = {**episode_rates((e.outcome, e.reward) for e in ends),
-                           "outcomes": dict(Counter(Outcome(e.outcome).value for e in ends)),
-                           "turns_mean": sum(e.turns for e in ends) / len(ends) if ends else 0.0}
+    out: dict[str, Any] = {
+        **episode_rates((e.outcome, e.reward) for e in ends),
+        "outcomes": dict(Counter(Outcome(e.outcome).value for e in ends)),
+        "turns_mean": sum(e.turns for e in ends) / len(ends) if ends else 0.0,
+    }
     if ok:
         out["reward_mean"] = sum(e.ret for e in ok) / len(ok)
         out["tool_use_rate"] = sum(e.tool_calls > 0 for e in ok) / len(ok)
@@ -105,8 +113,10 @@ def eval_stats(trajs: list[Trajectory]) -> dict[str, float]:
     """A held-out eval's row (``eval/...``): the :data:`EVAL_KEYS` of :func:`summarize` (every task
     in the denominator of its solve rate) and ``outcome/<name>`` counts."""
     s = summarize(end_of(t) for t in trajs)
-    return {**{k: s[k] for k in EVAL_KEYS if k in s},
-            **{f"outcome/{k}": float(v) for k, v in sorted(s["outcomes"].items())}}
+    return {
+        **{k: s[k] for k in EVAL_KEYS if k in s},
+        **{f"outcome/{k}": float(v) for k, v in sorted(s["outcomes"].items())},
+    }
 
 
 def _pct(xs: list[float], q: float) -> float:

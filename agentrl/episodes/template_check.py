@@ -19,6 +19,7 @@ parallel tool calls and a user follow-up), ``TemplateReport`` and ``render_repor
 
 Does not: load models from disk or the hub (the caller passes a tokenizer), or fix templates.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -27,10 +28,20 @@ from dataclasses import dataclass, field
 from agentrl.episodes.chat import ChatRenderer, first_difference, render
 from agentrl.errors import TemplateError
 
-SAMPLE_TOOLS = [{"type": "function", "function": {
-    "name": "python", "description": "Run Python code and return its stdout.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "The program."}},
-                   "required": ["code"]}}}]
+SAMPLE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python code and return its stdout.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "The program."}},
+                "required": ["code"],
+            },
+        },
+    }
+]
 
 
 def _call(name: str, code: str) -> str:
@@ -43,11 +54,19 @@ def sample_conversation(tool_name: str = "python") -> list[dict]:
     return [
         {"role": "system", "content": "You are a careful assistant."},
         {"role": "user", "content": "What is 17 * 23? Use the tool."},
-        {"role": "assistant", "content": "<think>\nI should run it.\n</think>\n\nLet me compute that.\n"
-                                         + _call(tool_name, "print(17 * 23)")},
+        {
+            "role": "assistant",
+            "content": "<think>\nI should run it.\n</think>\n\nLet me compute that.\n"
+            + _call(tool_name, "print(17 * 23)"),
+        },
         {"role": "tool", "content": "391"},
-        {"role": "assistant", "content": "<think>\nCheck both orders.\n</think>\n\n"
-                                         + _call(tool_name, "print(17 * 23)") + "\n" + _call(tool_name, "print(23 * 17)")},
+        {
+            "role": "assistant",
+            "content": "<think>\nCheck both orders.\n</think>\n\n"
+            + _call(tool_name, "print(17 * 23)")
+            + "\n"
+            + _call(tool_name, "print(23 * 17)"),
+        },
         {"role": "tool", "content": "391"},
         {"role": "tool", "content": "391"},
         {"role": "assistant", "content": "<think>\nBoth agree.\n</think>\n\nThe answer is 391."},
@@ -68,19 +87,25 @@ def _prefix_check(tok, msgs: list[dict], tools, kw) -> tuple[bool, str]:
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     for t, a in enumerate(turns):
         prompt = render(tok, msgs[:a], tools=tools, add_generation_prompt=True, **kw)
-        after = render(tok, msgs[:a + 1], tools=tools, **kw)
+        after = render(tok, msgs[: a + 1], tools=tools, **kw)
         if not after.startswith(prompt + msgs[a]["content"]):
-            return False, (f"assistant turn {t}: rendering messages[:{a + 1}] is not its prompt followed by the "
-                           f"assistant's text, at {first_difference(prompt + msgs[a]['content'], after)}")
+            return False, (
+                f"assistant turn {t}: rendering messages[:{a + 1}] is not its prompt followed by the "
+                f"assistant's text, at {first_difference(prompt + msgs[a]['content'], after)}"
+            )
         nxt = turns[t + 1] if t + 1 < len(turns) else len(msgs)
         following = render(tok, msgs[:nxt], tools=tools, add_generation_prompt=True, **kw)
         if not following.startswith(after):
-            hint = (" The template rewrites earlier assistant turns (it drops <think> reasoning),"
-                    if after.count("<think>") > following.count("<think>") else
-                    " The template rewrites earlier text,")
-            return False, (f"prefix property broken after assistant turn {t}: the rendering of messages[:{nxt}] "
-                           f"does not start with that of messages[:{a + 1}], at {first_difference(after, following)}."
-                           f"{hint} so the tokens of a rollout would not match what this template shows the model.")
+            hint = (
+                " The template rewrites earlier assistant turns (it drops <think> reasoning),"
+                if after.count("<think>") > following.count("<think>")
+                else " The template rewrites earlier text,"
+            )
+            return False, (
+                f"prefix property broken after assistant turn {t}: the rendering of messages[:{nxt}] "
+                f"does not start with that of messages[:{a + 1}], at {first_difference(after, following)}."
+                f"{hint} so the tokens of a rollout would not match what this template shows the model."
+            )
     return True, f"holds at all {len(turns)} assistant-turn boundaries"
 
 
@@ -96,7 +121,7 @@ def _simulate(renderer: ChatRenderer, msgs: list[dict]) -> list[int]:
         j = i + 1
         while j < len(msgs) and msgs[j]["role"] != "assistant":
             j += 1
-        ids += renderer.observation_ids(msgs[i + 1:j])
+        ids += renderer.observation_ids(msgs[i + 1 : j])
         i = j
     return ids
 
@@ -116,9 +141,13 @@ def check_template(tokenizer, tools: list[dict] | None = None, **template_kwargs
         checks.append((name, passed, detail))
         return passed
 
-    if not add("has_chat_template", lambda: (bool(getattr(tokenizer, "chat_template", None)),
-                                             "present" if getattr(tokenizer, "chat_template", None)
-                                             else "tokenizer.chat_template is empty")):
+    if not add(
+        "has_chat_template",
+        lambda: (
+            bool(getattr(tokenizer, "chat_template", None)),
+            "present" if getattr(tokenizer, "chat_template", None) else "tokenizer.chat_template is empty",
+        ),
+    ):
         return TemplateReport(ok=False, checks=checks)
 
     use_tools = SAMPLE_TOOLS if tools is None else list(tools)
@@ -132,8 +161,10 @@ def check_template(tokenizer, tools: list[dict] | None = None, **template_kwargs
         plain = render(tokenizer, msgs[:2], add_generation_prompt=True, **template_kwargs)
         missing = [t["function"]["name"] for t in use_tools if t["function"]["name"] not in text]
         if text == plain or missing:
-            return False, ("tool schemas are not rendered (missing: " + ", ".join(missing or ["all"]) + "); "
-                           "describe the tools in the system prompt yourself, or use tools=[]")
+            return False, (
+                "tool schemas are not rendered (missing: " + ", ".join(missing or ["all"]) + "); "
+                "describe the tools in the system prompt yourself, or use tools=[]"
+            )
         return True, f"{len(use_tools)} tool schema(s) rendered"
 
     add("renders_tools", renders_tools)
@@ -143,11 +174,15 @@ def check_template(tokenizer, tools: list[dict] | None = None, **template_kwargs
         if renderer.end_of_turn_id is None:
             return False, renderer._turn_error or "no end-of-turn token found"
         tok = tokenizer.convert_ids_to_tokens(renderer.end_of_turn_id)
-        detail = (f"assistant turns end with {tok!r} (id {renderer.end_of_turn_id}), followed by glue "
-                  f"{renderer.glue!r}; stop ids {renderer.stop_token_ids}")
+        detail = (
+            f"assistant turns end with {tok!r} (id {renderer.end_of_turn_id}), followed by glue "
+            f"{renderer.glue!r}; stop ids {renderer.stop_token_ids}"
+        )
         if renderer.end_of_turn_id != tokenizer.eos_token_id:
-            warnings.append(f"end-of-turn token {tok!r} is not tokenizer.eos_token; engines must stop on "
-                            f"ChatRenderer.stop_token_ids, not eos alone")
+            warnings.append(
+                f"end-of-turn token {tok!r} is not tokenizer.eos_token; engines must stop on "
+                f"ChatRenderer.stop_token_ids, not eos alone"
+            )
         return True, detail
 
     add("stop_token", stop_token)
@@ -160,25 +195,35 @@ def check_template(tokenizer, tools: list[dict] | None = None, **template_kwargs
         got = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         state.update(ids=ids, expected=expected)
         if got != expected:
-            return False, f"prompt + sampled turns + observation deltas differ from the full rendering at " \
-                          f"{first_difference(expected, got)}"
-        return True, f"{len(ids)} tokens over {sum(m['role'] == 'assistant' for m in msgs)} turns reproduce " \
-                     f"the full rendering exactly"
+            return (
+                False,
+                f"prompt + sampled turns + observation deltas differ from the full rendering at "
+                f"{first_difference(expected, got)}",
+            )
+        return (
+            True,
+            f"{len(ids)} tokens over {sum(m['role'] == 'assistant' for m in msgs)} turns reproduce "
+            f"the full rendering exactly",
+        )
 
     if add("deltas", deltas):
         whole = renderer.encode(state["expected"])
         ops = difflib.SequenceMatcher(None, whole, state["ids"], autojunk=False).get_opcodes()
         n = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
         if n:
-            warnings.append(f"{n} token(s) differ between per-turn encoding and encoding the full text at once "
-                            f"(informative: rollouts never re-tokenize)")
+            warnings.append(
+                f"{n} token(s) differ between per-turn encoding and encoding the full text at once "
+                f"(informative: rollouts never re-tokenize)"
+            )
         checks.append(("tokenization", True, f"{n} token mismatch(es) vs whole-text tokenization"))
     return TemplateReport(ok=all(p for _, p, _ in checks), checks=checks, warnings=warnings)
 
 
 def render_report(report: TemplateReport) -> str:
     """Plain-text report, one line per check, for the CLI."""
-    lines = ["chat template: " + ("OK for token-exact multi-turn" if report.ok else "NOT OK for token-exact multi-turn")]
+    lines = [
+        "chat template: " + ("OK for token-exact multi-turn" if report.ok else "NOT OK for token-exact multi-turn")
+    ]
     lines += [f"  [{'PASS' if p else 'FAIL'}] {name}: {detail}" for name, p, detail in report.checks]
     lines += [f"  warning: {w}" for w in report.warnings]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ local`` -> a LocalBackend of the pieces above and a Trainer; ``ray`` -> a RayBac
 build their engines from the same config). Does not check or fill config fields (the plan did)
 and does not implement engines, syncs, envs or backends.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,8 +71,13 @@ def make_engine(cfg: RunConfig, model_path: Path):
         return _sglang_engine(cfg, model_path)
     from agentrl.engine.local import LocalEngine
 
-    return LocalEngine.from_pretrained(str(model_path), device=cfg.model.device, dtype=cfg.model.dtype,
-                                       max_batch_size=cfg.engine.max_batch_size, max_context=cfg.rollout.max_context)
+    return LocalEngine.from_pretrained(
+        str(model_path),
+        device=cfg.model.device,
+        dtype=cfg.model.dtype,
+        max_batch_size=cfg.engine.max_batch_size,
+        max_context=cfg.rollout.max_context,
+    )
 
 
 def _sglang_engine(cfg: RunConfig, model_path: Path):
@@ -80,8 +86,13 @@ def _sglang_engine(cfg: RunConfig, model_path: Path):
     if cfg.engine.urls:
         return SGLangEngine(urls=cfg.engine.urls, max_context=cfg.rollout.max_context)
     device = "cpu" if cfg.model.device == "cpu" else "cuda"
-    return SGLangEngine.launch(str(model_path), num_servers=cfg.engine.num_servers, device=device,
-                               max_total_tokens=cfg.engine.max_total_tokens, max_context=cfg.rollout.max_context)
+    return SGLangEngine.launch(
+        str(model_path),
+        num_servers=cfg.engine.num_servers,
+        device=device,
+        max_total_tokens=cfg.engine.max_total_tokens,
+        max_context=cfg.rollout.max_context,
+    )
 
 
 def make_sync(plan: Plan, engine, model_path: Path):
@@ -108,8 +119,10 @@ def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
         if cfg.agent.kind != "builtin":
             from agentrl.errors import ConfigError
 
-            raise ConfigError(f"agent.kind={cfg.agent.kind!r} runs with distributed=local only (the Ray "
-                              "backend's episode actors run the built-in loop)")
+            raise ConfigError(
+                f"agent.kind={cfg.agent.kind!r} runs with distributed=local only (the Ray "
+                "backend's episode actors run the built-in loop)"
+            )
 
         backend = RayBackend.start(cfg, model_path, critic=plan.preset.critic)
         try:

@@ -14,6 +14,7 @@ Used by ``tests/jobs/test_resume.py`` (a few kills) and ``bench/bench_faults.py`
 ``small_run_cmd`` (a seconds-per-step run on a tiny model). A run under test must checkpoint every
 step (``train.checkpoint_every=1``) and have ``output_dir`` set.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,37 @@ def small_run_cmd(model_dir: str | Path, out: str | Path, steps: int, *sets: str
     extra ``--set`` overrides."""
     import sys
 
-    base = [f"model.path={model_dir}", "env.kwargs={n_turns: 1}", "eval.num_tasks=0", "logging.tensorboard=false",
-            "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
-            "rollout.group_size=4", "train.groups_per_step=3", "train.checkpoint_every=1",
-            "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.trajectories_per_step=-1", *sets]
-    cmd = [sys.executable, "-m", "agentrl", "run", "--env", "concise", "--algo", "grpo", "-q",
-           "--out", str(out), "--steps", str(steps)]
+    base = [
+        f"model.path={model_dir}",
+        "env.kwargs={n_turns: 1}",
+        "eval.num_tasks=0",
+        "logging.tensorboard=false",
+        "rollout.max_new_tokens=6",
+        "rollout.max_turns=1",
+        "rollout.score_truncated=true",
+        "rollout.group_size=4",
+        "train.groups_per_step=3",
+        "train.checkpoint_every=1",
+        "trainer.lr=1e-2",
+        "trainer.loss_agg=token-mean",
+        "logging.trajectories_per_step=-1",
+        *sets,
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "run",
+        "--env",
+        "concise",
+        "--algo",
+        "grpo",
+        "-q",
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+    ]
     for s in base:
         cmd += ["--set", s]
     return cmd
@@ -61,13 +87,15 @@ def _last_step(run_dir: Path) -> int:
 
 
 def _last_checkpoint(run_dir: Path) -> int:
-    steps = [int(p.parent.name[5:]) for p in (run_dir / "checkpoints").glob("step_*/COMPLETE")
-             if p.parent.name[5:].isdigit()]
+    steps = [
+        int(p.parent.name[5:]) for p in (run_dir / "checkpoints").glob("step_*/COMPLETE") if p.parent.name[5:].isdigit()
+    ]
     return max(steps, default=0)
 
 
-def run_with_kills(cmd: list[str], run_dir: str | Path, *, kills: int, seed: int = 0,
-                   timeout_s: float = 900.0, env: dict | None = None) -> dict[str, Any]:
+def run_with_kills(
+    cmd: list[str], run_dir: str | Path, *, kills: int, seed: int = 0, timeout_s: float = 900.0, env: dict | None = None
+) -> dict[str, Any]:
     """Run ``cmd`` (an ``agentrl run ...`` argv writing to ``run_dir``), SIGKILLing it ``kills``
     times; returns ``{"kills": [...], "attempts": n, "wall_s": s}``. Raises RuntimeError with the
     output tail if an attempt fails on its own or the whole thing exceeds ``timeout_s``."""
@@ -85,8 +113,11 @@ def run_with_kills(cmd: list[str], run_dir: str | Path, *, kills: int, seed: int
                 plan = {"at": "checkpoint_write", "n": rng.randint(2, 3)}
                 penv["AGENTRL_FAULT_KILL"] = f"checkpoint_write:{plan['n']}"
             else:
-                plan = {"at": "step", "target": _last_checkpoint(run_dir) + rng.randint(2, 4),
-                        "delay_s": round(rng.uniform(0, 0.3), 3)}
+                plan = {
+                    "at": "step",
+                    "target": _last_checkpoint(run_dir) + rng.randint(2, 4),
+                    "delay_s": round(rng.uniform(0, 0.3), 3),
+                }
         start_ckpt = _last_checkpoint(run_dir)
         log = run_dir.parent / f"{run_dir.name}.attempt{attempts}.log"
         run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +134,14 @@ def run_with_kills(cmd: list[str], run_dir: str | Path, *, kills: int, seed: int
                 time.sleep(0.05)
         rc = proc.returncode
         if rc == -signal.SIGKILL and plan:
-            done.append({**plan, "attempt": attempts, "checkpoint_before": start_ckpt,
-                         "checkpoint_after": _last_checkpoint(run_dir)})
+            done.append(
+                {
+                    **plan,
+                    "attempt": attempts,
+                    "checkpoint_before": start_ckpt,
+                    "checkpoint_after": _last_checkpoint(run_dir),
+                }
+            )
             continue
         if rc != 0:
             tail = log.read_text(errors="replace")[-3000:]
@@ -132,9 +169,14 @@ def ledger_check(run_dir: str | Path) -> dict[str, Any]:
     seen: dict[int, int] = {}
     for p in trained + outstanding:
         seen[p] = seen.get(p, 0) + 1
-    return {"steps": steps, "trained": len(trained), "outstanding": len(outstanding), "next": stream["next"],
-            "duplicates": sorted(p for p, n in seen.items() if n > 1),
-            "lost": sorted(set(range(stream["next"])) - set(seen))}
+    return {
+        "steps": steps,
+        "trained": len(trained),
+        "outstanding": len(outstanding),
+        "next": stream["next"],
+        "duplicates": sorted(p for p, n in seen.items() if n > 1),
+        "lost": sorted(set(range(stream["next"])) - set(seen)),
+    }
 
 
 def same_weights(ckpt_a: str | Path, ckpt_b: str | Path) -> list[str]:
@@ -163,5 +205,6 @@ def same_weights(ckpt_a: str | Path, ckpt_b: str | Path) -> list[str]:
                 walk(u, v, f"{path}/{i}")
         elif x != y:
             diff.append(f"optimizer:{path}")
+
     walk(oa, ob, "")
     return diff

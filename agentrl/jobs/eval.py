@@ -25,19 +25,22 @@ in these files even if an env or tool were to echo one).
 
 Does not: tokenize (the API does), train, or compare tokens with a local model.
 """
+
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from agentrl.errors import ConfigError, EpisodeError
 from agentrl.common.llm_api import ApiClient, ChatReply, public_url, redact
-from agentrl.episodes.summary import End, summarize as summarize_ends
+from agentrl.episodes.summary import End
+from agentrl.episodes.summary import summarize as summarize_ends
+from agentrl.errors import ConfigError, EpisodeError
 from agentrl.tools.calls import get_parser
 from agentrl.trajectory import Outcome, json_text
 
@@ -77,25 +80,44 @@ def render_action(reply: ChatReply, parser: str) -> str:
             args = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
         except (ValueError, RecursionError):  # bad JSON, too deep, an int past the digit limit
             pass  # kept as the raw string: the env's parser answers it as a malformed call
-        if parser == "python_block" and c["name"] == "python" and isinstance(args, dict) and isinstance(args.get("code"), str):
+        if (
+            parser == "python_block"
+            and c["name"] == "python"
+            and isinstance(args, dict)
+            and isinstance(args.get("code"), str)
+        ):
             parts.append(f"```python\n{args['code']}\n```")
         else:
-            parts.append("<tool_call>\n" + json.dumps({"name": c["name"], "arguments": args}, ensure_ascii=False)
-                         + "\n</tool_call>")
+            parts.append(
+                "<tool_call>\n"
+                + json.dumps({"name": c["name"], "arguments": args}, ensure_ascii=False)
+                + "\n</tool_call>"
+            )
     return "\n".join(parts)
 
 
 def _api_assistant(reply: ChatReply, action: str, parser: str) -> tuple[dict, list[str]]:
     """The assistant message sent back to the API and the ids of the calls it declares."""
     if reply.tool_calls:
-        calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]
-                  if isinstance(c["arguments"], str) else json.dumps(c["arguments"])}} for c in reply.tool_calls]
+        calls = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {
+                    "name": c["name"],
+                    "arguments": c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"]),
+                },
+            }
+            for c in reply.tool_calls
+        ]
         return {"role": "assistant", "content": reply.content or None, "tool_calls": calls}, [c["id"] for c in calls]
     parsed = get_parser(parser)(action)
     if not parsed.calls:
         return {"role": "assistant", "content": action}, []
-    calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-             for c in parsed.calls]
+    calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+        for c in parsed.calls
+    ]
     return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, [c.id for c in parsed.calls]
 
 
@@ -124,8 +146,16 @@ async def _env_call(env: Any, name: str, *args: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(getattr(env, name), *args, **kw)
 
 
-async def run_api_episode(client: ApiClient, make_env: Callable[[], Any], index: int, task_seed: int, *,
-                          max_turns: int = 8, score_truncated: bool = False, options: dict | None = None) -> ApiEpisode:
+async def run_api_episode(
+    client: ApiClient,
+    make_env: Callable[[], Any],
+    index: int,
+    task_seed: int,
+    *,
+    max_turns: int = 8,
+    score_truncated: bool = False,
+    options: dict | None = None,
+) -> ApiEpisode:
     """One episode; never raises (but the caller's cancellation). The outcome says how it ended."""
     ep = ApiEpisode(index=index, task_seed=task_seed)
     env = None
@@ -182,9 +212,13 @@ def summarize(episodes: list[ApiEpisode]) -> dict[str, Any]:
     ones; 0.0 here when there are none) plus the API's token usage. An API episode's return is its
     terminal reward (the text-level loop keeps no per-turn rewards)."""
     s = summarize_ends(End(e.outcome, e.reward, e.reward, e.turns, e.tool_calls) for e in episodes)
-    return {"reward_mean": 0.0, "tool_use_rate": 0.0, **s,
-            "prompt_tokens": sum(e.usage.get("prompt_tokens", 0) for e in episodes),
-            "completion_tokens": sum(e.usage.get("completion_tokens", 0) for e in episodes)}
+    return {
+        "reward_mean": 0.0,
+        "tool_use_rate": 0.0,
+        **s,
+        "prompt_tokens": sum(e.usage.get("prompt_tokens", 0) for e in episodes),
+        "completion_tokens": sum(e.usage.get("completion_tokens", 0) for e in episodes),
+    }
 
 
 def _public(obj: Any) -> Any:
@@ -203,14 +237,25 @@ def output_paths(out: str | Path) -> tuple[Path, Path, Path]:
     return out, out.with_name(stem + ".episodes.jsonl"), out.with_name(stem + ".summary.json")
 
 
-async def run_eval(env_id: str, client: ApiClient, *, n: int = 8, env_kwargs: dict | None = None, seed: int = 0,
-                   max_turns: int | None = None, concurrency: int = 8, episode_timeout_s: float = 1800.0,
-                   score_truncated: bool = False, min_reward: float | None = None, out: str | Path | None = None,
-                   on_episode: Callable[[ApiEpisode], None] | None = None) -> dict[str, Any]:
+async def run_eval(
+    env_id: str,
+    client: ApiClient,
+    *,
+    n: int = 8,
+    env_kwargs: dict | None = None,
+    seed: int = 0,
+    max_turns: int | None = None,
+    concurrency: int = 8,
+    episode_timeout_s: float = 1800.0,
+    score_truncated: bool = False,
+    min_reward: float | None = None,
+    out: str | Path | None = None,
+    on_episode: Callable[[ApiEpisode], None] | None = None,
+) -> dict[str, Any]:
     """Run ``n`` episodes of ``env_id`` (tasks chosen by ``seed`` as ``agentrl rollout`` chooses them)
     with at most ``concurrency`` in flight; write the files (module docstring) as episodes finish."""
-    from agentrl.episodes.manager import make_specs
     from agentrl.envs.registry import make, spec
+    from agentrl.episodes.manager import make_specs
 
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n (episodes) must be an int >= 1, got {n!r}")
@@ -232,11 +277,21 @@ async def run_eval(env_id: str, client: ApiClient, *, n: int = 8, env_kwargs: di
     async def one(i: int, task_seed: int) -> ApiEpisode:
         try:
             async with asyncio.timeout(episode_timeout_s):
-                return await run_api_episode(client, lambda: make(env_id, **env_kwargs), i, task_seed,
-                                             max_turns=max_turns, score_truncated=score_truncated)
+                return await run_api_episode(
+                    client,
+                    lambda: make(env_id, **env_kwargs),
+                    i,
+                    task_seed,
+                    max_turns=max_turns,
+                    score_truncated=score_truncated,
+                )
         except TimeoutError:
-            return ApiEpisode(index=i, task_seed=task_seed, outcome=Outcome.DEADLINE.value,
-                              detail=f"episode passed its {episode_timeout_s:g} s deadline")
+            return ApiEpisode(
+                index=i,
+                task_seed=task_seed,
+                outcome=Outcome.DEADLINE.value,
+                detail=f"episode passed its {episode_timeout_s:g} s deadline",
+            )
 
     async def worker() -> None:
         for i, s in queue:
@@ -258,10 +313,18 @@ async def run_eval(env_id: str, client: ApiClient, *, n: int = 8, env_kwargs: di
         for fh in files:
             fh.close()
     episodes.sort(key=lambda e: e.index)
-    summary = {"env": env_id, "env_kwargs": _public(env_kwargs), **client.describe(), "seed": seed, "max_turns": max_turns,
-               **summarize(episodes), "wall_s": time.perf_counter() - t0,
-               "chat_rows": sum(e.outcome == Outcome.OK.value and (min_reward is None or e.reward >= min_reward)
-                                for e in episodes)}
+    summary = {
+        "env": env_id,
+        "env_kwargs": _public(env_kwargs),
+        **client.describe(),
+        "seed": seed,
+        "max_turns": max_turns,
+        **summarize(episodes),
+        "wall_s": time.perf_counter() - t0,
+        "chat_rows": sum(
+            e.outcome == Outcome.OK.value and (min_reward is None or e.reward >= min_reward) for e in episodes
+        ),
+    }
     if paths:
         summary["files"] = {"chat": str(paths[0]), "episodes": str(paths[1]), "summary": str(paths[2])}
         paths[2].write_text(redact(json.dumps(summary, indent=2, default=str)))

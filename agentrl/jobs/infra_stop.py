@@ -5,10 +5,11 @@ broken env). Such a run would otherwise train on nothing, write checkpoints and 
 Owns :func:`stop_if_all_failed`. Does not: judge partial failure rates (``agentrl.observe.monitors`` alerts on
 those, ``monitor.pause_on`` can pause on them), nor decide when it is called (``agentrl.jobs.run``).
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from agentrl.errors import InfraFailureError
 from agentrl.trajectory import Outcome, Trajectory
@@ -29,5 +30,7 @@ def stop_if_all_failed(trajs: Iterable[Trajectory], what: str) -> None:
         return
     detail = next((t.outcome_detail for t in trajs if t.outcome_detail), "")
     example = " ".join(detail.split())[:200] or "no detail recorded"
-    raise InfraFailureError(f"every one of the {len(trajs)} episodes of {what} ended {outcome.value} "
-                            f"(e.g. {example!r}): stopping instead of training on nothing")
+    raise InfraFailureError(
+        f"every one of the {len(trajs)} episodes of {what} ended {outcome.value} "
+        f"(e.g. {example!r}): stopping instead of training on nothing"
+    )

@@ -5,6 +5,7 @@ Owns ``LocalBackend``, the same shape as ``agentrl.distributed.RayBackend`` (``e
 talks to one backend object whichever mode runs. Its pieces are built by
 ``agentrl.jobs.build.start_backend``; it does not build, start or implement any of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,12 +6,14 @@ or SGLang), streaming trajectories to ``trajectories.jsonl`` as they finish (a c
 already finished), writing the resolved config and metrics, and the progress bar. Also
 ``tune_gc``, which every job's entry point calls. Does not define or build any of the pieces.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
@@ -40,8 +42,15 @@ async def collect(manager: EpisodeManager, specs, out_file: Path | None, progres
     results: list[Trajectory] = []
     fh = open(out_file, "a", encoding="utf-8") if out_file else None
     try:
-        with Progress(TextColumn("[bold]episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[status]}"), disable=not progress, transient=False) as bar:
+        with Progress(
+            TextColumn("[bold]episodes"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            disable=not progress,
+            transient=False,
+        ) as bar:
             task = bar.add_task("episodes", total=len(specs), status="")
             async for t in manager.stream(specs):
                 results.append(t)
@@ -49,15 +58,18 @@ async def collect(manager: EpisodeManager, specs, out_file: Path | None, progres
                     fh.write(json_text(t.to_dict()) + "\n")
                     fh.flush()
                 m = manager.metrics
-                bar.update(task, advance=1, status=f"ok={m.outcomes.get('ok', 0)} turns/s={m.summary()['turns_per_s']:.1f}")
+                bar.update(
+                    task, advance=1, status=f"ok={m.outcomes.get('ok', 0)} turns/s={m.summary()['turns_per_s']:.1f}"
+                )
     finally:
         if fh:
             fh.close()
     return results
 
 
-def run_rollout(cfg: RunConfig | Plan, progress: bool = True,
-                note: Callable[[str], None] = print) -> tuple[list[Trajectory], RolloutMetrics, Path]:
+def run_rollout(
+    cfg: RunConfig | Plan, progress: bool = True, note: Callable[[str], None] = print
+) -> tuple[list[Trajectory], RolloutMetrics, Path]:
     """Run ``cfg``'s rollout (its plan for job ``rollout``); returns the trajectories, their
     metrics and the output directory."""
     from transformers import AutoTokenizer

@@ -13,6 +13,7 @@ every piece comes from ``agentrl.jobs.build``; the loop talks to one backend obj
 ``LocalBackend`` (``distributed: local``) or a ``RayBackend`` (``ray``), the same way. Does not
 implement any of those pieces.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -98,8 +99,10 @@ class Runner:
             self.trainer, self.engine = self.backend.trainer, self.backend.engine
             self.step = int(extra.get("step", 0))
             self.kl.value = float(extra.get("kl_in_reward", self.cfg.algo.kl_in_reward or 0.0))  # adapted: checkpointed
-            self.stream = PromptStream.from_state(extra.get("stream") or {"next": int(extra.get("data_position", 0))},
-                                                  max_drops=cfg.train.max_prompt_drops)
+            self.stream = PromptStream.from_state(
+                extra.get("stream") or {"next": int(extra.get("data_position", 0))},
+                max_drops=cfg.train.max_prompt_drops,
+            )
             if resume:
                 rewind(self.run_dir, self.step)  # what happened after the checkpoint is redone
                 self.restored = load_ready(resume / "rollouts.jsonl")
@@ -109,9 +112,13 @@ class Runner:
 
                 self.replay = ReplaySource(cfg.train.replay, cfg.train.steps)
             self.weight_sync = make_sync(self.plan, self.engine, self.model_path)
-            self.sinks, warnings = make_sinks(self.run_dir, tensorboard=cfg.logging.tensorboard,
-                                              wandb_project=cfg.logging.wandb_project, config=to_dict(cfg),
-                                              resume_step=self.step if resume is not None else None)
+            self.sinks, warnings = make_sinks(
+                self.run_dir,
+                tensorboard=cfg.logging.tensorboard,
+                wandb_project=cfg.logging.wandb_project,
+                config=to_dict(cfg),
+                resume_step=self.step if resume is not None else None,
+            )
         except BaseException:  # actors and process groups must not outlive a failed setup
             self.backend.close()
             raise
@@ -126,7 +133,9 @@ class Runner:
         """Gather the trainer's weights and push them through the configured WeightSync; seconds."""
         t0 = time.perf_counter()
         state = await asyncio.to_thread(self.trainer.full_state_dict)
-        async with weight_update_gate(self.engine, self.backend.remote_gates()) as self.drain_s:  # 0.0 with partial rollouts
+        async with weight_update_gate(
+            self.engine, self.backend.remote_gates()
+        ) as self.drain_s:  # 0.0 with partial rollouts
             self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
 
@@ -139,9 +148,19 @@ class Runner:
         shaping = dataclasses.replace(self.plan.shaping, kl_coef=self.kl.value)
         values_fn = (lambda trajs: tr.values(_as_samples(trajs))) if self.preset.critic else None
         ref_fn = (lambda trajs: tr.ref_logprobs(_as_samples(trajs))) if shaping.needs_reference else None
-        return build_samples(groups, self.preset, credit=cfg.algo.credit, gamma=cfg.algo.gamma, lam=cfg.algo.lam,
-                             values_fn=values_fn, omega=cfg.algo.gigpo_omega, shaping=shaping, ref_fn=ref_fn,
-                             whiten=bool(cfg.algo.whiten_advantages), turn_return_std=cfg.algo.turn_return_std)
+        return build_samples(
+            groups,
+            self.preset,
+            credit=cfg.algo.credit,
+            gamma=cfg.algo.gamma,
+            lam=cfg.algo.lam,
+            values_fn=values_fn,
+            omega=cfg.algo.gigpo_omega,
+            shaping=shaping,
+            ref_fn=ref_fn,
+            whiten=bool(cfg.algo.whiten_advantages),
+            turn_return_std=cfg.algo.turn_return_std,
+        )
 
     async def evaluate(self, first: bool = False) -> dict[str, float]:
         ev = self.cfg.eval
@@ -160,8 +179,9 @@ class Runner:
         running: set[asyncio.Task] = set()
 
         async def run_group(index: int, position: int) -> None:
-            specs = make_specs(1, G, seed=self.cfg.rollout.seed, start=position,
-                               attempt=self.stream.drops.get(position, 0))
+            specs = make_specs(
+                1, G, seed=self.cfg.rollout.seed, start=position, attempt=self.stream.drops.get(position, 0)
+            )
             # run_segments: a proxy-mode episode whose agent rewrote its history yields several trajectories
             run = getattr(manager, "run_segments", None)
             done = await asyncio.gather(*(run(s) if run else manager.run_episode(s) for s in specs))
@@ -256,6 +276,7 @@ class Runner:
             except Exception as e:
                 self.lost = e
                 main.cancel()
+
         return asyncio.create_task(beat())
 
     async def _run(self) -> dict[str, Any]:
@@ -278,9 +299,13 @@ class Runner:
             await self.engine.close()
             self.backend.close()
             raise
-        queue = StalenessQueue(cfg.train.max_staleness, cfg.train.groups_per_step, on_drop=self.stream.drop,
-                               keep=has_signal if cfg.algo.dynamic_sampling else None,
-                               max_draws=cfg.algo.max_draw_batches)
+        queue = StalenessQueue(
+            cfg.train.max_staleness,
+            cfg.train.groups_per_step,
+            on_drop=self.stream.drop,
+            keep=has_signal if cfg.algo.dynamic_sampling else None,
+            max_draws=cfg.algo.max_draw_batches,
+        )
         queue.version = self.trainer.version
         queue.restore(self.restored, **self.restored_counts)
         self.queue = queue
@@ -317,23 +342,36 @@ class Runner:
                 sync_s = await self._sync_weights()
                 await queue.set_version(self.trainer.version)
                 self.step += 1
-                self.ledger.append(self.step, self.trainer.version, positions, [g[0].group_id for g in groups],
-                                   filtered=filtered)
+                self.ledger.append(
+                    self.step, self.trainer.version, positions, [g[0].group_id for g in groups], filtered=filtered
+                )
                 self.stream.trained([*positions, *filtered])
                 self.supervisor.stepped(self.step)
                 self.trajectory_log.write(self.step, groups, trainable(groups)[0], [x.advantages for x in samples])
-                row: dict[str, Any] = {"rollout": {**rollout_stats(groups), **rollout_extra(groups)},
-                                       "train": tm, "credit": sstats,
-                                       "staleness": {**queue.metrics(), "rerun_drops": self.stream.redrops,
-                                                     "abandoned_prompts": len(self.stream.abandoned)},
-                                       **({"dapo": dynamic_sampling_metrics(len(groups), len(filtered),
-                                                                            cfg.train.groups_per_step)}
-                                          if cfg.algo.dynamic_sampling and self.replay is None else {}),
-                                       "sandbox": queue_summary(take_queue_waits()),
-                                       "time": {"wait_rollout_s": t_wait,
-                                       "step_s": time.perf_counter() - t0, "weight_sync_s": sync_s,
-                                       "weight_push_s": self.last_sync.seconds, "drain_wait_s": self.drain_s,
-                                       "elapsed_s": time.perf_counter() - t_start}}
+                row: dict[str, Any] = {
+                    "rollout": {**rollout_stats(groups), **rollout_extra(groups)},
+                    "train": tm,
+                    "credit": sstats,
+                    "staleness": {
+                        **queue.metrics(),
+                        "rerun_drops": self.stream.redrops,
+                        "abandoned_prompts": len(self.stream.abandoned),
+                    },
+                    **(
+                        {"dapo": dynamic_sampling_metrics(len(groups), len(filtered), cfg.train.groups_per_step)}
+                        if cfg.algo.dynamic_sampling and self.replay is None
+                        else {}
+                    ),
+                    "sandbox": queue_summary(take_queue_waits()),
+                    "time": {
+                        "wait_rollout_s": t_wait,
+                        "step_s": time.perf_counter() - t0,
+                        "weight_sync_s": sync_s,
+                        "weight_push_s": self.last_sync.seconds,
+                        "drain_wait_s": self.drain_s,
+                        "elapsed_s": time.perf_counter() - t_start,
+                    },
+                }
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
                     row["eval"] = await self.evaluate()
                 self._log(row, display)
@@ -402,9 +440,15 @@ class Runner:
         kept = {p for p, _ in snap["ready"]}
         # filtered groups not yet recorded with a step run again after a resume (recorded nowhere)
         outstanding = [p for p in self.in_flight.values() if p not in kept] + snap["filtered"]
-        extra = {"step": self.step, "data_position": self.stream.next, "stream": self.stream.state(outstanding),
-                 "queue": {k: v for k, v in snap.items() if k not in ("ready", "filtered")},
-                 "policy_version": self.trainer.version, "final": final, "kl_in_reward": self.kl.value}
+        extra = {
+            "step": self.step,
+            "data_position": self.stream.next,
+            "stream": self.stream.state(outstanding),
+            "queue": {k: v for k, v in snap.items() if k not in ("ready", "filtered")},
+            "policy_version": self.trainer.version,
+            "final": final,
+            "kl_in_reward": self.kl.value,
+        }
         self.trainer.save(path, extra=extra, files={"rollouts.jsonl": dump_ready(snap["ready"])})
         return path
 
@@ -413,11 +457,17 @@ class Runner:
 
         first = getattr(self, "first_eval", {}) or {}
         summary = {
-            "algo": self.cfg.algo.name, "steps": self.step, "wall_s": wall_s,
-            **{f"eval_{k}_{when}": ev.get(k) for when, ev in (("start", first), ("end", final))
-               for k in ("solve_rate", "infra_failure_rate")},
+            "algo": self.cfg.algo.name,
+            "steps": self.step,
+            "wall_s": wall_s,
+            **{
+                f"eval_{k}_{when}": ev.get(k)
+                for when, ev in (("start", first), ("end", final))
+                for k in ("solve_rate", "infra_failure_rate")
+            },
             "eval_tool_use_rate_end": final.get("tool_use_rate"),
-            "rollout": rollout_metrics.summary(), "model": str(self.model_path),
+            "rollout": rollout_metrics.summary(),
+            "model": str(self.model_path),
         }
         if self.paused is not None:
             summary["paused"] = {"step": self.paused.step, "kind": self.paused.kind, "message": self.paused.message}
@@ -439,5 +489,12 @@ def _replace(obj, **kw):
 def _as_samples(trajs: list[Trajectory]):
     from agentrl.trainer import TrainSample
 
-    return [TrainSample(token_ids=t.token_ids, loss_mask=t.loss_mask, behaviour_logprobs=t.logprobs,
-                        advantages=[0.0] * len(t.token_ids)) for t in trajs]
+    return [
+        TrainSample(
+            token_ids=t.token_ids,
+            loss_mask=t.loss_mask,
+            behaviour_logprobs=t.logprobs,
+            advantages=[0.0] * len(t.token_ids),
+        )
+        for t in trajs
+    ]

@@ -13,6 +13,7 @@ cuda when the Ray layout asks for GPUs (``ray.engine_gpus`` or ``ray.trainer_gpu
 
 Does not: load models, create process groups (``agentrl.trainer.dist``) or read config files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,8 +72,10 @@ def choose(device: str, dtype: str, cuda: bool, what: str = "model") -> tuple[st
         device = "cuda" if cuda else "cpu"
     kind = _check_device(device, f"{what}.device")
     if kind == "cuda" and not cuda:
-        raise ConfigError(f"{what}.device: {device!r} but no CUDA GPU is visible to torch here "
-                          "(check `agentrl doctor`); use 'auto' or 'cpu'")
+        raise ConfigError(
+            f"{what}.device: {device!r} but no CUDA GPU is visible to torch here "
+            "(check `agentrl doctor`); use 'auto' or 'cpu'"
+        )
     if dtype == AUTO:
         dtype = "bfloat16" if kind == "cuda" else "float32"
     return device, dtype
@@ -124,5 +127,4 @@ def device_line(cfg: Any, found: Accelerators | None = None) -> str:
         if found.names:
             where += f" ({found.count} x {found.names[0]})"
     trainer_dtype = compute_dtype(getattr(t, "param_dtype", m.dtype), "cuda" if t.device != "cpu" else "cpu")
-    return (f"device: {where}, dtype {m.dtype}; trainer {t.device} / {trainer_dtype} compute, "
-            "float32 master weights")
+    return f"device: {where}, dtype {m.dtype}; trainer {t.device} / {trainer_dtype} compute, float32 master weights"

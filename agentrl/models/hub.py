@@ -14,6 +14,7 @@ gated or unauthorized (naming HF_TOKEN), the revision missing, the Hub unreachab
 
 Does not: load the model, or decide the built-in default model (``agentrl.warmstart.default_model``).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,20 @@ from agentrl.errors import ConfigError
 #: A Hub repo id: ``namespace/name`` with the Hub's characters, optional ``@revision``.
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<rev>[\w./-]{1,200}))?$")
 #: Files of other frameworks and exports a torch run never reads: not downloaded.
-SKIP = ("*.onnx", "*.onnx_data", "onnx/*", "*.gguf", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.mlmodel",
-        "openvino/*", "original/*", "coreml/*")
+SKIP = (
+    "*.onnx",
+    "*.onnx_data",
+    "onnx/*",
+    "*.gguf",
+    "*.h5",
+    "*.msgpack",
+    "*.ot",
+    "*.tflite",
+    "*.mlmodel",
+    "openvino/*",
+    "original/*",
+    "coreml/*",
+)
 #: Pickled torch weights, skipped when the repo also has safetensors.
 PICKLED = ("*.bin", "*.pt", "*.pth")
 
@@ -51,8 +64,10 @@ def parse_ref(ref: str, revision: str | None = None, what: str = "model.path") -
         return local
     m = _HUB_ID.match(ref)
     if not m or ".." in ref or ref.startswith(("/", ".", "~")):
-        raise ConfigError(f"{what}: {ref!r} does not exist and is not a Hub id ('org/name' or 'org/name@revision'); "
-                          "pass a local HF model directory, a Hub id, or null for the built-in model")
+        raise ConfigError(
+            f"{what}: {ref!r} does not exist and is not a Hub id ('org/name' or 'org/name@revision'); "
+            "pass a local HF model directory, a Hub id, or null for the built-in model"
+        )
     rev = m.group("rev")
     if rev and revision and rev != revision:
         raise ConfigError(f"model.revision: {revision!r} disagrees with the revision in {what} {ref!r}")
@@ -64,7 +79,9 @@ def hub_cache_dir(environ: dict | None = None) -> Path:
     env = os.environ if environ is None else environ
     if env.get("HF_HUB_CACHE"):
         return Path(env["HF_HUB_CACHE"]).expanduser()
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return Path(home).expanduser() / "hub"
 
 
@@ -111,30 +128,47 @@ def explain(e: BaseException, ref: HubRef, what: str = "model.path") -> ConfigEr
     name = f"{what}: Hub model {str(ref)!r}"
     status = _status(e)
     if isinstance(e, E.GatedRepoError):
-        return ConfigError(f"{name} is gated ({status or 'HTTP 401/403'}): "
-                           + ("the HF_TOKEN given may not read it; " if _token() else "no HF_TOKEN is set; ") + tail)
+        return ConfigError(
+            f"{name} is gated ({status or 'HTTP 401/403'}): "
+            + ("the HF_TOKEN given may not read it; " if _token() else "no HF_TOKEN is set; ")
+            + tail
+        )
     if isinstance(e, E.RevisionNotFoundError):
-        return ConfigError(f"{name}: revision {ref.revision!r} does not exist (404); use a branch, tag or commit "
-                           "of the repo, or model.revision: null for main")
+        return ConfigError(
+            f"{name}: revision {ref.revision!r} does not exist (404); use a branch, tag or commit "
+            "of the repo, or model.revision: null for main"
+        )
     if isinstance(e, E.RepositoryNotFoundError) or status == 404:
-        return ConfigError(f"{name} was not found on {hub_endpoint()} ({status or 404}); check the id, or if it is "
-                           f"private {tail}")
+        return ConfigError(
+            f"{name} was not found on {hub_endpoint()} ({status or 404}); check the id, or if it is private {tail}"
+        )
     if status in (401, 403):
-        return ConfigError(f"{name}: access refused ({status}): "
-                           + ("the HF_TOKEN given is not accepted for it; " if _token() else "no HF_TOKEN is set; ")
-                           + tail)
+        return ConfigError(
+            f"{name}: access refused ({status}): "
+            + ("the HF_TOKEN given is not accepted for it; " if _token() else "no HF_TOKEN is set; ")
+            + tail
+        )
     if isinstance(e, E.LocalEntryNotFoundError) and offline():
-        return ConfigError(f"{name} is not in the HF cache {hub_cache_dir()} and HF_HUB_OFFLINE=1 forbids "
-                           "downloading it; download it once with network access (unset HF_HUB_OFFLINE), or "
-                           "pass a local directory")
+        return ConfigError(
+            f"{name} is not in the HF cache {hub_cache_dir()} and HF_HUB_OFFLINE=1 forbids "
+            "downloading it; download it once with network access (unset HF_HUB_OFFLINE), or "
+            "pass a local directory"
+        )
     if isinstance(e, getattr(E, "IncompleteSnapshotError", ())):
-        return ConfigError(f"{name}: the cached copy in {hub_cache_dir()} is incomplete and the Hub cannot be "
-                           "reached to finish it; retry with network access")
-    if isinstance(e, E.LocalEntryNotFoundError) or isinstance(e, OSError) or type(e).__module__.startswith(
-            ("httpx", "requests", "urllib3")):
-        return ConfigError(f"{name} cannot be downloaded: {hub_endpoint()} is not reachable and the model is not "
-                           f"in the HF cache {hub_cache_dir()} ({type(e).__name__}); check the network (or "
-                           "HF_ENDPOINT), or set HF_HUB_OFFLINE=1 to use only cached models")
+        return ConfigError(
+            f"{name}: the cached copy in {hub_cache_dir()} is incomplete and the Hub cannot be "
+            "reached to finish it; retry with network access"
+        )
+    if (
+        isinstance(e, E.LocalEntryNotFoundError)
+        or isinstance(e, OSError)
+        or type(e).__module__.startswith(("httpx", "requests", "urllib3"))
+    ):
+        return ConfigError(
+            f"{name} cannot be downloaded: {hub_endpoint()} is not reachable and the model is not "
+            f"in the HF cache {hub_cache_dir()} ({type(e).__name__}); check the network (or "
+            "HF_ENDPOINT), or set HF_HUB_OFFLINE=1 to use only cached models"
+        )
     first = (scrub(str(e)).strip().splitlines() or [type(e).__name__])[0][:200]
     return ConfigError(f"{name} cannot be fetched ({status or type(e).__name__}): {first}")
 
@@ -178,9 +212,15 @@ def download(ref: HubRef, what: str = "model.path") -> Path:
     if files is None:  # offline or unreachable: skip what the cached copy skipped, so it reads as complete
         files = _cached_files(ref) or []
     try:
-        path = snapshot_download(ref.repo_id, revision=ref.revision, cache_dir=str(hub_cache_dir()),
-                                 endpoint=hub_endpoint(), token=_token(), local_files_only=is_offline,
-                                 ignore_patterns=skip_patterns(files))
+        path = snapshot_download(
+            ref.repo_id,
+            revision=ref.revision,
+            cache_dir=str(hub_cache_dir()),
+            endpoint=hub_endpoint(),
+            token=_token(),
+            local_files_only=is_offline,
+            ignore_patterns=skip_patterns(files),
+        )
     except Exception as e:  # noqa: BLE001 - every failure becomes one ConfigError naming the id
         raise explain(e, ref, what) from None
     return Path(path)

@@ -11,6 +11,7 @@ tokenizer is there. Each failure is a ``ConfigError`` naming the file and the pr
 Does not: verify tensor contents (checkpoints carry checksums for that: ``agentrl.trainer.manifest``),
 nor load the model.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,12 +76,15 @@ def _check_weights(d: Path, what: str) -> None:
     elif (d / "pytorch_model.bin").is_file() or (d / "pytorch_model.bin.index.json").is_file():
         return  # pickled weights: no header to check without loading them
     else:
-        raise ConfigError(f"{what}: {d} has no weights (model.safetensors, model.safetensors.index.json or "
-                          "pytorch_model.bin)")
+        raise ConfigError(
+            f"{what}: {d} has no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
+        )
     for name in files:
         f = d / name
         if not f.is_file():
-            raise ConfigError(f"{what}: weight file {f} is missing" + (f" (named by {index.name})" if index.is_file() else ""))
+            raise ConfigError(
+                f"{what}: weight file {f} is missing" + (f" (named by {index.name})" if index.is_file() else "")
+            )
         problem = safetensors_problem(f)
         if problem:
             raise ConfigError(f"{what}: weight file {f} {problem}")
@@ -89,8 +93,10 @@ def _check_weights(d: Path, what: str) -> None:
 def _check_config(d: Path, what: str) -> None:
     f = d / "config.json"
     if not f.is_file():
-        raise ConfigError(f"{what}: {str(d)!r} is not an HF model directory (no config.json); pass an HF model "
-                          "directory, a Hub id ('org/name'), or null for the built-in model")
+        raise ConfigError(
+            f"{what}: {str(d)!r} is not an HF model directory (no config.json); pass an HF model "
+            "directory, a Hub id ('org/name'), or null for the built-in model"
+        )
     data = _json_file(f, what)
     if not isinstance(data, dict):
         raise ConfigError(f"{what}: {f} must hold a JSON object, got {type(data).__name__}")
@@ -100,23 +106,30 @@ def _check_config(d: Path, what: str) -> None:
         AutoConfig.from_pretrained(str(d))
     except Exception as e:  # noqa: BLE001 - transformers raises many types for a config it cannot use
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ConfigError(f"{what}: {f} cannot be read by transformers (model_type "
-                          f"{data.get('model_type')!r}): {first}") from None
+        raise ConfigError(
+            f"{what}: {f} cannot be read by transformers (model_type {data.get('model_type')!r}): {first}"
+        ) from None
 
 
 def _check_tokenizer(d: Path, what: str) -> None:
-    if any((d / n).is_file() for n in TOKENIZER_FILES) or ((d / "vocab.json").is_file() and (d / "merges.txt").is_file()):
+    if any((d / n).is_file() for n in TOKENIZER_FILES) or (
+        (d / "vocab.json").is_file() and (d / "merges.txt").is_file()
+    ):
         return
-    raise ConfigError(f"{what}: {d} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)} or vocab.json + "
-                      "merges.txt); copy them from the base model")
+    raise ConfigError(
+        f"{what}: {d} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)} or vocab.json + "
+        "merges.txt); copy them from the base model"
+    )
 
 
 def check_model_dir(path: str | Path, what: str = "model.path") -> Path:
     """``path`` as a Path if it is a usable HF model directory; else ConfigError (see module doc)."""
     d = Path(path).expanduser()
     if not d.exists():
-        raise ConfigError(f"{what}: {str(path)!r} does not exist; pass an HF model directory, a Hub id "
-                          "('org/name'), or null for the built-in model")
+        raise ConfigError(
+            f"{what}: {str(path)!r} does not exist; pass an HF model directory, a Hub id "
+            "('org/name'), or null for the built-in model"
+        )
     if not d.is_dir():
         raise ConfigError(f"{what}: {str(path)!r} is a file, not an HF model directory")
     _check_config(d, what)

@@ -5,8 +5,33 @@ The definitions (solved, rates, reward and tool use, the per-step and eval rows,
 ``agentrl rollout`` and ``agentrl eval`` all take them from; this module re-exports them for the
 sinks, reports and callers that import them from here. Owns nothing else.
 """
-from agentrl.episodes.summary import (EVAL_KEYS, End, RolloutMetrics, end_of, episode_rates, episode_return,
-                                      eval_stats, is_solved, rates, rates_of, rollout_stats, summarize)
 
-__all__ = ["EVAL_KEYS", "End", "RolloutMetrics", "end_of", "episode_rates", "episode_return", "eval_stats",
-           "is_solved", "rates", "rates_of", "rollout_stats", "summarize"]
+from agentrl.episodes.summary import (
+    EVAL_KEYS,
+    End,
+    RolloutMetrics,
+    end_of,
+    episode_rates,
+    episode_return,
+    eval_stats,
+    is_solved,
+    rates,
+    rates_of,
+    rollout_stats,
+    summarize,
+)
+
+__all__ = [
+    "EVAL_KEYS",
+    "End",
+    "RolloutMetrics",
+    "end_of",
+    "episode_rates",
+    "episode_return",
+    "eval_stats",
+    "is_solved",
+    "rates",
+    "rates_of",
+    "rollout_stats",
+    "summarize",
+]

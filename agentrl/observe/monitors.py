@@ -26,12 +26,13 @@ Does not stop anything itself: the run loop logs the alerts, shows each kind on 
 starts, and pauses when ``monitor.pause_on`` names the alert's kind; ``agentrl report`` lists them.
 Thresholds live in :class:`MonitorConfig`.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from agentrl.common.fields import doc
 from agentrl.trajectory import Outcome
@@ -44,21 +45,41 @@ class MonitorConfig:
     enabled: bool = doc(True, "Run the reward-hacking monitors every step (alerts go to the log and metrics).")
     window: int = doc(10, "Steps in the moving window the checks compare against.", min=2)
     kl_spike_factor: float = doc(4.0, "kl_spike: KL above this many times its moving average ...", min=1.0)
-    kl_min: float = doc(0.01, "... and above this absolute value: the per-step KL of the healthy default run stays "
-                              "under 0.003, and many-fold jumps of such a tiny KL are noise.", min=0.0)
-    collapse_ratio: float = doc(0.25, "diversity_collapse: diversity below this fraction of its early level ...",
-                                min=0.0, max=1.0)
-    collapse_min_gain: float = doc(0.05, "... while the reward's moving mean is not this much above its early "
-                                         "level (a policy that sharpens and earns reward is not collapsing) ...")
-    collapse_entropy_floor: float = doc(0.01, "... or train/entropy (nats per token) below this, whatever the reward.",
-                                        min=0.0)
-    collapse_steps: int = doc(5, "diversity_collapse: steps the condition must hold before one alert (and must be "
-                                 "off before the next).", min=1)
+    kl_min: float = doc(
+        0.01,
+        "... and above this absolute value: the per-step KL of the healthy default run stays "
+        "under 0.003, and many-fold jumps of such a tiny KL are noise.",
+        min=0.0,
+    )
+    collapse_ratio: float = doc(
+        0.25, "diversity_collapse: diversity below this fraction of its early level ...", min=0.0, max=1.0
+    )
+    collapse_min_gain: float = doc(
+        0.05,
+        "... while the reward's moving mean is not this much above its early "
+        "level (a policy that sharpens and earns reward is not collapsing) ...",
+    )
+    collapse_entropy_floor: float = doc(
+        0.01, "... or train/entropy (nats per token) below this, whatever the reward.", min=0.0
+    )
+    collapse_steps: int = doc(
+        5,
+        "diversity_collapse: steps the condition must hold before one alert (and must be off before the next).",
+        min=1,
+    )
     length_z: float = doc(4.0, "length_anomaly: tokens per episode this many std devs from the moving mean.", min=0.0)
-    infra_failure_max: float = doc(0.01, "infra_failures: alert when more than this fraction of a step's (or an "
-                                         "eval's) episodes end with an infrastructure outcome.", min=0.0, max=1.0)
-    pause_on: list = doc([], "Alert kinds that pause the run (checkpoint, then stop): any of kl_spike, "
-                             "diversity_collapse, length_anomaly, infra_failures.")
+    infra_failure_max: float = doc(
+        0.01,
+        "infra_failures: alert when more than this fraction of a step's (or an "
+        "eval's) episodes end with an infrastructure outcome.",
+        min=0.0,
+        max=1.0,
+    )
+    pause_on: list = doc(
+        [],
+        "Alert kinds that pause the run (checkpoint, then stop): any of kl_spike, "
+        "diversity_collapse, length_anomaly, infra_failures.",
+    )
 
 
 @dataclass(frozen=True)
@@ -73,8 +94,11 @@ Row = dict  # one metrics.jsonl row: {"step": int, "a/b": float, ...}
 
 
 def _series(history: Sequence[Row], key: str) -> list[tuple[int, float]]:
-    return [(int(r.get("step", i)), float(r[key])) for i, r in enumerate(history)
-            if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
+    return [
+        (int(r.get("step", i)), float(r[key]))
+        for i, r in enumerate(history)
+        if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
+    ]
 
 
 def kl_spike(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
@@ -84,46 +108,58 @@ def kl_spike(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
     alerts = []
     for i in range(cfg.window, len(kl)):
         step, value = kl[i]
-        past = [v for _, v in kl[i - cfg.window:i]]
+        past = [v for _, v in kl[i - cfg.window : i]]
         avg = statistics.fmean(past)
         if value <= cfg.kl_min or value <= cfg.kl_spike_factor * max(avg, 1e-12):
             continue
-        past_r = [reward[s] for s, _ in kl[i - cfg.window:i] if s in reward]
+        past_r = [reward[s] for s, _ in kl[i - cfg.window : i] if s in reward]
         if step in reward and past_r and reward[step] > statistics.fmean(past_r):
-            alerts.append(Alert(step, "kl_spike", f"{key}={value:.4g} is {value / max(avg, 1e-12):.1f}x its "
-                                                  f"{cfg.window}-step average ({avg:.3g}) while reward rose to "
-                                                  f"{reward[step]:.3f} (was {statistics.fmean(past_r):.3f})"))
+            alerts.append(
+                Alert(
+                    step,
+                    "kl_spike",
+                    f"{key}={value:.4g} is {value / max(avg, 1e-12):.1f}x its "
+                    f"{cfg.window}-step average ({avg:.3g}) while reward rose to "
+                    f"{reward[step]:.3f} (was {statistics.fmean(past_r):.3f})",
+                )
+            )
     return alerts
 
 
 DIVERSITY_KEYS = ("rollout/distinct_frac", "train/entropy")
 
 
-def _collapsed(step: int, low: dict[str, tuple[float, float]], reward: list[tuple[int, float]],
-               cfg: MonitorConfig) -> str | None:
+def _collapsed(
+    step: int, low: dict[str, tuple[float, float]], reward: list[tuple[int, float]], cfg: MonitorConfig
+) -> str | None:
     """Why ``step`` looks collapsed (None if it does not). ``low``: each diversity series' (value,
     early level) at the step; ``reward``: the reward series."""
     ent = low.get("train/entropy")
     if ent is not None and ent[0] < cfg.collapse_entropy_floor:
         return f"train/entropy={ent[0]:.3g} is below collapse_entropy_floor={cfg.collapse_entropy_floor:g}"
-    fell = [f"{k}={v:.3g} < {cfg.collapse_ratio} x its early {e:.3g}" for k, (v, e) in low.items()
-            if v < cfg.collapse_ratio * e]
+    fell = [
+        f"{k}={v:.3g} < {cfg.collapse_ratio} x its early {e:.3g}"
+        for k, (v, e) in low.items()
+        if v < cfg.collapse_ratio * e
+    ]
     if not fell:
         return None
     past = [v for s, v in reward if s <= step]
     if len(past) <= cfg.window:  # no reward logged (or too little): diversity alone decides
         return "; ".join(fell)
-    early, recent = statistics.median(past[: cfg.window]), statistics.fmean(past[-cfg.window:])
+    early, recent = statistics.median(past[: cfg.window]), statistics.fmean(past[-cfg.window :])
     if recent >= early + cfg.collapse_min_gain:
         return None  # sharpening that pays: the reward rose with the falling diversity
-    return (f"{'; '.join(fell)}, while the reward's {cfg.window}-step mean {recent:.3f} has not gained "
-            f"{cfg.collapse_min_gain:g} over its early {early:.3f}")
+    return (
+        f"{'; '.join(fell)}, while the reward's {cfg.window}-step mean {recent:.3f} has not gained "
+        f"{cfg.collapse_min_gain:g} over its early {early:.3f}"
+    )
 
 
 def diversity_collapse(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
     series = {k: _series(history, k) for k in DIVERSITY_KEYS}
     early = {k: statistics.median(v for _, v in s[: cfg.window]) for k, s in series.items() if len(s) > cfg.window}
-    at = {k: dict(series[k][cfg.window:]) for k in early if early[k] > 0}
+    at = {k: dict(series[k][cfg.window :]) for k in early if early[k] > 0}
     reward = _series(history, "rollout/reward_mean")
     alerts, on, off, active = [], 0, 0, False
     for step in sorted({s for v in at.values() for s in v}):
@@ -142,11 +178,17 @@ def length_anomaly(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
     alerts = []
     for i in range(cfg.window, len(series)):
         step, value = series[i]
-        past = [v for _, v in series[i - cfg.window:i]]
+        past = [v for _, v in series[i - cfg.window : i]]
         mean, sd = statistics.fmean(past), statistics.pstdev(past)
         if abs(value - mean) > cfg.length_z * max(sd, 1e-9) and abs(value - mean) > 0.2 * mean:
-            alerts.append(Alert(step, "length_anomaly", f"rollout/tokens_per_episode={value:.1f} vs moving mean "
-                                                        f"{mean:.1f} +- {sd:.1f} ({(value - mean) / max(sd, 1e-9):+.1f} sd)"))
+            alerts.append(
+                Alert(
+                    step,
+                    "length_anomaly",
+                    f"rollout/tokens_per_episode={value:.1f} vs moving mean "
+                    f"{mean:.1f} +- {sd:.1f} ({(value - mean) / max(sd, 1e-9):+.1f} sd)",
+                )
+            )
     return alerts
 
 
@@ -158,15 +200,28 @@ def infra_failures(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
             if not isinstance(rate, (int, float)) or rate <= cfg.infra_failure_max:
                 continue
             n, bad = r.get(f"{part}/episodes"), r.get(f"{part}/infra_failures")
-            count = f"{bad:.0f} of {n:.0f} episodes" if isinstance(n, (int, float)) and isinstance(bad, (int, float)) \
+            count = (
+                f"{bad:.0f} of {n:.0f} episodes"
+                if isinstance(n, (int, float)) and isinstance(bad, (int, float))
                 else "episodes"
-            outcomes = ", ".join(f"{k.rsplit('/', 1)[1]}={v:.0f}" for k, v in sorted(r.items())
-                                 if k.startswith(f"{part}/outcome/") and isinstance(v, (int, float)) and v
-                                 and not _trainable(k.rsplit("/", 1)[1]))
-            alerts.append(Alert(int(r.get("step", i)), "infra_failures",
-                                f"{part}: {count} ({rate:.1%}) ended with an infrastructure failure, above "
-                                f"infra_failure_max={cfg.infra_failure_max:g}" + (f": {outcomes}" if outcomes else ""),
-                                about=part))
+            )
+            outcomes = ", ".join(
+                f"{k.rsplit('/', 1)[1]}={v:.0f}"
+                for k, v in sorted(r.items())
+                if k.startswith(f"{part}/outcome/")
+                and isinstance(v, (int, float))
+                and v
+                and not _trainable(k.rsplit("/", 1)[1])
+            )
+            alerts.append(
+                Alert(
+                    int(r.get("step", i)),
+                    "infra_failures",
+                    f"{part}: {count} ({rate:.1%}) ended with an infrastructure failure, above "
+                    f"infra_failure_max={cfg.infra_failure_max:g}" + (f": {outcomes}" if outcomes else ""),
+                    about=part,
+                )
+            )
     return alerts
 
 
@@ -178,7 +233,9 @@ def _trainable(outcome: str) -> bool:
 
 
 CHECKS: dict[str, Callable[[Sequence[Row], MonitorConfig], list[Alert]]] = {
-    "kl_spike": kl_spike, "diversity_collapse": diversity_collapse, "length_anomaly": length_anomaly,
+    "kl_spike": kl_spike,
+    "diversity_collapse": diversity_collapse,
+    "length_anomaly": length_anomaly,
     "infra_failures": infra_failures,
 }
 

@@ -6,6 +6,7 @@ draws the same series) and the PNG made with matplotlib (Agg backend, headless):
 rates counting every task, infrastructure-failure rate and tool use, all on a 0-1 axis. Does not
 compute any metric.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,17 +37,28 @@ def curve(rows: list[dict], key: str) -> list[tuple[float, float]]:
     if not any(_number(r.get(key)) for r in rows):
         return []
     gaps = not key.startswith("eval/")
-    return [(r.get("step", i), float(r[key]) if _number(r.get(key)) else math.nan) for i, r in enumerate(rows)
-            if _number(r.get(key)) or (gaps and _is_step_row(r))]
+    return [
+        (r.get("step", i), float(r[key]) if _number(r.get(key)) else math.nan)
+        for i, r in enumerate(rows)
+        if _number(r.get(key)) or (gaps and _is_step_row(r))
+    ]
 
 
 PNG_CURVES = (  # key, label, matplotlib style
     ("rollout/reward_mean", "train reward (mean over trainable episodes)", {"color": "tab:blue", "alpha": 0.8}),
     ("rollout/solve_rate", "train solve rate (every episode)", {"color": "tab:purple", "alpha": 0.5}),
     ("rollout/tool_use_rate", "train tool-use rate", {"color": "tab:green", "alpha": 0.5, "linestyle": ":"}),
-    ("rollout/infra_failure_rate", "train infra-failure rate", {"color": "tab:orange", "alpha": 0.8, "linestyle": "--"}),
+    (
+        "rollout/infra_failure_rate",
+        "train infra-failure rate",
+        {"color": "tab:orange", "alpha": 0.8, "linestyle": "--"},
+    ),
     ("eval/solve_rate", "held-out solve rate (every task)", {"color": "tab:red", "marker": "o"}),
-    ("eval/infra_failure_rate", "held-out infra-failure rate", {"color": "tab:brown", "marker": "x", "linestyle": "--"}),
+    (
+        "eval/infra_failure_rate",
+        "held-out infra-failure rate",
+        {"color": "tab:brown", "marker": "x", "linestyle": "--"},
+    ),
 )
 
 

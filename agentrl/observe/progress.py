@@ -3,15 +3,22 @@ step (reward, solve rate and infrastructure-failure rate of the step's rollouts,
 solve and infrastructure-failure rates, tool use, staleness, loss) and notes (monitor alerts) above
 it. Disabled (``-q``, or no terminal), only the notes are printed (to stderr). Owns nothing else.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-
 # (metric, label): each solve rate with the infrastructure-failure rate of the same episodes beside it
-STATUS = (("rollout/reward_mean", "reward"), ("rollout/solve_rate", "solve"), ("rollout/infra_failure_rate", "infra"),
-          ("eval/solve_rate", "eval"), ("eval/infra_failure_rate", "eval_infra"), ("rollout/tool_use_rate", "tool"),
-          ("staleness/staleness_mean", "stale"), ("train/loss", "loss"))
+STATUS = (
+    ("rollout/reward_mean", "reward"),
+    ("rollout/solve_rate", "solve"),
+    ("rollout/infra_failure_rate", "infra"),
+    ("eval/solve_rate", "eval"),
+    ("eval/infra_failure_rate", "eval_infra"),
+    ("rollout/tool_use_rate", "tool"),
+    ("staleness/staleness_mean", "stale"),
+    ("train/loss", "loss"),
+)
 
 
 class RunDisplay:
@@ -31,8 +38,13 @@ class RunDisplay:
             TimeElapsedColumn,
         )
 
-        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[status]}"))
+        self.bar = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+        )
         self.bar.start()
         self.task = self.bar.add_task("train", total=total, completed=start, status="")
 

@@ -15,6 +15,7 @@ shares (the system prompt) is shown once, folded. Works with any subset of those
 short still gets a page). Does not compute metrics the run did not log, and loads nothing from the
 network.
 """
+
 from __future__ import annotations
 
 import html
@@ -35,8 +36,11 @@ from agentrl.trajectory import Trajectory, read_jsonl
 RATE = (0.0, 1.0)  # the y axis of a chart of rates
 CHARTS: list[tuple[str, list[str], tuple[float, float] | None]] = [  # title, keys, fixed y range
     ("Solve rate, every task counted (0-1)", ["rollout/solve_rate", "eval/solve_rate"], RATE),
-    ("Infrastructure failures and tool use (rate, 0-1)",
-     ["rollout/infra_failure_rate", "eval/infra_failure_rate", "rollout/tool_use_rate"], RATE),
+    (
+        "Infrastructure failures and tool use (rate, 0-1)",
+        ["rollout/infra_failure_rate", "eval/infra_failure_rate", "rollout/tool_use_rate"],
+        RATE,
+    ),
     ("Reward (mean over trainable episodes)", ["rollout/reward_mean"], None),
     ("Infrastructure failures (episodes)", ["rollout/infra_failures", "eval/infra_failures"], None),
     ("KL", ["train/kl", "train/ppo_kl", "train/mismatch/kl_k3"], None),
@@ -133,14 +137,22 @@ def headline(run: RunData) -> dict[str, Any]:
     same episodes (left out when the run did not write them)."""
     s, cfg = run.summary, run.config
     ro = s.get("rollout") or {}
-    out = {"env": cfg.get("env", {}).get("id"), "algo": cfg.get("algo", {}).get("name"),
-           "model": cfg.get("model", {}).get("path") or "built-in", "steps": s.get("steps"), "wall_s": s.get("wall_s"),
-           "eval solve rate (start → end)": _pair(s.get("eval_solve_rate_start"), s.get("eval_solve_rate_end")),
-           "eval infra-failure rate (start → end)": _pair(s.get("eval_infra_failure_rate_start"),
-                                                          s.get("eval_infra_failure_rate_end")),
-           "rollout solve rate": ro.get("solve_rate"), "rollout infra-failure rate": ro.get("infra_failure_rate"),
-           "rollout episodes (infra failures)": f"{ro['episodes']} ({ro['infra_failures']})"
-           if "episodes" in ro and "infra_failures" in ro else None}
+    out = {
+        "env": cfg.get("env", {}).get("id"),
+        "algo": cfg.get("algo", {}).get("name"),
+        "model": cfg.get("model", {}).get("path") or "built-in",
+        "steps": s.get("steps"),
+        "wall_s": s.get("wall_s"),
+        "eval solve rate (start → end)": _pair(s.get("eval_solve_rate_start"), s.get("eval_solve_rate_end")),
+        "eval infra-failure rate (start → end)": _pair(
+            s.get("eval_infra_failure_rate_start"), s.get("eval_infra_failure_rate_end")
+        ),
+        "rollout solve rate": ro.get("solve_rate"),
+        "rollout infra-failure rate": ro.get("infra_failure_rate"),
+        "rollout episodes (infra failures)": f"{ro['episodes']} ({ro['infra_failures']})"
+        if "episodes" in ro and "infra_failures" in ro
+        else None,
+    }
     for k in ("paused", "stopped"):
         if s.get(k):
             out[k] = s[k]
@@ -163,9 +175,11 @@ def alerts_html(alerts: list[Alert]) -> str:
     parts = []
     for kind, items in by_kind.items():
         steps = [a.step for a in items]
-        head = (f"<b>{html.escape(kind)}</b> · {len(items)} alert{'s' * (len(items) != 1)} · steps {min(steps)}"
-                f"{f'–{max(steps)}' if max(steps) != min(steps) else ''} · e.g. step {items[0].step}: "
-                f"{html.escape(items[0].message)}")
+        head = (
+            f"<b>{html.escape(kind)}</b> · {len(items)} alert{'s' * (len(items) != 1)} · steps {min(steps)}"
+            f"{f'–{max(steps)}' if max(steps) != min(steps) else ''} · e.g. step {items[0].step}: "
+            f"{html.escape(items[0].message)}"
+        )
         rows = "".join(f"<div>step {a.step}: {html.escape(a.message)}</div>" for a in items)
         parts.append(f'<details class="alert"><summary>{head}</summary>{rows}</details>')
     return "".join(parts)
@@ -226,8 +240,14 @@ def _spans(t: Trajectory, tokenizer, start: int, end: int) -> str:
         text = tokenizer.decode([tok]) if tokenizer is not None else f"⟨{tok}⟩"
         m = t.loss_mask[i] if i < len(t.loss_mask) else 0
         a = adv[i] if i < len(adv) else 0.0
-        tip = (f"#{i} id {tok} | mask {m} | logprob {t.logprobs[i]:.3f} | version {t.versions[i]} | "
-               f"advantage {a:+.3f} | turn {t.turn_ids[i]}") if i < len(t.logprobs) else f"#{i} id {tok}"
+        tip = (
+            (
+                f"#{i} id {tok} | mask {m} | logprob {t.logprobs[i]:.3f} | version {t.versions[i]} | "
+                f"advantage {a:+.3f} | turn {t.turn_ids[i]}"
+            )
+            if i < len(t.logprobs)
+            else f"#{i} id {tok}"
+        )
         style = f' style="background:{_color(a, scale)}"' if m else ""
         spans.append(f'<span class="t m{m}"{style} title="{html.escape(tip)}">{html.escape(text)}</span>')
     return "".join(spans)
@@ -260,12 +280,16 @@ def turns_html(t: Trajectory, anchors: Counter | None = None) -> str:
     for r, a in zip(t.turns, turn_advantages(t)):
         key = r.state_key or "-"
         shared = anchors.get((t.group_id, r.state_key), 0) if r.state_key is not None else 0
-        rows.append(f"<tr><td>{r.index}</td><td>{r.reward:+.3f}</td><td>{'-' if a is None else f'{a:+.3f}'}</td>"
-                    f"<td><code>{html.escape(key)}</code></td><td>{shared if shared > 1 else ''}</td>"
-                    f"<td>{r.tool_calls}</td></tr>")
-    return ("<details><summary>per-turn rewards, advantages and states</summary><table><tr><th>turn</th>"
-            "<th>reward</th><th>advantage</th><th>state key</th><th>turns shown from this state</th>"
-            f"<th>calls</th></tr>{''.join(rows)}</table></details>")
+        rows.append(
+            f"<tr><td>{r.index}</td><td>{r.reward:+.3f}</td><td>{'-' if a is None else f'{a:+.3f}'}</td>"
+            f"<td><code>{html.escape(key)}</code></td><td>{shared if shared > 1 else ''}</td>"
+            f"<td>{r.tool_calls}</td></tr>"
+        )
+    return (
+        "<details><summary>per-turn rewards, advantages and states</summary><table><tr><th>turn</th>"
+        "<th>reward</th><th>advantage</th><th>state key</th><th>turns shown from this state</th>"
+        f"<th>calls</th></tr>{''.join(rows)}</table></details>"
+    )
 
 
 def trajectory_html(t: Trajectory, tokenizer=None, shared: int = 0, anchors: Counter | None = None) -> str:
@@ -273,17 +297,23 @@ def trajectory_html(t: Trajectory, tokenizer=None, shared: int = 0, anchors: Cou
     with its data on hover; its first ``shared`` tokens (the prompt prefix shown once above,
     :func:`shared_html`) as one marker."""
     outcome = getattr(t.outcome, "value", t.outcome)
-    head = (f"<b>{html.escape(t.episode_id)}</b> · reward {t.reward:.3f} · outcome {html.escape(str(outcome))} · "
-            f"{len(t.turns)} turns · {t.num_sampled} sampled / {len(t.token_ids)} tokens")
+    head = (
+        f"<b>{html.escape(t.episode_id)}</b> · reward {t.reward:.3f} · outcome {html.escape(str(outcome))} · "
+        f"{len(t.turns)} turns · {t.num_sampled} sampled / {len(t.token_ids)} tokens"
+    )
     marker = f'<span class="shared">[shared prompt: {shared} tokens, shown once above]</span>' if shared else ""
-    return (f'<div class="traj"><div>{head}</div>{turns_html(t, anchors)}<div class="toks">{marker}'
-            f'{_spans(t, tokenizer, shared, len(t.token_ids))}</div></div>')
+    return (
+        f'<div class="traj"><div>{head}</div>{turns_html(t, anchors)}<div class="toks">{marker}'
+        f"{_spans(t, tokenizer, shared, len(t.token_ids))}</div></div>"
+    )
 
 
 def shared_html(t: Trajectory, tokenizer, shared: int) -> str:
     """The shared prompt prefix, once, folded."""
-    return (f'<details class="sp"><summary>Shared prompt: the first {shared} tokens of every trajectory below '
-            f'(system prompt, tools)</summary><div class="toks">{_spans(t, tokenizer, 0, shared)}</div></details>')
+    return (
+        f'<details class="sp"><summary>Shared prompt: the first {shared} tokens of every trajectory below '
+        f'(system prompt, tools)</summary><div class="toks">{_spans(t, tokenizer, 0, shared)}</div></details>'
+    )
 
 
 def render(run: RunData, monitor: MonitorConfig | None = None) -> str:
@@ -294,25 +324,32 @@ def render(run: RunData, monitor: MonitorConfig | None = None) -> str:
     alerts: list[Alert] = check_all(rows, monitor)
     tok = _tokenizer(run) if run.trajectories else None
     title = f"agentrl run report: {run.run_dir.name}"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
-             f"<div>{html.escape(str(run.run_dir))} · {len(rows)} metric rows · generated "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S')}</div>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+        f"<div>{html.escape(str(run.run_dir))} · {len(rows)} metric rows · generated "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}</div>",
+    ]
     parts += [_table(headline(run)), "<h2>Curves</h2>", _charts(rows)]
     parts += [f"<h2>Monitors ({len(alerts)} alerts)</h2>", alerts_html(alerts)]
     parts.append("<h2>Outcomes</h2>")
     total = sum(run.outcomes.values())
-    parts.append(_table({k: f"{v} ({v / total:.1%})" for k, v in run.outcomes.most_common()}) if total
-                 else "<div>no outcome counts in this run</div>")
+    parts.append(
+        _table({k: f"{v} ({v / total:.1%})" for k, v in run.outcomes.most_common()})
+        if total
+        else "<div>no outcome counts in this run</div>"
+    )
     if run.summary:
         parts += ["<details><summary><b>Full summary</b> (summary.json)</summary>", _table(run.summary), "</details>"]
     if run.trajectories:
         shared = shared_prefix(run.trajectories)
-        parts += ["<h2>Trajectories (newest saved)</h2>",
-                  '<div class="legend"><span class="m0">prompt / observation (mask 0)</span>'
-                  f'<span style="background:{_color(1, 1)}">sampled, advantage &gt; 0</span>'
-                  f'<span style="background:{_color(-1, 1)}">sampled, advantage &lt; 0</span> '
-                  "hover a token for id, logprob, policy version, advantage and turn</div>"]
+        parts += [
+            "<h2>Trajectories (newest saved)</h2>",
+            '<div class="legend"><span class="m0">prompt / observation (mask 0)</span>'
+            f'<span style="background:{_color(1, 1)}">sampled, advantage &gt; 0</span>'
+            f'<span style="background:{_color(-1, 1)}">sampled, advantage &lt; 0</span> '
+            "hover a token for id, logprob, policy version, advantage and turn</div>",
+        ]
         if shared:
             parts.append(shared_html(run.trajectories[0], tok, shared))
         anchors = anchor_sizes(run.trajectories)
@@ -323,8 +360,13 @@ def render(run: RunData, monitor: MonitorConfig | None = None) -> str:
     return "\n".join(parts)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, *, max_trajectories: int = 24,
-                 monitor: MonitorConfig | None = None) -> Path:
+def write_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    max_trajectories: int = 24,
+    monitor: MonitorConfig | None = None,
+) -> Path:
     """Write the report of ``run_dir`` (checked against ``monitor``; None: the run's own thresholds)."""
     run = load_run(run_dir, max_trajectories=max_trajectories)
     path = Path(out) if out else run.run_dir / "report.html"

@@ -7,11 +7,12 @@ the trained trajectories of each step, token-exact and with the per-token advant
 sees half a file). Does not compute advantages (``agentrl.batches.samples``) or render anything
 (``agentrl.observe.report``).
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from agentrl.trajectory import Trajectory, write_jsonl
 
@@ -62,8 +63,13 @@ class TrajectoryLog:
         self.dir = Path(run_dir) / "trajectories"
         self.per_step = per_step
 
-    def write(self, step: int, groups: Sequence[Sequence[Trajectory]], trained: Sequence[Trajectory],
-              advantages: Sequence[Sequence[float]]) -> Path | None:
+    def write(
+        self,
+        step: int,
+        groups: Sequence[Sequence[Trajectory]],
+        trained: Sequence[Trajectory],
+        advantages: Sequence[Sequence[float]],
+    ) -> Path | None:
         """``trained[i]`` was trained with per-token ``advantages[i]``; the rest of ``groups`` was not."""
         if self.per_step == 0:
             return None

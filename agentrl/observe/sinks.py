@@ -6,6 +6,7 @@ importable) and Weights & Biases (only when installed *and* asked for). ``Memory
 for tests. Nested dicts are flattened to ``a/b`` keys; non-numeric values go to JSONL only.
 Does not decide what to log.
 """
+
 from __future__ import annotations
 
 import abc
@@ -27,8 +28,11 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _scalars(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in flatten(metrics).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+    return {
+        k: float(v)
+        for k, v in flatten(metrics).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
 
 
 class MetricsSink(abc.ABC):
@@ -108,8 +112,9 @@ class MultiSink(MetricsSink):
             s.close()
 
 
-def make_sinks(run_dir: Path, *, tensorboard: bool, wandb_project: str | None, config: dict,
-               resume_step: int | None = None) -> tuple[MultiSink, list[str]]:
+def make_sinks(
+    run_dir: Path, *, tensorboard: bool, wandb_project: str | None, config: dict, resume_step: int | None = None
+) -> tuple[MultiSink, list[str]]:
     """JSONL always; TensorBoard/W&B as asked. Returns the sink and warnings to show the user.
     ``resume_step``: the checkpoint's step when resuming (JSONL appends, TensorBoard purges the
     steps after it)."""
@@ -117,8 +122,9 @@ def make_sinks(run_dir: Path, *, tensorboard: bool, wandb_project: str | None, c
     warnings = []
     if tensorboard:
         try:
-            sinks.append(TensorBoardSink(run_dir / "tensorboard",
-                                         purge_step=None if resume_step is None else resume_step + 1))
+            sinks.append(
+                TensorBoardSink(run_dir / "tensorboard", purge_step=None if resume_step is None else resume_step + 1)
+            )
         except ImportError:
             warnings.append("tensorboard is not installed: `pip install tensorboard` to get TensorBoard logs")
     if wandb_project:

@@ -38,15 +38,15 @@ Docker backend hook used by ``make_sandbox("auto")`` (``agentrl.sandbox.factory`
 ``DockerSandbox`` and ``unavailable_reason(**options) -> str | None`` (None when a daemon answers
 and the image exists, else why not).
 """
+
 from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from agentrl.errors import ConfigError
-
 
 #: Every value ``ExecResult.status`` may take.
 STATUSES = ("ok", "timeout", "oom", "output_limit", "killed", "error")
@@ -78,8 +78,12 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Limits.{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.cpus, bool) or not isinstance(self.cpus, (int, float)) \
-                or not math.isfinite(self.cpus) or self.cpus <= 0:
+        if (
+            isinstance(self.cpus, bool)
+            or not isinstance(self.cpus, (int, float))
+            or not math.isfinite(self.cpus)
+            or self.cpus <= 0
+        ):
             raise ConfigError(f"Limits.cpus must be a number > 0, got {self.cpus!r}")
 
 
@@ -118,15 +122,22 @@ class SandboxSession(abc.ABC):
     idempotent, and ``run`` after ``close`` raises SandboxError."""
 
     @abc.abstractmethod
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None, collect: Sequence[str] = ()) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+        collect: Sequence[str] = (),
+    ) -> ExecResult:
         """Like ``Sandbox.run`` but in this session's work dir, with the session's limits."""
 
     @abc.abstractmethod
     async def close(self) -> None:
         """Remove the work dir (docker: the container). Idempotent."""
 
-    async def __aenter__(self) -> "SandboxSession":
+    async def __aenter__(self) -> SandboxSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -139,9 +150,16 @@ class Sandbox(abc.ABC):
     name: str = "sandbox"
 
     @abc.abstractmethod
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None, limits: Limits | None = None,
-                  collect: Sequence[str] = ()) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+        limits: Limits | None = None,
+        collect: Sequence[str] = (),
+    ) -> ExecResult:
         """Run ``argv`` once in a fresh work dir holding ``files``; stdin closed unless given;
         ``collect``: relative paths copied out after the run (escapes refused, named in detail)."""
 

@@ -10,6 +10,7 @@ its path (see ``agentrl.sandbox.executor``).
 
 Does not: fork, talk to the trainer, or decide any policy (the request says what to apply).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,9 +24,23 @@ MB = 1 << 20
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWNET, _CLONE_NEWPID = (
-    0x00020000, 0x04000000, 0x08000000, 0x40000000, 0x20000000)
+    0x00020000,
+    0x04000000,
+    0x08000000,
+    0x40000000,
+    0x20000000,
+)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE = (
-    1, 2, 4, 8, 32, 4096, 8192, 16384, 1 << 18)
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    8192,
+    16384,
+    1 << 18,
+)
 _MNT_DETACH = 2
 INODES_PER_MB = 64  # tmpfs: 8 k inodes for 128 MB stops an inode flood and fits real programs
 SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
@@ -50,8 +65,10 @@ def bind(src: str, dst: str, *, readonly: bool) -> None:
 
 
 def remount_readonly(path: str) -> None:
-    check(_LIBC.mount(None, path.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
-                      None), f"ro {path}")
+    check(
+        _LIBC.mount(None, path.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None),
+        f"ro {path}",
+    )
 
 
 def make_private(path: str) -> None:
@@ -109,8 +126,12 @@ def build_root(view: dict, workdir: str, disk_mb: int) -> None:
     for name in DEVICES:
         if os.path.exists(f"/dev/{name}"):
             bind(f"/dev/{name}", at(f"/dev/{name}", directory=False), readonly=False)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{dev}/{name}")
     for scratch in ("/tmp", "/dev/shm"):
         mount_tmpfs(at(scratch), disk_mb, 0, mode="1777")
@@ -148,8 +169,10 @@ def apply_mounts(plan: dict, workdir: str, disk_mb: int) -> None:
     for d in scratch:
         mount_tmpfs(d, disk_mb, 0, mode="1777")
     for anchor in dict.fromkeys(a for a, _ in grafts):
-        check(_LIBC.mount(b"tmpfs", anchor.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"),
-              f"tmpfs over {anchor}")
+        check(
+            _LIBC.mount(b"tmpfs", anchor.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=0755"),
+            f"tmpfs over {anchor}",
+        )
     for (dst, ro), fd in zip(binds, fds):
         os.makedirs(dst, exist_ok=True)
         bind(f"/proc/self/fd/{fd}", dst, readonly=ro)
@@ -277,10 +300,12 @@ def run_python(env: dict, startup_modules: frozenset = frozenset()) -> int:
     with io.FileIO(0, "r", closefd=False) as f:
         source = f.readall()
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                                   write_through=True)
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                                   errors="backslashreplace", write_through=True)
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
     sys.argv = ["-"]
     sys.path.insert(0, "")
     main = types.ModuleType("__main__")

@@ -46,19 +46,27 @@ SIGKILL) its attach streams close, every executor reads EOF and exits, and ``aut
 the containers away; what is left anyway (a daemon restart) goes at the next DockerSandbox started
 on this host (stale-owner sweep by label) or with ``agentrl sandbox clean``.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
 import weakref
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import ExecResult, Limits, Sandbox, SandboxSession
 from agentrl.sandbox.docker_conn import DaemonAddress, ProtocolError
 from agentrl.sandbox.docker_daemon import (  # noqa: F401 - list_containers re-exported for tests and the CLI
-    MB, Daemon, list_containers, owner_id, remove_containers, remove_stale, sandbox_env)
+    MB,
+    Daemon,
+    list_containers,
+    owner_id,
+    remove_containers,
+    remove_stale,
+    sandbox_env,
+)
 from agentrl.sandbox.docker_pool import Box, Pool
 from agentrl.sandbox.files import check_relpath
 from agentrl.sandbox.image import DEFAULT_TAG
@@ -109,14 +117,29 @@ class DockerSandbox(Sandbox):
 
     name = "docker"
 
-    def __init__(self, *, image: str = DEFAULT_TAG, limits: Limits | None = None, mode: str = "reset",
-                 pool_size: int = 2, max_concurrency: int = 16, runtime: str | None = None,
-                 docker_host: str | None = None, api_threads: int = 8, host_grace_s: float = 3.0,
-                 max_uses: int = 500, work_exec: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_TAG,
+        limits: Limits | None = None,
+        mode: str = "reset",
+        pool_size: int = 2,
+        max_concurrency: int = 16,
+        runtime: str | None = None,
+        docker_host: str | None = None,
+        api_threads: int = 8,
+        host_grace_s: float = 3.0,
+        max_uses: int = 500,
+        work_exec: bool = True,
+    ) -> None:
         if mode not in MODES:
             raise ConfigError(f"DockerSandbox mode must be one of {list(MODES)}, got {mode!r}")
-        for field_name, value, low in (("pool_size", pool_size, 0), ("max_concurrency", max_concurrency, 1),
-                                       ("api_threads", api_threads, 1), ("max_uses", max_uses, 1)):
+        for field_name, value, low in (
+            ("pool_size", pool_size, 0),
+            ("max_concurrency", max_concurrency, 1),
+            ("api_threads", api_threads, 1),
+            ("max_uses", max_uses, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"DockerSandbox {field_name} must be an integer >= {low}, got {value!r}")
         if not host_grace_s > 0:
@@ -128,8 +151,10 @@ class DockerSandbox(Sandbox):
         self.daemon = Daemon(DaemonAddress.parse(docker_host), run_id=self.run_id, api_threads=api_threads)
         if runtime is not None and runtime not in self.daemon.runtimes:
             self.daemon.close()
-            raise ConfigError(f"DockerSandbox runtime {runtime!r} is not registered with the daemon "
-                              f"(it has {sorted(self.daemon.runtimes)}); install gVisor and add it to daemon.json")
+            raise ConfigError(
+                f"DockerSandbox runtime {runtime!r} is not registered with the daemon "
+                f"(it has {sorted(self.daemon.runtimes)}); install gVisor and add it to daemon.json"
+            )
         self.runtime = runtime
         reason = unavailable_reason(image=image, docker_host=docker_host)
         if reason is not None:
@@ -138,7 +163,7 @@ class DockerSandbox(Sandbox):
         self.owner = owner_id()
         remove_stale(self.daemon.client)  # containers of trainers that died without cleaning up
         self.env = sandbox_env()
-        self._pools: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pool]" = weakref.WeakKeyDictionary()
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pool] = weakref.WeakKeyDictionary()
         self._closed = False
 
     # ------------------------------------------------------------------------------ pools
@@ -153,29 +178,56 @@ class DockerSandbox(Sandbox):
                     self.daemon.pool.submit(remove_containers, self.daemon.client, old.abandon())
                     del self._pools[old_loop]
             pool = self._pools[loop] = Pool(
-                self.daemon, image=self.image, runtime=self.runtime, work_exec=self.work_exec, owner=self.owner,
-                mode=self.mode, pool_size=self.pool_size, max_concurrency=self.max_concurrency,
-                default_limits=self.limits, max_uses=self.max_uses)
+                self.daemon,
+                image=self.image,
+                runtime=self.runtime,
+                work_exec=self.work_exec,
+                owner=self.owner,
+                mode=self.mode,
+                pool_size=self.pool_size,
+                max_concurrency=self.max_concurrency,
+                default_limits=self.limits,
+                max_uses=self.max_uses,
+            )
         return pool
 
     def describe(self) -> dict:
         """What this backend enforces (the hostile suite and ``agentrl sandbox exec`` read it)."""
-        return {"backend": "docker", "image": self.image, "runtime": self.runtime or "runc", "mode": self.mode,
-                "network_isolated": True, "pids_enforced": True, "dedicated_uid": True, "memory_cgroup": True,
-                "read_only_root": True, "pool_size": self.pool_size, "max_concurrency": self.max_concurrency}
+        return {
+            "backend": "docker",
+            "image": self.image,
+            "runtime": self.runtime or "runc",
+            "mode": self.mode,
+            "network_isolated": True,
+            "pids_enforced": True,
+            "dedicated_uid": True,
+            "memory_cgroup": True,
+            "read_only_root": True,
+            "pool_size": self.pool_size,
+            "max_concurrency": self.max_concurrency,
+        }
 
     def isolation_summary(self) -> str:
-        return (f"docker (image {self.image}, runtime {self.runtime or 'runc'}: no network, read-only root, "
-                f"all capabilities dropped, memory/pids cgroups, unprivileged user)")
+        return (
+            f"docker (image {self.image}, runtime {self.runtime or 'runc'}: no network, read-only root, "
+            f"all capabilities dropped, memory/pids cgroups, unprivileged user)"
+        )
 
     async def start(self) -> None:
         """Start the warm pool now (otherwise the first runs pay for starting containers)."""
         await self._pool().warm()
 
     # ------------------------------------------------------------------------------ API
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None, limits: Limits | None = None,
-                  collect: Sequence[str] = ()) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+        limits: Limits | None = None,
+        collect: Sequence[str] = (),
+    ) -> ExecResult:
         argv = check_call(argv, timeout_s)
         limits = limits or self.limits
         _check_files(files, limits)
@@ -184,8 +236,9 @@ class DockerSandbox(Sandbox):
             box = await pool.acquire(limits)
             reusable = False
             try:
-                res, reusable, _ = await self._execute(box, argv, stdin, timeout_s, files, collect,
-                                                       reset=self.mode == "reset")
+                res, reusable, _ = await self._execute(
+                    box, argv, stdin, timeout_s, files, collect, reset=self.mode == "reset"
+                )
                 return res
             finally:
                 pool.release(box, reusable=reusable)
@@ -208,27 +261,48 @@ class DockerSandbox(Sandbox):
         await loop.run_in_executor(None, self.daemon.close)
 
     # ------------------------------------------------------------------------------ one run
-    async def _execute(self, box: Box, argv: list[str], stdin: bytes | None, timeout_s: float,
-                       files: Mapping[str, bytes] | None, collect: Sequence[str], *,
-                       reset: bool) -> tuple[ExecResult, bool, bool]:
+    async def _execute(
+        self,
+        box: Box,
+        argv: list[str],
+        stdin: bytes | None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None,
+        collect: Sequence[str],
+        *,
+        reset: bool,
+    ) -> tuple[ExecResult, bool, bool]:
         """Run on ``box``: (result, clean for reuse, container still alive)."""
         limits = box.limits
         files = dict(files or {})
         collect = list(collect)
         cap, max_file, max_total = limits.max_output_bytes, limits.fsize_mb * MB, limits.disk_mb * MB
-        req = {"op": "run", "argv": argv, "env": self.env, "timeout": timeout_s, "cap": cap,
-               "files": [[k, len(v)] for k, v in files.items()], "stdin": stdin is not None, "collect": collect,
-               "max_file": max_file, "max_total": max_total, "reset": reset}
+        req = {
+            "op": "run",
+            "argv": argv,
+            "env": self.env,
+            "timeout": timeout_s,
+            "cap": cap,
+            "files": [[k, len(v)] for k, v in files.items()],
+            "stdin": stdin is not None,
+            "collect": collect,
+            "max_file": max_file,
+            "max_total": max_total,
+            "reset": reset,
+        }
         payload = b"".join(bytes(v) for v in files.values()) + (stdin or b"")
         # The host deadline also allows for moving the bytes (20 MB/s is slow even on a loaded machine).
         host_deadline = timeout_s + self.host_grace_s + (len(payload) + (max_total if collect else 0)) / 20e6
         t0 = time.perf_counter()
         try:
             reply, data = await asyncio.wait_for(
-                box.conn.call(req, payload, max_payload=2 * cap + max_total), host_deadline)
+                box.conn.call(req, payload, max_payload=2 * cap + max_total), host_deadline
+            )
         except asyncio.TimeoutError:
-            raise SandboxError(f"sandbox container {box.short}: no answer from its executor within the "
-                               f"{timeout_s:g} s deadline + {host_deadline - timeout_s:.1f} s; container destroyed") from None
+            raise SandboxError(
+                f"sandbox container {box.short}: no answer from its executor within the "
+                f"{timeout_s:g} s deadline + {host_deadline - timeout_s:.1f} s; container destroyed"
+            ) from None
         except (EOFError, ConnectionError, ProtocolError, OSError) as e:
             return await self._died(box, e, t0), False, False
         wall = time.perf_counter() - t0
@@ -239,13 +313,21 @@ class DockerSandbox(Sandbox):
         program's doing: an ``oom`` result. Anything else (docker kill, daemon restart) is not."""
         state = await self.daemon.state(box.cid)
         if state is not None and state.get("OOMKilled"):
-            return ExecResult("", "", -9, "oom", time.perf_counter() - t0,
-                              detail=f"the container ran out of memory ({box.limits.memory_mb} MB, work dir "
-                                     "tmpfs included) and was destroyed")
+            return ExecResult(
+                "",
+                "",
+                -9,
+                "oom",
+                time.perf_counter() - t0,
+                detail=f"the container ran out of memory ({box.limits.memory_mb} MB, work dir "
+                "tmpfs included) and was destroyed",
+            )
         how = "removed" if state is None else f"{state.get('Status')}, exit code {state.get('ExitCode')}"
         tail = box.conn.stderr_tail.decode(errors="replace").strip()[-300:]
-        raise SandboxError(f"sandbox container {box.short} died during the run ({how}): {err}"
-                           + (f"; executor stderr: {tail}" if tail else ""))
+        raise SandboxError(
+            f"sandbox container {box.short} died during the run ({how}): {err}"
+            + (f"; executor stderr: {tail}" if tail else "")
+        )
 
 
 class DockerSession(SandboxSession):
@@ -261,8 +343,15 @@ class DockerSession(SandboxSession):
         self._closed = False
         self._dead: str | None = None
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None, collect: Sequence[str] = ()) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+        collect: Sequence[str] = (),
+    ) -> ExecResult:
         argv = check_call(argv, timeout_s)
         _check_files(files, self.limits)
         async with self._lock:
@@ -281,8 +370,9 @@ class DockerSession(SandboxSession):
                 self._pool = pool
             ok = False
             try:
-                res, _, alive = await self.sandbox._execute(self._box, argv, stdin, timeout_s, files, collect,
-                                                            reset=False)
+                res, _, alive = await self.sandbox._execute(
+                    self._box, argv, stdin, timeout_s, files, collect, reset=False
+                )
                 ok = True
             except _SpawnError:
                 ok = True  # the program could not start; its container is fine
@@ -347,16 +437,27 @@ def _to_result(reply: dict, data: bytes, wall: float, limits: Limits, collect: l
     cap = limits.max_output_bytes
     n_out, n_err = reply.get("out"), reply.get("err")
     sizes = reply.get("files") or []
-    ok_sizes = (isinstance(n_out, int) and isinstance(n_err, int) and 0 <= n_out <= cap and 0 <= n_err <= cap
-                and all(isinstance(s, list) and len(s) == 2 and s[0] in collect and isinstance(s[1], int)
-                        and 0 <= s[1] <= limits.fsize_mb * MB for s in sizes)
-                and n_out + n_err + sum(s[1] for s in sizes) == len(data))
+    ok_sizes = (
+        isinstance(n_out, int)
+        and isinstance(n_err, int)
+        and 0 <= n_out <= cap
+        and 0 <= n_err <= cap
+        and all(
+            isinstance(s, list)
+            and len(s) == 2
+            and s[0] in collect
+            and isinstance(s[1], int)
+            and 0 <= s[1] <= limits.fsize_mb * MB
+            for s in sizes
+        )
+        and n_out + n_err + sum(s[1] for s in sizes) == len(data)
+    )
     if status not in ("ok", "timeout", "output_limit") or not ok_sizes:
         raise SandboxError(f"sandbox container {box.short}: malformed reply from its executor: {reply!r:.300}")
-    stdout, stderr = data[:n_out].decode("utf-8", "replace"), data[n_out:n_out + n_err].decode("utf-8", "replace")
+    stdout, stderr = data[:n_out].decode("utf-8", "replace"), data[n_out : n_out + n_err].decode("utf-8", "replace")
     got, off = {}, n_out + n_err
     for name, size in sizes:
-        got[name] = data[off:off + size]
+        got[name] = data[off : off + size]
         off += size
     code, sig, truncated = reply.get("exit_code"), reply.get("signal"), bool(reply.get("truncated"))
     details = []
@@ -378,8 +479,16 @@ def _to_result(reply: dict, data: bytes, wall: float, limits: Limits, collect: l
         details.append("not collected: " + "; ".join(f"{p!r} ({why})" for p, why in refused.items()))
     if reply.get("clean") is False:
         details.append(f"container not reused: {reply.get('why')}")
-    return ExecResult(stdout=stdout, stderr=stderr, exit_code=code, status=status, wall_s=wall,
-                      truncated=truncated, files=got, detail="; ".join(details))
+    return ExecResult(
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=code,
+        status=status,
+        wall_s=wall,
+        truncated=truncated,
+        files=got,
+        detail="; ".join(details),
+    )
 
 
 def _last_line(text: str) -> str:

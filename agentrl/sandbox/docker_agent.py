@@ -33,6 +33,7 @@ Protocol (both directions): ``>II`` (header length, payload length), a JSON head
 The host treats every reply as untrusted (sizes are checked against what it asked for) and
 enforces the deadline too: an executor that does not answer in time costs the container.
 """
+
 import json
 import os
 import select
@@ -69,7 +70,7 @@ def _recv():
 def _write_all(data):
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[os.write(1, view) :]
 
 
 def _send(header, payload=b""):
@@ -282,7 +283,7 @@ def _pump(pid, in_fd, out_fd, err_fd, stdin, timeout, cap):
             _pending.extend(chunk)
         if w:
             try:
-                to_write = to_write[os.write(in_fd, to_write[:65536]):]
+                to_write = to_write[os.write(in_fd, to_write[:65536]) :]
             except BlockingIOError:
                 pass
             except BrokenPipeError:
@@ -300,7 +301,7 @@ def _pump(pid, in_fd, out_fd, err_fd, stdin, timeout, cap):
                 continue
             buf = bufs[fd]
             room = cap - len(buf)
-            buf.extend(chunk[:max(room, 0)])
+            buf.extend(chunk[: max(room, 0)])
             if len(chunk) > room:
                 truncated = True
                 if killed is None and ended is None:
@@ -315,11 +316,24 @@ def run(req, payload):
     t0 = time.monotonic()
     off, files_in = 0, {}
     for name, size in req["files"]:
-        files_in[name] = payload[off:off + size]
+        files_in[name] = payload[off : off + size]
         off += size
     stdin = payload[off:] if req["stdin"] else None
-    reply = {"status": "ok", "exit_code": None, "signal": None, "oom": False, "truncated": False, "wall": 0.0,
-             "out": 0, "err": 0, "files": [], "refused": {}, "clean": None, "why": "", "error": None}
+    reply = {
+        "status": "ok",
+        "exit_code": None,
+        "signal": None,
+        "oom": False,
+        "truncated": False,
+        "wall": 0.0,
+        "out": 0,
+        "err": 0,
+        "files": [],
+        "refused": {},
+        "clean": None,
+        "why": "",
+        "error": None,
+    }
     parts = []
     try:
         files.write_files(WORKDIR, files_in, max_total_bytes=req["max_total"])
@@ -349,8 +363,9 @@ def run(req, payload):
             reply["out"], reply["err"] = len(out), len(err)
             parts += [out, err]
     if req["collect"]:
-        got = files.collect_files(WORKDIR, req["collect"], max_file_bytes=req["max_file"],
-                                  max_total_bytes=req["max_total"])
+        got = files.collect_files(
+            WORKDIR, req["collect"], max_file_bytes=req["max_file"], max_total_bytes=req["max_total"]
+        )
         reply["refused"] = got.refused
         for name, data in got.files.items():
             reply["files"].append([name, len(data)])
@@ -398,8 +413,15 @@ def main():
                     reply, parts = run(req, payload)
                 except Exception as e:  # our own bug: a typed error for this run, not a dead container
                     kill_all()
-                    reply, parts = {"status": "error", "error": f"sandbox executor failed: {type(e).__name__}: {e}",
-                                    "clean": False, "why": "the executor failed"}, []
+                    reply, parts = (
+                        {
+                            "status": "error",
+                            "error": f"sandbox executor failed: {type(e).__name__}: {e}",
+                            "clean": False,
+                            "why": "the executor failed",
+                        },
+                        [],
+                    )
                 _send(reply, b"".join(parts))
             elif req.get("op") == "reset":
                 _send(reset())

@@ -12,6 +12,7 @@ SDK, in a bounded thread pool (``agentrl.sandbox.docker_daemon``).
 Does not: decide what a reply means (``agentrl.sandbox.docker`` does), retry, or trust the
 executor: reply sizes are bounded by what the caller allows and a malformed reply is an error.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +39,7 @@ class DaemonAddress:
     port: int | None = None
 
     @classmethod
-    def parse(cls, url: str | None = None) -> "DaemonAddress":
+    def parse(cls, url: str | None = None) -> DaemonAddress:
         url = url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme in ("unix", "http+unix") and parsed.path:
@@ -67,11 +68,13 @@ def executor_source() -> str:
     here = Path(__file__).resolve().parent
     files_src = (here / "files.py").read_text()
     agent_src = (here / "docker_agent.py").read_text()
-    return ("import sys, types\n"
-            "_m = types.ModuleType('sandbox_files')\n"
-            "sys.modules['sandbox_files'] = _m\n"
-            f"exec(compile({files_src!r}, 'sandbox_files.py', 'exec'), _m.__dict__)\n"
-            f"exec(compile({agent_src!r}, 'docker_agent.py', 'exec'), {{'__name__': '__main__'}})\n")
+    return (
+        "import sys, types\n"
+        "_m = types.ModuleType('sandbox_files')\n"
+        "sys.modules['sandbox_files'] = _m\n"
+        f"exec(compile({files_src!r}, 'sandbox_files.py', 'exec'), _m.__dict__)\n"
+        f"exec(compile({agent_src!r}, 'docker_agent.py', 'exec'), {{'__name__': '__main__'}})\n"
+    )
 
 
 class AgentConn:
@@ -85,13 +88,16 @@ class AgentConn:
         self.hello: dict = {}
 
     @classmethod
-    async def attach(cls, address: DaemonAddress, api_version: str, container_id: str) -> "AgentConn":
+    async def attach(cls, address: DaemonAddress, api_version: str, container_id: str) -> AgentConn:
         """Attach to stdin/stdout/stderr of a created (not yet started) container."""
         reader, writer = await address.connect()
         path = f"/v{api_version}/containers/{container_id}/attach?stream=1&stdin=1&stdout=1&stderr=1"
-        writer.write((f"POST {path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: agentrl-sandbox\r\n"
-                      "Content-Type: text/plain\r\nContent-Length: 0\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
-                     .encode())
+        writer.write(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: agentrl-sandbox\r\n"
+                "Content-Type: text/plain\r\nContent-Length: 0\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+            ).encode()
+        )
         await writer.drain()
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -107,8 +113,10 @@ class AgentConn:
             except (asyncio.TimeoutError, OSError):
                 pass
             writer.close()
-            raise SandboxError(f"docker attach to {container_id[:12]} failed: {status_line}: "
-                               f"{body.decode(errors='replace').strip()[:300]}")
+            raise SandboxError(
+                f"docker attach to {container_id[:12]} failed: {status_line}: "
+                f"{body.decode(errors='replace').strip()[:300]}"
+            )
         return cls(reader, writer, container_id[:12])
 
     # ------------------------------------------------------------------------------- frames
@@ -135,8 +143,9 @@ class AgentConn:
         """One message; ProtocolError if it is malformed or bigger than ``max_payload``."""
         hlen, plen = _HEADER.unpack(await self._take(_HEADER.size))
         if hlen > _MAX_HEADER or plen > max_payload:
-            raise ProtocolError(f"executor of {self.short_id} sent a {hlen}+{plen}-byte message "
-                                f"(allowed {_MAX_HEADER}+{max_payload})")
+            raise ProtocolError(
+                f"executor of {self.short_id} sent a {hlen}+{plen}-byte message (allowed {_MAX_HEADER}+{max_payload})"
+            )
         try:
             header = json.loads(await self._take(hlen))
         except ValueError as e:

@@ -19,6 +19,7 @@ Does not: isolate the kernel (runc containers share it; use ``runtime="runsc"`` 
 kernel), limit disk I/O bandwidth, or hide the CPU model / host kernel version from programs.
 Does not pool or run anything (``docker_pool``, ``docker``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,9 @@ def sandbox_env() -> dict[str, str]:
     return base_env(WORKDIR, WORKDIR, None)
 
 
-def container_spec(api, image: str, limits: Limits, *, labels: dict[str, str], runtime: str | None,
-                   ncpu: int, work_exec: bool = True) -> dict:
+def container_spec(
+    api, image: str, limits: Limits, *, labels: dict[str, str], runtime: str | None, ncpu: int, work_exec: bool = True
+) -> dict:
     """Keyword arguments of ``APIClient.create_container`` for one hardened sandbox container.
 
     ``work_exec``: the work dir is mounted without ``noexec`` by default: agents routinely
@@ -82,9 +84,11 @@ def container_spec(api, image: str, limits: Limits, *, labels: dict[str, str], r
     from docker.types import LogConfig, Ulimit
 
     inodes = max(1024, limits.disk_mb * 64)
-    ulimits = [Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
-               Ulimit(name="fsize", soft=limits.fsize_mb * MB, hard=limits.fsize_mb * MB),
-               Ulimit(name="core", soft=0, hard=0)]
+    ulimits = [
+        Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
+        Ulimit(name="fsize", soft=limits.fsize_mb * MB, hard=limits.fsize_mb * MB),
+        Ulimit(name="core", soft=0, hard=0),
+    ]
     pids_limit = limits.pids
     if runtime is not None and "runsc" in runtime:
         # gVisor's kernel (the Sentry) runs in the container's cgroup: a pids cgroup of `pids` would
@@ -93,26 +97,48 @@ def container_spec(api, image: str, limits: Limits, *, labels: dict[str, str], r
         # program limit moves there and the cgroup only bounds the Sentry.
         ulimits.append(Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
         pids_limit = GVISOR_HOST_PIDS
-    tmpfs_opts = (f"size={limits.disk_mb}m,nr_inodes={inodes},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,"
-                  f"nosuid,nodev,{'exec' if work_exec else 'noexec'}")
+    tmpfs_opts = (
+        f"size={limits.disk_mb}m,nr_inodes={inodes},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700,"
+        f"nosuid,nodev,{'exec' if work_exec else 'noexec'}"
+    )
     host_config = api.create_host_config(
-        network_mode="none", read_only=True, tmpfs={WORKDIR: tmpfs_opts},
-        cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=pids_limit,
-        mem_limit=limits.memory_mb * MB, memswap_limit=limits.memory_mb * MB,
+        network_mode="none",
+        read_only=True,
+        tmpfs={WORKDIR: tmpfs_opts},
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        pids_limit=pids_limit,
+        mem_limit=limits.memory_mb * MB,
+        memswap_limit=limits.memory_mb * MB,
         # the daemon refuses a quota above its CPU count; a bigger ask means "all of them"
         nano_cpus=int(min(limits.cpus, ncpu) * 1e9),
         ulimits=ulimits,
-        log_config=LogConfig(type="none"), auto_remove=True, ipc_mode="private",
-        shm_size=min(64, limits.disk_mb) * MB, runtime=runtime)
-    return dict(image=image, command=["python3", "-I", "-c", executor_source()],
-                user=f"{SANDBOX_UID}:{SANDBOX_UID}", detach=False, stdin_open=True, tty=False,
-                environment=sandbox_env(), working_dir=WORKDIR, hostname="sandbox", labels=labels,
-                host_config=host_config)
+        log_config=LogConfig(type="none"),
+        auto_remove=True,
+        ipc_mode="private",
+        shm_size=min(64, limits.disk_mb) * MB,
+        runtime=runtime,
+    )
+    return dict(
+        image=image,
+        command=["python3", "-I", "-c", executor_source()],
+        user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+        detach=False,
+        stdin_open=True,
+        tty=False,
+        environment=sandbox_env(),
+        working_dir=WORKDIR,
+        hostname="sandbox",
+        labels=labels,
+        host_config=host_config,
+    )
 
 
 def limits_label(limits: Limits) -> str:
-    return (f"mem={limits.memory_mb}m,cpus={limits.cpus:g},pids={limits.pids},nofile={limits.nofile},"
-            f"fsize={limits.fsize_mb}m,disk={limits.disk_mb}m")
+    return (
+        f"mem={limits.memory_mb}m,cpus={limits.cpus:g},pids={limits.pids},nofile={limits.nofile},"
+        f"fsize={limits.fsize_mb}m,disk={limits.disk_mb}m"
+    )
 
 
 # ---------------------------------------------------------------------------------- cleanup
@@ -126,9 +152,17 @@ def list_containers(client=None, *, run_id: str | None = None) -> list[dict]:
     out = []
     for c in client.api.containers(all=True, filters={"label": label}):
         labels = c.get("Labels") or {}
-        out.append({"id": c["Id"], "name": (c.get("Names") or ["?"])[0].lstrip("/"), "status": c.get("Status", ""),
-                    "owner": labels.get(LABEL_OWNER, ""), "run": labels.get(LABEL_RUN, ""),
-                    "limits": labels.get(LABEL_LIMITS, ""), "created": c.get("Created", 0)})
+        out.append(
+            {
+                "id": c["Id"],
+                "name": (c.get("Names") or ["?"])[0].lstrip("/"),
+                "status": c.get("Status", ""),
+                "owner": labels.get(LABEL_OWNER, ""),
+                "run": labels.get(LABEL_RUN, ""),
+                "limits": labels.get(LABEL_LIMITS, ""),
+                "created": c.get("Created", 0),
+            }
+        )
     return out
 
 
@@ -163,7 +197,7 @@ def remove_stale(client) -> int:
     return remove_containers(client, stale)
 
 
-_LIVE_RUNS: "weakref.WeakSet[Daemon]" = weakref.WeakSet()
+_LIVE_RUNS: weakref.WeakSet[Daemon] = weakref.WeakSet()
 
 
 @atexit.register
@@ -181,8 +215,9 @@ class Daemon:
 
         self.address, self.run_id = address, run_id
         try:
-            self.client = docker.DockerClient(base_url=address.base_url, timeout=int(timeout_s),
-                                              max_pool_size=api_threads)
+            self.client = docker.DockerClient(
+                base_url=address.base_url, timeout=int(timeout_s), max_pool_size=api_threads
+            )
             info = self.client.info()
         except docker.errors.DockerException as e:
             raise SandboxError(f"no Docker daemon answers at {address.base_url}: {e}") from e

@@ -7,6 +7,7 @@ start, wait for the executor's hello), and ``Pool`` (idle containers per ``Limit
 Does not: decide the container's isolation (``docker_daemon.container_spec``), talk the executor
 protocol beyond its hello (``docker_conn``), or turn replies into results (``docker``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,21 @@ from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
 from agentrl.sandbox.docker_conn import AgentConn
 from agentrl.sandbox.docker_daemon import (  # noqa: F401 - cleanup helpers re-exported (tests, CLI)
-    LABEL, LABEL_LIMITS, LABEL_OWNER, LABEL_RUN, MB, Daemon, container_spec, limits_label, list_containers,
-    owner_alive, owner_id, remove_containers, remove_stale, sandbox_env)
+    LABEL,
+    LABEL_LIMITS,
+    LABEL_OWNER,
+    LABEL_RUN,
+    MB,
+    Daemon,
+    container_spec,
+    limits_label,
+    list_containers,
+    owner_alive,
+    owner_id,
+    remove_containers,
+    remove_stale,
+    sandbox_env,
+)
 
 START_TIMEOUT_S = 30.0  # create + attach + start + hello; a loaded 2-core machine needs seconds
 
@@ -41,14 +55,16 @@ class Box:
         return not (self.conn.reader.at_eof() or self.conn.writer.is_closing())
 
 
-async def start_box(daemon: Daemon, image: str, limits: Limits, *, runtime: str | None, work_exec: bool,
-                    owner: str) -> Box:
+async def start_box(
+    daemon: Daemon, image: str, limits: Limits, *, runtime: str | None, work_exec: bool, owner: str
+) -> Box:
     """Create, attach to, and start one container; wait for its executor's hello."""
     import docker
 
     labels = {LABEL: "1", LABEL_OWNER: owner, LABEL_RUN: daemon.run_id, LABEL_LIMITS: limits_label(limits)}
-    spec = container_spec(daemon.client.api, image, limits, labels=labels, runtime=runtime, ncpu=daemon.ncpu,
-                          work_exec=work_exec)
+    spec = container_spec(
+        daemon.client.api, image, limits, labels=labels, runtime=runtime, ncpu=daemon.ncpu, work_exec=work_exec
+    )
     try:
         cid = (await daemon.call(daemon.client.api.create_container, **spec, timeout=START_TIMEOUT_S))["Id"]
     except docker.errors.ImageNotFound as e:
@@ -84,8 +100,20 @@ class Pool:
     (otherwise it is replaced). ``mode="fresh"``: each run or session gets a new container,
     removed after; ``pool_size`` containers are started ahead so acquiring one stays fast."""
 
-    def __init__(self, daemon: Daemon, *, image: str, runtime: str | None, work_exec: bool, owner: str, mode: str,
-                 pool_size: int, max_concurrency: int, default_limits: Limits, max_uses: int) -> None:
+    def __init__(
+        self,
+        daemon: Daemon,
+        *,
+        image: str,
+        runtime: str | None,
+        work_exec: bool,
+        owner: str,
+        mode: str,
+        pool_size: int,
+        max_concurrency: int,
+        default_limits: Limits,
+        max_uses: int,
+    ) -> None:
         self.daemon, self.image, self.runtime, self.work_exec, self.owner = daemon, image, runtime, work_exec, owner
         self.mode, self.pool_size, self.default_limits, self.max_uses = mode, pool_size, default_limits, max_uses
         self.slots = asyncio.Semaphore(max_concurrency)
@@ -109,8 +137,9 @@ class Pool:
     async def _start(self, limits: Limits) -> Box:
         """Start one container; the caller has counted it in ``live`` and ``_starting``."""
         try:
-            return await start_box(self.daemon, self.image, limits, runtime=self.runtime, work_exec=self.work_exec,
-                                   owner=self.owner)
+            return await start_box(
+                self.daemon, self.image, limits, runtime=self.runtime, work_exec=self.work_exec, owner=self.owner
+            )
         finally:
             self._starting[limits] -= 1
 

@@ -5,6 +5,7 @@ never imports the docker SDK) and runs its ``unavailable_reason()`` probe. A sma
 so that the backend choice (``agentrl.sandbox.factory``) and the local backend's isolation summary
 (``agentrl.sandbox.local``) can both ask without importing each other. Does not choose a backend.
 """
+
 from __future__ import annotations
 
 

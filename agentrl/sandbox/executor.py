@@ -28,6 +28,7 @@ deadlines or read output (the client does those: it holds the other ends of the 
 the child's process group). Runs as a script (``python -I executor.py FD``) with only the standard
 library and its sibling ``child.py``: nothing of agentrl (nor numpy, whose import starts threads).
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,6 +48,7 @@ if __package__:  # imported as agentrl.sandbox.executor
 else:  # run as a script (python -I executor.py FD): nothing of agentrl is on the path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import child
+
     del sys.path[0]
 
 MAX_FDS = 8  # stdin, stdout, stderr, bwrap's status fd, a memfd holding a large request

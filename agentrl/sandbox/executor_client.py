@@ -18,6 +18,7 @@ user).
 Does not: decide what runs or how it is jailed (``agentrl.sandbox.local`` builds the request), or
 read or time anything (``agentrl.sandbox.subprocess_runner`` does).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -144,17 +145,22 @@ class Executor:
             try:
                 # A fresh exec, never a fork of this (multi-threaded) process; no secrets in its env.
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-I", EXECUTOR_PATH, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                    env={"PATH": os.defpath, "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, start_new_session=True)
+                    [sys.executable, "-I", EXECUTOR_PATH, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             except OSError as e:
                 ours.close()
                 raise SandboxError(f"cannot start the local sandbox executor ({sys.executable}): {e}") from e
             finally:
                 theirs.close()
             self._sock, self._pid_owner = ours, os.getpid()
-            threading.Thread(target=self._read, args=(ours, self._proc), name="agentrl-executor-reader",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._read, args=(ours, self._proc), name="agentrl-executor-reader", daemon=True
+            ).start()
 
     @property
     def pid(self) -> int | None:
@@ -259,6 +265,7 @@ class Executor:
         """Run one request to its end from synchronous code (probes); (exit code or None at the
         deadline, stderr). Runs on a loop of its own in a worker thread, so it works under a
         running loop too."""
+
         async def go() -> tuple[int | None, str]:
             proto = _Collect()
             proc = await self.spawn(request, proto, stdin=False)

@@ -6,6 +6,7 @@ options per process, so that its concurrency bound is global) and ``docker_unava
 Does not: define the seam (``agentrl.sandbox.base``) or isolate anything (each backend's module).
 Backends are imported lazily: choosing ``local`` never imports the docker SDK.
 """
+
 from __future__ import annotations
 
 import threading
@@ -52,8 +53,10 @@ def make_sandbox(backend: str = "auto", **options) -> Sandbox:
 def _check_auto_options(options: dict) -> None:
     extra = sorted(set(options) - {"limits", "max_concurrency"})
     if extra:
-        raise ConfigError(f"sandbox backend 'auto' takes only the options every backend takes (limits, "
-                          f"max_concurrency), got {extra}; name the backend to pass backend-specific options")
+        raise ConfigError(
+            f"sandbox backend 'auto' takes only the options every backend takes (limits, "
+            f"max_concurrency), got {extra}; name the backend to pass backend-specific options"
+        )
 
 
 def shared_sandbox(backend: str = "local", **options) -> Sandbox:

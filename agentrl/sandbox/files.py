@@ -23,6 +23,7 @@ replaces whatever non-directory the program left in the way (the caller's files 
 
 Does not: decide limits (the caller passes them) or know about any backend.
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,9 +32,9 @@ import os
 import posixpath
 import stat
 import tarfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Iterable, Mapping
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_SYMLINK_HOPS = 16
@@ -64,8 +65,9 @@ class Collected:
 
 
 # ------------------------------------------------------------------------------------------ in
-def write_files(root: str, files: Mapping[str, bytes], *, owner: tuple[int, int] | None = None,
-                max_total_bytes: int | None = None) -> None:
+def write_files(
+    root: str, files: Mapping[str, bytes], *, owner: tuple[int, int] | None = None, max_total_bytes: int | None = None
+) -> None:
     """Write ``files`` under the directory ``root``, creating parent dirs; ``owner`` (uid, gid) is
     given to what is created (the sandbox user must be able to overwrite it). ValueError for a bad
     name, a total over ``max_total_bytes``, or a directory in the way of a file."""
@@ -126,14 +128,13 @@ def _replace_file(dir_fd: int, name: str, data: bytes, owner: tuple[int, int] | 
             os.fchown(fd, *owner)
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------- out
-def collect_files(root: str, paths: Iterable[str], *, max_file_bytes: int,
-                  max_total_bytes: int) -> Collected:
+def collect_files(root: str, paths: Iterable[str], *, max_file_bytes: int, max_total_bytes: int) -> Collected:
     """Copy the regular files named by ``paths`` (relative to ``root``) out; see the module docstring
     for what is refused. Never raises for what the program left in the work dir."""
     out = Collected()
@@ -253,8 +254,7 @@ def files_to_tar(files: Mapping[str, bytes], *, uid: int = 0, gid: int = 0, mtim
     return buf.getvalue()
 
 
-def collect_from_tar(fileobj, wanted: Mapping[str, str], *, max_file_bytes: int,
-                     max_total_bytes: int) -> Collected:
+def collect_from_tar(fileobj, wanted: Mapping[str, str], *, max_file_bytes: int, max_total_bytes: int) -> Collected:
     """Pick ``wanted`` ({member name in the archive: path to report}) out of a tar stream, refusing
     symlinks, hard links, devices, absolute or ``..`` member names, and files over the caps.
     The archive is read as a stream (``r|*``): nothing is extracted to disk."""

@@ -20,6 +20,7 @@ Does not: install anything from a registry, pin package versions (bookworm's cur
 taken), or run as non-root (debootstrap needs root). ``agentrl/sandbox/Dockerfile`` is the registry
 equivalent for machines that have one.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,8 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from agentrl.errors import SandboxError
 
@@ -62,7 +63,9 @@ def image_exists(client, tag: str) -> bool:
     return (img.labels or {}).get(LABEL) == RECIPE_VERSION
 
 
-def _debootstrap(rootfs: Path, *, suite: str, mirror: str, packages: tuple[str, ...], log: Callable[[str], None]) -> None:
+def _debootstrap(
+    rootfs: Path, *, suite: str, mirror: str, packages: tuple[str, ...], log: Callable[[str], None]
+) -> None:
     exe = shutil.which("debootstrap")
     if exe is None:
         raise SandboxError("debootstrap is not installed (apt-get install -y debootstrap)")
@@ -106,8 +109,9 @@ def _customize(rootfs: Path) -> None:
 
 def _tar_stream(rootfs: Path) -> Iterator[bytes]:
     # GNU tar keeps device nodes, owners and xattrs exactly as debootstrap made them.
-    proc = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None
     try:
         while chunk := proc.stdout.read(1 << 20):
@@ -119,9 +123,17 @@ def _tar_stream(rootfs: Path) -> Iterator[bytes]:
             raise SandboxError(f"tar of {rootfs} failed: {err.strip()[-500:]}")
 
 
-def build_image(client=None, *, tag: str = DEFAULT_TAG, rootfs_cache: str | os.PathLike | None = None,
-                mirror: str = DEFAULT_MIRROR, suite: str = DEFAULT_SUITE, packages: tuple[str, ...] = DEFAULT_PACKAGES,
-                force: bool = False, log: Callable[[str], None] = print) -> str:
+def build_image(
+    client=None,
+    *,
+    tag: str = DEFAULT_TAG,
+    rootfs_cache: str | os.PathLike | None = None,
+    mirror: str = DEFAULT_MIRROR,
+    suite: str = DEFAULT_SUITE,
+    packages: tuple[str, ...] = DEFAULT_PACKAGES,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> str:
     """Build ``tag`` offline and return its image id; a no-op when it exists (unless ``force``).
 
     ``rootfs_cache``: a directory kept between builds; the debootstrapped tree is stored under it
@@ -161,11 +173,18 @@ def build_image(client=None, *, tag: str = DEFAULT_TAG, rootfs_cache: str | os.P
         _customize(rootfs)
     try:
         log(f"importing {rootfs} as {tag}")
-        changes = [f"ENV PATH={_PATH}", "ENV LANG=C.UTF-8", f"WORKDIR {WORKDIR}", f"USER {SANDBOX_UID}:{SANDBOX_UID}",
-                   f"LABEL {LABEL}={RECIPE_VERSION}", 'CMD ["sleep", "infinity"]']
+        changes = [
+            f"ENV PATH={_PATH}",
+            "ENV LANG=C.UTF-8",
+            f"WORKDIR {WORKDIR}",
+            f"USER {SANDBOX_UID}:{SANDBOX_UID}",
+            f"LABEL {LABEL}={RECIPE_VERSION}",
+            'CMD ["sleep", "infinity"]',
+        ]
         try:
-            client.api.import_image(src=_tar_stream(rootfs), repository=repo, tag=version, changes=changes,
-                                    stream_src=True)
+            client.api.import_image(
+                src=_tar_stream(rootfs), repository=repo, tag=version, changes=changes, stream_src=True
+            )
         except docker.errors.APIError as e:
             raise SandboxError(f"docker import of {rootfs} as {tag} failed: {e}") from e
     finally:

@@ -19,6 +19,7 @@ The child-side namespace work needs root and exists for two reasons:
 Does not: choose policy (``agentrl.sandbox.local`` does), or isolate processes (no pid namespace
 here: that is bwrap's job; without it, ``kill_uid`` after the run catches escaped processes).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -41,8 +42,12 @@ __all__ = ["mount_tmpfs", "unmount"]  # re-exported: the backend mounts work dir
 
 def rlimits(limits: Limits, timeout_s: float, nproc: int | None) -> list[tuple[int, tuple[int, int]]]:
     cpu = math.ceil(timeout_s) + 1
-    out = [(resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_FSIZE, (limits.fsize_mb * MB,) * 2),
-           (resource.RLIMIT_NOFILE, (limits.nofile,) * 2), (resource.RLIMIT_CORE, (0, 0))]
+    out = [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_FSIZE, (limits.fsize_mb * MB,) * 2),
+        (resource.RLIMIT_NOFILE, (limits.nofile,) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
     if nproc is not None:
         out.append((resource.RLIMIT_NPROC, (nproc, nproc)))
     # RLIMIT_AS last: the child is still a copy of the executor until exec and must not need more first

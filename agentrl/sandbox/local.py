@@ -63,6 +63,7 @@ limit (SIGXCPU) is ``timeout``. Under bwrap an exit code 129..192 is reported as
 (bwrap folds the two together), and a program that could not be started (``python3`` missing from
 the sandbox, say) raises SandboxError.
 """
+
 from __future__ import annotations
 
 import glob
@@ -82,8 +83,17 @@ from agentrl.sandbox.executor_client import executor
 from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env, killpg
 
 _SANDBOX_UID = 1000  # the uid the program sees inside bwrap (whatever the host uid is)
-_ETC = ["/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-        "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", *sorted(glob.glob("/etc/python3*"))]
+_ETC = [
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    *sorted(glob.glob("/etc/python3*")),
+]
 _TOP_LINKS = ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
 _STATUS_FD = 3  # where the executor puts bwrap's status pipe in the child
 
@@ -137,12 +147,29 @@ def _can_mount_tmpfs() -> bool:
 
 
 # ------------------------------------------------------------------------------ bwrap
-def _bwrap_argv(exe: str, workdir: str, limits: Limits, status_fd: int | None,
-                binds: list[tuple[str, str]]) -> list[str]:
+def _bwrap_argv(
+    exe: str, workdir: str, limits: Limits, status_fd: int | None, binds: list[tuple[str, str]]
+) -> list[str]:
     disk = str(limits.disk_mb * MB)
-    argv = [exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID), "--hostname", "sandbox",
-            "--ro-bind", "/usr", "/usr"]
+    argv = [
+        exe,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(_SANDBOX_UID),
+        "--gid",
+        str(_SANDBOX_UID),
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for top in _TOP_LINKS:
         if os.path.islink(top):
             argv += ["--symlink", os.readlink(top), top]
@@ -150,8 +177,25 @@ def _bwrap_argv(exe: str, workdir: str, limits: Limits, status_fd: int | None,
             argv += ["--ro-bind", top, top]
     for path in _ETC:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs",
-             "/dev/shm", "--bind", workdir, "/work", "--chdir", "/work"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        disk,
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        disk,
+        "--tmpfs",
+        "/dev/shm",
+        "--bind",
+        workdir,
+        "/work",
+        "--chdir",
+        "/work",
+    ]
     for src, dst in binds:  # after the tmpfs /tmp, which would hide a Python prefix under /tmp (a venv there)
         argv += ["--ro-bind", src, dst]
     # bwrap's own root and /dev are tmpfs without a size: read-only, or they could fill host RAM.
@@ -178,11 +222,20 @@ class LocalSandbox(SubprocessSandbox):
 
     name = "local"
 
-    def __init__(self, *, limits: Limits | None = None, max_concurrency: int = 16, bwrap: bool | None = None,
-                 uid_base: int | None = 1_600_000, tmpfs: bool | None = None,
-                 extra_env: dict[str, str] | None = None, max_output_bytes: int | None = None) -> None:
-        super().__init__(limits=limits, max_concurrency=max_concurrency, max_output_bytes=max_output_bytes,
-                         extra_env=extra_env)
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        max_concurrency: int = 16,
+        bwrap: bool | None = None,
+        uid_base: int | None = 1_600_000,
+        tmpfs: bool | None = None,
+        extra_env: dict[str, str] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> None:
+        super().__init__(
+            limits=limits, max_concurrency=max_concurrency, max_output_bytes=max_output_bytes, extra_env=extra_env
+        )
         root = os.geteuid() == 0
         top = 2**31 - 2 * jail.UID_BLOCKS * jail.UID_RANGE
         if uid_base is not None and not (isinstance(uid_base, int) and 1000 <= uid_base < top):
@@ -207,11 +260,17 @@ class LocalSandbox(SubprocessSandbox):
 
     def describe(self) -> dict:
         """Which isolation layers are on (for logs, the CLI and the hostile-suite report)."""
-        return {"backend": self.name, "bwrap": self.bwrap is not None, "bwrap_reason": self.bwrap_reason,
-                "dedicated_uid": self.uid_base is not None, "pids_enforced": self.uid_base is not None,
-                "tmpfs_workdir": self.tmpfs, "network_isolated": self.bwrap is not None or self.mounts.isolate,
-                "private_tmp": self.bwrap is not None or self.mounts.isolate,
-                "python_prefixes": list(self.prefixes)}
+        return {
+            "backend": self.name,
+            "bwrap": self.bwrap is not None,
+            "bwrap_reason": self.bwrap_reason,
+            "dedicated_uid": self.uid_base is not None,
+            "pids_enforced": self.uid_base is not None,
+            "tmpfs_workdir": self.tmpfs,
+            "network_isolated": self.bwrap is not None or self.mounts.isolate,
+            "private_tmp": self.bwrap is not None or self.mounts.isolate,
+            "python_prefixes": list(self.prefixes),
+        }
 
     def isolation_summary(self) -> str:
         d = self.describe()
@@ -219,8 +278,10 @@ class LocalSandbox(SubprocessSandbox):
         if d["dedicated_uid"]:
             on.append("a dedicated uid per run")
         if d["bwrap"] and d["dedicated_uid"]:
-            on.append("a read-only /usr view in its own pid, network and mount namespaces (python calls: built by "
-                      "the executor, warm; other programs: bubblewrap)")
+            on.append(
+                "a read-only /usr view in its own pid, network and mount namespaces (python calls: built by "
+                "the executor, warm; other programs: bubblewrap)"
+            )
         elif d["bwrap"]:
             on.append("bubblewrap namespaces (user, pid, network, mount: read-only /usr view)")
         elif self.mounts.isolate:
@@ -287,8 +348,12 @@ class LocalSandbox(SubprocessSandbox):
         ``/bin``-style links, a few ``/etc`` files and the Python prefix (``child.build_root``)."""
         ro = ["/usr"] + [t for t in _TOP_LINKS if os.path.isdir(t) and not os.path.islink(t)]
         links = {t: os.readlink(t) for t in _TOP_LINKS if os.path.islink(t)}
-        view = {"ro": ro, "links": links, "files": [f for f in _ETC if os.path.exists(f)],
-                "binds": [[dst, dst] for _, dst in self.mounts.binds]}  # as root we reach the prefix itself
+        view = {
+            "ro": ro,
+            "links": links,
+            "files": [f for f in _ETC if os.path.exists(f)],
+            "binds": [[dst, dst] for _, dst in self.mounts.binds],
+        }  # as root we reach the prefix itself
         return {"isolate": True, "pidns": True, "grafts": [], "root": view}
 
     async def _start(self, spawn: Spawn, proto, with_stdin: bool):
@@ -304,8 +369,9 @@ class LocalSandbox(SubprocessSandbox):
         if wd.owner is not None and self.bwrap is None and not self.mounts.isolate:
             jail.kill_uid(wd.owner[0])  # setsid orphans left the group but not the uid
 
-    def _classify(self, status: str, code: int | None, stderr: str, spawn: Spawn,
-                  limits: Limits) -> tuple[str, int | None, str]:
+    def _classify(
+        self, status: str, code: int | None, stderr: str, spawn: Spawn, limits: Limits
+    ) -> tuple[str, int | None, str]:
         if spawn.status_fd is not None and status == "ok":
             if not _bwrap_ran(spawn.status_fd) and stderr.startswith("bwrap: "):
                 # The program never ran (no exit record), so all of stderr is bwrap's own.
@@ -350,7 +416,7 @@ def _remove_stale_mounts() -> None:
     tmp = tempfile.gettempdir()
     for prefix, contents in ((WORKDIR_PREFIX, True), (jail.EXPORT_PREFIX, False)):
         for path in glob.glob(os.path.join(tmp, prefix + "*-*")):
-            pid = os.path.basename(path)[len(prefix):].split("-", 1)[0]
+            pid = os.path.basename(path)[len(prefix) :].split("-", 1)[0]
             if not pid.isdigit() or int(pid) == os.getpid():
                 continue
             try:

@@ -11,6 +11,7 @@ Does not: run anything, or decide what a deadline is (``agentrl.envs.base.ToolEn
 queue time from its tool deadline; the turn deadline bounds the whole wait). The record is per
 process: Ray rollout workers each keep their own.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ import contextvars
 import math
 import time
 import weakref
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 
 class WaitClock:
@@ -49,7 +50,7 @@ class WaitClock:
 
 WAIT_CLOCK: contextvars.ContextVar[WaitClock | None] = contextvars.ContextVar("agentrl_wait_clock", default=None)
 _WAITS: collections.deque = collections.deque(maxlen=1 << 16)
-_ALL: "weakref.WeakSet[Slots]" = weakref.WeakSet()
+_ALL: weakref.WeakSet[Slots] = weakref.WeakSet()
 _ADMISSION_POLL_S = 0.02
 
 
@@ -110,6 +111,7 @@ def queue_summary(waits: list[float]) -> dict[str, float]:
     xs = sorted(waits)
     if not xs:
         return {"queue_s_p50": 0.0, "queue_s_p99": 0.0, "queue_calls": 0}
+
     def rank(q: float) -> float:
         return xs[max(0, math.ceil(round(q * len(xs), 9)) - 1)]
 

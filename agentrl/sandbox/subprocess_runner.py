@@ -26,6 +26,7 @@ What the mechanics guarantee (both backends):
 
 Of ``Limits`` the plain runner enforces only ``max_output_bytes``; status ``oom`` never occurs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecResult, Limits, Sandbox, SandboxSession
@@ -53,8 +55,14 @@ MB = 1 << 20
 def base_env(home: str, tmp: str, python_bin: str | None) -> dict[str, str]:
     """The whole environment a sandboxed program gets (nothing is inherited from the trainer)."""
     path = ([python_bin] if python_bin else []) + ["/usr/local/bin", "/usr/bin", "/bin"]
-    return {"PATH": os.pathsep.join(path), "HOME": home, "TMPDIR": tmp, "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    return {
+        "PATH": os.pathsep.join(path),
+        "HOME": home,
+        "TMPDIR": tmp,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 @dataclass
@@ -151,8 +159,14 @@ class SubprocessSandbox(Sandbox):
 
     name = "subprocess"
 
-    def __init__(self, *, limits: Limits | None = None, max_concurrency: int = 16,
-                 max_output_bytes: int | None = None, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        max_concurrency: int = 16,
+        max_output_bytes: int | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         limits = limits or Limits()
         if max_output_bytes is not None:  # the older spelling of limits.max_output_bytes
             limits = replace(limits, max_output_bytes=max_output_bytes)
@@ -166,8 +180,10 @@ class SubprocessSandbox(Sandbox):
         return self.limits.max_output_bytes
 
     def isolation_summary(self) -> str:
-        return ("subprocess (NO isolation: programs run as you, with your files and network; for trusted code "
-                "only: use 'local' or 'docker')")
+        return (
+            "subprocess (NO isolation: programs run as you, with your files and network; for trusted code "
+            "only: use 'local' or 'docker')"
+        )
 
     # ------------------------------------------------------------------------------ hooks
     def _new_workdir(self, limits: Limits) -> Workdir:
@@ -185,9 +201,15 @@ class SubprocessSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         try:
             transport, _ = await loop.subprocess_exec(
-                lambda: proto, *spawn.argv, cwd=spawn.cwd, env=spawn.env, start_new_session=True,
-                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE)
+                lambda: proto,
+                *spawn.argv,
+                cwd=spawn.cwd,
+                env=spawn.env,
+                start_new_session=True,
+                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
         except (OSError, subprocess.SubprocessError) as e:
             raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
         return transport
@@ -195,17 +217,25 @@ class SubprocessSandbox(Sandbox):
     def _kill(self, pid: int, wd: Workdir) -> None:
         killpg(pid)
 
-    def _classify(self, status: str, code: int | None, stderr: str, spawn: Spawn,
-                  limits: Limits) -> tuple[str, int | None, str]:
+    def _classify(
+        self, status: str, code: int | None, stderr: str, spawn: Spawn, limits: Limits
+    ) -> tuple[str, int | None, str]:
         """(status, exit_code, detail) from what the mechanics saw; backends refine (oom, signals)."""
         if status == "ok" and code is not None and code < 0:
             return "killed", code, f"died by signal {-code}"
         return status, code, ""
 
     # ------------------------------------------------------------------------------ API
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None, limits: Limits | None = None,
-                  collect: Sequence[str] = ()) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+        limits: Limits | None = None,
+        collect: Sequence[str] = (),
+    ) -> ExecResult:
         argv = check_call(argv, timeout_s)
         limits = limits or self.limits
         for name in files or {}:
@@ -226,8 +256,16 @@ class SubprocessSandbox(Sandbox):
         except OSError as e:
             raise SandboxError(f"cannot create a sandbox work dir: {e}") from e
 
-    async def _execute(self, argv: list[str], wd: Workdir, limits: Limits, stdin: bytes | None, timeout_s: float,
-                       files: Mapping[str, bytes] | None, collect: Sequence[str]) -> ExecResult:
+    async def _execute(
+        self,
+        argv: list[str],
+        wd: Workdir,
+        limits: Limits,
+        stdin: bytes | None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None,
+        collect: Sequence[str],
+    ) -> ExecResult:
         if files:
             write_files(wd.path, files, owner=wd.owner, max_total_bytes=limits.disk_mb * MB)
         spawn = self._spawn(argv, wd, limits, timeout_s)
@@ -245,8 +283,9 @@ class SubprocessSandbox(Sandbox):
                     w = transport.get_pipe_transport(0)
                     w.write(stdin)  # buffered by the transport; a program that never reads just times out
                     w.write_eof()
-                await asyncio.wait({proto.exited, proto.overflow}, timeout=timeout_s,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {proto.exited, proto.overflow}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
                 status = "output_limit" if proto.overflow.done() else "ok" if proto.exited.done() else "timeout"
             finally:
                 # Always kill: at the deadline, on overflow, on cancellation, and after a normal exit to
@@ -268,12 +307,20 @@ class SubprocessSandbox(Sandbox):
                 os.close(spawn.status_fd)
         got: Mapping[str, bytes] = {}
         if collect:
-            c = collect_files(wd.path, collect, max_file_bytes=limits.fsize_mb * MB,
-                              max_total_bytes=limits.disk_mb * MB)
+            c = collect_files(
+                wd.path, collect, max_file_bytes=limits.fsize_mb * MB, max_total_bytes=limits.disk_mb * MB
+            )
             got, detail = c.files, "; ".join(d for d in (detail, c.detail()) if d)
         return ExecResult(
-            stdout=proto.text(1), stderr=stderr, exit_code=code if status in ("ok", "killed", "oom") else None,
-            status=status, wall_s=wall, truncated=proto.truncated, files=got, detail=detail)
+            stdout=proto.text(1),
+            stderr=stderr,
+            exit_code=code if status in ("ok", "killed", "oom") else None,
+            status=status,
+            wall_s=wall,
+            truncated=proto.truncated,
+            files=got,
+            detail=detail,
+        )
 
 
 class _Session(SandboxSession):
@@ -284,8 +331,15 @@ class _Session(SandboxSession):
         self._wd: Workdir | None = None
         self._closed = False
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None, collect: Sequence[str] = ()) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+        collect: Sequence[str] = (),
+    ) -> ExecResult:
         argv = check_call(argv, timeout_s)
         for name in files or {}:
             check_relpath(name)

@@ -1,6 +1,7 @@
 """Tools: the typed ``Tool`` base (``base``), tool-call parsing (``calls``), the built-in ``python`` and
 ``bash`` tools and what they run through (``episode_sandbox``). Re-exports; the built-in tool factories
 load lazily so that ``import agentrl.tools`` stays cheap."""
+
 from agentrl.tools.episode_sandbox import EpisodeSandbox, format_exec_result
 
 

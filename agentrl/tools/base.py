@@ -13,6 +13,7 @@ it is the model's fault or an infrastructure failure. Validation never raises an
 model's values: an integer string past ``MAX_INT_DIGITS`` is a bad argument, and a value too deep
 to render shows as its type in the message.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,7 +83,9 @@ def _schema(tp: Any, where: str) -> dict:
         if all(set(s) == {"type"} and isinstance(s["type"], str) for s in subs):
             return {"type": [s["type"] for s in subs]}
         return {"anyOf": subs}
-    raise TypeError(f"{where}: unsupported annotation {tp!r} (use str, int, float, bool, list, dict, Optional, Literal)")
+    raise TypeError(
+        f"{where}: unsupported annotation {tp!r} (use str, int, float, bool, list, dict, Optional, Literal)"
+    )
 
 
 # ---------------------------------------------------------------- validation / coercion
@@ -234,23 +237,30 @@ class Tool:
 
     def schema(self) -> dict:
         """OpenAI/HF ``{"type": "function", "function": {...}}`` entry for ``apply_chat_template(tools=...)``."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def validate(self, arguments: dict) -> dict:
         """Coerce ``arguments`` to the annotated types; ToolCallError(kind="bad_arguments") on a mismatch."""
         if not isinstance(arguments, dict):
-            raise ToolCallError(f"tool {self.name!r} takes a JSON object of arguments, got {_json_type(arguments)}",
-                                kind="bad_arguments")
+            raise ToolCallError(
+                f"tool {self.name!r} takes a JSON object of arguments, got {_json_type(arguments)}",
+                kind="bad_arguments",
+            )
         takes = ", ".join(self._types) or "no arguments"
         unexpected = [k for k in arguments if k not in self._types]
         if unexpected:
-            raise ToolCallError(f"tool {self.name!r} got unexpected argument {unexpected[0]!r}; it takes: {takes}",
-                                kind="bad_arguments")
+            raise ToolCallError(
+                f"tool {self.name!r} got unexpected argument {unexpected[0]!r}; it takes: {takes}", kind="bad_arguments"
+            )
         missing = [k for k in self._required if k not in arguments]
         if missing:
-            raise ToolCallError(f"tool {self.name!r} is missing required argument {missing[0]!r}; it takes: {takes}",
-                                kind="bad_arguments")
+            raise ToolCallError(
+                f"tool {self.name!r} is missing required argument {missing[0]!r}; it takes: {takes}",
+                kind="bad_arguments",
+            )
         out = {}
         for key, value in arguments.items():
             if value is None and key in self._none_ok:

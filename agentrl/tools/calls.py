@@ -23,6 +23,7 @@ turn (valid or not), so they are deterministic and stable when an earlier attemp
 Each error carries the id of its attempt as ``error.call_id``, so a caller that wants to answer
 in text order can sort calls and errors together by id.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,13 +72,16 @@ def _snippet(text: str) -> str:
 
 
 def _too_many(call_id: str) -> ToolCallError:
-    return _error(f"More than {MAX_ATTEMPTS} tool call attempts in one turn: the rest of the turn was not read. "
-                  f"Make fewer calls per turn.", call_id)
+    return _error(
+        f"More than {MAX_ATTEMPTS} tool call attempts in one turn: the rest of the turn was not read. "
+        f"Make fewer calls per turn.",
+        call_id,
+    )
 
 
 def _head(text: str, start: int, end: int) -> str:
     """``text[start:end]`` cut to what a snippet can show, so an error costs O(1), not O(end - start)."""
-    return text[start:min(end, start + 4 * _SNIPPET)]
+    return text[start : min(end, start + 4 * _SNIPPET)]
 
 
 def json_depth_over(src: str, limit: int = MAX_DEPTH) -> bool:
@@ -99,6 +103,7 @@ def json_depth_over(src: str, limit: int = MAX_DEPTH) -> bool:
 def _decode(src: str, invalid: str, call_id: str) -> tuple[object, int] | ToolCallError:
     """``json`` raw_decode of ``src``, bounded in depth and digits; else an error for the model
     that reads ``<invalid> (<why>): <snippet>``."""
+
     def bad(why: str) -> ToolCallError:
         return _error(f"{invalid} ({why}): {_snippet(src)}. {_FORMAT_HINT}", call_id)
 
@@ -152,8 +157,9 @@ def _hermes_body(body: str, call_id: str) -> ToolCall | ToolCallError:
             return decoded
         args, end = decoded
         if src[end:].strip():
-            return _error(f'"arguments" of {name!r} is a string with extra text after its JSON: '
-                          f"{_snippet(src[end:])}.", call_id)
+            return _error(
+                f'"arguments" of {name!r} is a string with extra text after its JSON: {_snippet(src[end:])}.', call_id
+            )
     elif isinstance(args, str):
         args = {}
     if args is None:
@@ -189,11 +195,13 @@ def parse_hermes(text: str) -> ParsedTurn:
         if stray != -1 and (start == -1 or stray < start):
             # A closing tag with no opening one: almost always a call whose <tool_call> was forgotten.
             content.append(text[pos:stray])
-            errors.append(_error(
-                f"Found </tool_call> without a matching <tool_call> after {_snippet(text[max(pos, stray - _SNIPPET):stray])}. "
-                f"{_FORMAT_HINT}",
-                f"call_{n}",
-            ))
+            errors.append(
+                _error(
+                    f"Found </tool_call> without a matching <tool_call> after {_snippet(text[max(pos, stray - _SNIPPET) : stray])}. "  # noqa: E501
+                    f"{_FORMAT_HINT}",
+                    f"call_{n}",
+                )
+            )
             n += 1
             pos = stray + len(CLOSE)
             continue
@@ -206,11 +214,13 @@ def parse_hermes(text: str) -> ParsedTurn:
         nxt = nxt_open = after(OPEN, nxt_open, body_start)
         if end == -1 or (nxt != -1 and nxt < end):
             body_end = len(text) if nxt == -1 else nxt
-            errors.append(_error(
-                f"Unclosed <tool_call> tag (missing </tool_call>): {_snippet(_head(text, body_start, body_end))}. "
-                f"{_FORMAT_HINT}",
-                f"call_{n}",
-            ))
+            errors.append(
+                _error(
+                    f"Unclosed <tool_call> tag (missing </tool_call>): {_snippet(_head(text, body_start, body_end))}. "
+                    f"{_FORMAT_HINT}",
+                    f"call_{n}",
+                )
+            )
             n += 1
             pos = body_end
             continue
@@ -236,7 +246,7 @@ def parse_python_block(text: str) -> ParsedTurn:
             errors.append(_too_many(f"call_{n}"))
             content.append(text[pos:])
             return ParsedTurn(content="".join(content).strip(), calls=calls, errors=errors)
-        content.append(text[pos:m.start()])
+        content.append(text[pos : m.start()])
         calls.append(ToolCall(name="python", arguments={"code": m.group(1).strip("\n")}, id=f"call_{n}"))
         n += 1
         pos = m.end()
@@ -244,10 +254,10 @@ def parse_python_block(text: str) -> ParsedTurn:
     dangling = _OPEN_FENCE.search(rest)
     if dangling:
         # Usually the turn hit its token limit inside the block; running half a program helps nobody.
-        content.append(rest[:dangling.start()])
-        errors.append(_error(
-            f"Unclosed ```python block (missing closing ```): {_snippet(rest[dangling.end():])}.", f"call_{n}"
-        ))
+        content.append(rest[: dangling.start()])
+        errors.append(
+            _error(f"Unclosed ```python block (missing closing ```): {_snippet(rest[dangling.end() :])}.", f"call_{n}")
+        )
     else:
         content.append(rest)
     return ParsedTurn(content="".join(content).strip(), calls=calls, errors=errors)

@@ -1,6 +1,7 @@
 """What an env's tools run through, and how a sandbox result is shown to the model.
 
-Owns: how a sandbox result is shown to the model (``format_exec_result``), and ``EpisodeSandbox``, what an env's tools run through:
+Owns: how a sandbox result is shown to the model (``format_exec_result``), and ``EpisodeSandbox``, what an env's
+tools run through:
 the shared one-shot sandbox, or one ``SandboxSession`` per episode (opened at the first call,
 closed at the next reset or ``env.close()``) so files persist across the turns of an episode.
 Does not: parse calls, enforce the env's tool deadline, or cap the length of what the env sends
@@ -9,10 +10,12 @@ back (``ToolEnv`` does those).
 The model's own failures (non-zero exit, its program timing out, too much output) are shown to
 the model as text; only infrastructure failures (``SandboxError``) escape as exceptions.
 """
+
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import ExecResult, Sandbox, SandboxSession, supports_sessions
@@ -21,8 +24,14 @@ from agentrl.sandbox.base import ExecResult, Sandbox, SandboxSession, supports_s
 class Runner(Protocol):
     """What a tool needs: a ``Sandbox``, a ``SandboxSession`` or an ``EpisodeSandbox``."""
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None) -> ExecResult: ...
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+    ) -> ExecResult: ...
 
 
 _CLOSING: set[asyncio.Task] = set()  # strong refs: a session being closed in the background
@@ -36,8 +45,9 @@ class EpisodeSandbox:
 
     def __init__(self, sandbox: Sandbox, *, session: bool = False) -> None:
         if session and not supports_sessions(sandbox):
-            raise ConfigError(f"session=True but the {getattr(sandbox, 'name', type(sandbox).__name__)!r} "
-                              f"sandbox has no sessions")
+            raise ConfigError(
+                f"session=True but the {getattr(sandbox, 'name', type(sandbox).__name__)!r} sandbox has no sessions"
+            )
         self.sandbox, self.use_session = sandbox, session
         self._session: SandboxSession | None = None
         self._opening: asyncio.Lock | None = None
@@ -46,8 +56,14 @@ class EpisodeSandbox:
     def persistent(self) -> bool:
         return self.use_session
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float,
-                  files: Mapping[str, bytes] | None = None) -> ExecResult:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float,
+        files: Mapping[str, bytes] | None = None,
+    ) -> ExecResult:
         if not self.use_session:
             return await self.sandbox.run(argv, stdin=stdin, timeout_s=timeout_s, files=files)
         if self._session is None:

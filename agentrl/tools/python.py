@@ -5,20 +5,26 @@ for a 10 MB program, and tracebacks say ``File "<stdin>"`` rather than a random 
 same code gives the same observation on every run. Does not: isolate anything itself (the
 sandbox does, or does not).
 """
+
 from __future__ import annotations
 
 from agentrl.sandbox.factory import default_sandbox
 from agentrl.tools.base import Tool
 from agentrl.tools.episode_sandbox import Runner, format_exec_result
 
-_FRESH = ("Run a Python 3 program and return its stdout and stderr. Nothing persists between calls: "
-          "each call is a fresh process in a fresh directory, so print() what you need to see.")
-_SESSION = ("Run a Python 3 program and return its stdout and stderr. Each call is a fresh process, so "
-            "variables do not persist, but files written in the working directory do.")
+_FRESH = (
+    "Run a Python 3 program and return its stdout and stderr. Nothing persists between calls: "
+    "each call is a fresh process in a fresh directory, so print() what you need to see."
+)
+_SESSION = (
+    "Run a Python 3 program and return its stdout and stderr. Each call is a fresh process, so "
+    "variables do not persist, but files written in the working directory do."
+)
 
 
-def make_python_tool(sandbox: Runner | None = None, *, timeout_s: float = 5.0, python: str = "python3",
-                     name: str = "python") -> Tool:
+def make_python_tool(
+    sandbox: Runner | None = None, *, timeout_s: float = 5.0, python: str = "python3", name: str = "python"
+) -> Tool:
     """A ``Tool`` named ``name`` running code through ``sandbox`` (a ``Sandbox``, a session or an
     ``EpisodeSandbox``; default: the shared local sandbox) with a ``timeout_s`` deadline per run.
     A program that times out is the model's mistake and comes back as ``TimeoutError: ...`` text;

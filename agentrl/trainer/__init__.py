@@ -10,6 +10,7 @@ varlen_sdpa backend for packed rows), ``models`` (loading, FSDP2 sharding, per-t
 ``trainer`` (the Trainer). Losses live in ``agentrl.algos``; advantages are computed by the run loop.
 Names are loaded lazily so that ``agentrl.config.schema`` can import TrainerConfig without torch.
 """
+
 from agentrl.trainer.config import TrainerConfig
 
 _LAZY = {"MicroBatch": "packing", "TrainSample": "packing", "pack": "packing", "pad": "packing", "Trainer": "trainer"}

@@ -10,6 +10,7 @@ layout) fall through to plain SDPA with that mask.
 
 Does not: support sliding-window or soft-capped attention (raises), or KV caches (training only).
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,9 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, *, position
     if len(bounds) == 1:
         return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
     outs = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True,
-                               **kwargs)[0]
+        sdpa_attention_forward(
+            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs
+        )[0]
         for s, e in bounds
     ]
     return torch.cat(outs, dim=1), None

@@ -25,6 +25,7 @@ Owns: writing/reading that layout and HF export of a full state dict. Does not: 
 checkpoint or what ``extra`` holds (the run loop does). Gathered state makes this O(model) on rank
 0's CPU; torch.distributed.checkpoint (sharded) would be the next step for very large models.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,17 @@ from agentrl.trainer import dist as D
 from agentrl.trainer import lora as L
 from agentrl.trainer.integrity import MARKER, failed_save_cleanup, write_manifest
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -173,8 +183,12 @@ def _write(trainer, tmp: Path, rank: int, model_sd, optim_sd, critic_sd, critic_
             torch.save(critic_optim_sd, tmp / "critic" / "optimizer.pt")
             torch.save(trainer.critic_scheduler.state_dict(), tmp / "critic" / "scheduler.pt")
         (tmp / "rng").mkdir()
-        state = {"version": trainer.version, "world_size": D.world(), "lora_rank": trainer.cfg.lora.rank,
-                 "extra": extra or {}}
+        state = {
+            "version": trainer.version,
+            "world_size": D.world(),
+            "lora_rank": trainer.cfg.lora.rank,
+            "extra": extra or {},
+        }
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         for name, text in (files or {}).items():
             if "/" in name or name in ("", ".", "..") or (tmp / name).exists():
@@ -209,8 +223,10 @@ def _load_policy(trainer, path: Path, opts: StateDictOptions) -> None:
     ours = {n for n, _ in trainer.model.named_parameters() if L.is_adapter(n)}
     if set(sd) != ours:
         diff = sorted(set(sd) ^ ours)
-        raise ConfigError(f"{path}: its adapters do not match this trainer's (trainer.lora.target_modules); "
-                          f"{len(diff)} differ, e.g. {diff[:3]}")
+        raise ConfigError(
+            f"{path}: its adapters do not match this trainer's (trainer.lora.target_modules); "
+            f"{len(diff)} differ, e.g. {diff[:3]}"
+        )
     set_model_state_dict(trainer.model, sd, options=opts)
 
 
@@ -221,8 +237,10 @@ def load(trainer, path: str | Path) -> dict:
     state = json.loads((path / "trainer_state.json").read_text())
     lora = trainer.cfg.lora
     if int(state.get("lora_rank", 0)) != lora.rank:
-        raise ConfigError(f"{path}: written with trainer.lora.rank={state.get('lora_rank', 0)}, this trainer has "
-                          f"{lora.rank}: resume with the rank the checkpoint was trained with")
+        raise ConfigError(
+            f"{path}: written with trainer.lora.rank={state.get('lora_rank', 0)}, this trainer has "
+            f"{lora.rank}: resume with the rank the checkpoint was trained with"
+        )
     opts = StateDictOptions(full_state_dict=True, strict=not lora.rank)
     _load_policy(trainer, path, opts)
     optim_sd = torch.load(path / "optimizer.pt", weights_only=False)
@@ -231,7 +249,8 @@ def load(trainer, path: str | Path) -> dict:
         raise ConfigError(
             f"{path}: its optimizer has {saved} parameter group(s), this trainer {ours}: resume with the "
             f"trainer.norm_lr_scale the checkpoint was trained with (1 = one group, as every checkpoint from "
-            f"before the option; `agentrl run` picks 300 for the built-in model when it is null)")
+            f"before the option; `agentrl run` picks 300 for the built-in model when it is null)"
+        )
     set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_sd, options=opts)
     trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     if trainer.critic is not None:

@@ -12,6 +12,7 @@ Also refuses a job that must run as one process when a launcher started several
 (``refuse_launcher``). Does not: shard parameters (``models``) or launch processes (torchrun / the
 caller does).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -56,7 +57,8 @@ def refuse_launcher(job: str, environ: dict | None = None) -> None:
             f"{job}: started as rank {env.get('RANK', '?')} of WORLD_SIZE={world_size} (torchrun or another "
             f"launcher); {job} is one process that drives rollouts and trains, and every rank would build its own "
             "engine. Start it once, without torchrun; for several GPUs set `distributed: ray` with "
-            "ray.trainer_ranks / ray.num_engines (e.g. -c configs/gpu_1node_8x_sglang.yaml).")
+            "ray.trainer_ranks / ray.num_engines (e.g. -c configs/gpu_1node_8x_sglang.yaml)."
+        )
 
 
 def acquire(device: torch.device, timeout_s: float) -> bool:

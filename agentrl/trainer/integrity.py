@@ -12,6 +12,7 @@ Does not: write or load the trainer state (``agentrl.trainer.checkpoint``), deci
 (the run loop), or rewind the run's logs (``agentrl.batches.ledger.rewind``, called with the chosen step).
 Torch-free, so a reader of run directories can use it cheaply.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,8 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from agentrl.errors import CheckpointError
 
@@ -86,8 +87,10 @@ def pick_resume(ckpt_dir: Path, note: Callable[[str], None] = _say) -> Path | No
     Each newer one is skipped with a note saying why; CheckpointError if every one is broken.
     Only ``step_N`` directories count: ``step_N.tmp`` (being written) and ``step_N.old`` (being
     replaced) are never resumed from."""
-    steps = sorted(((int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*") if p.is_dir()
-                    and (m := _STEP.fullmatch(p.name))), reverse=True)
+    steps = sorted(
+        ((int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*") if p.is_dir() and (m := _STEP.fullmatch(p.name))),
+        reverse=True,
+    )
     skipped = []
     for _, d in steps:
         reason = verify(d)
@@ -129,5 +132,6 @@ def failed_save_cleanup(tmp: Path, final: Path) -> Iterator[None]:
             raise CheckpointError(
                 f"no space left on device while writing checkpoint {final} ({type(e).__name__}: "
                 f"{' '.join(str(e).split())[:160]}); the partial save was removed and earlier checkpoints are "
-                "intact: free some space and continue with --resume") from e
+                "intact: free some space and continue with --resume"
+            ) from e
         raise

@@ -13,6 +13,7 @@ Names: an adapted projection ``P`` (e.g. ``model.layers.0.self_attn.q_proj``) ho
 
 Does not: decide when to save or sync (checkpoint / the run loop), or shard (``models.shard``).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,15 @@ ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.j
 def peft_config(cfg: LoraConfig, *, base_path: str | None = None, task_type: str | None = "CAUSAL_LM"):
     from peft import LoraConfig as PeftLoraConfig
 
-    return PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                          target_modules=list(cfg.target_modules), bias="none", task_type=task_type,
-                          base_model_name_or_path=base_path)
+    return PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type=task_type,
+        base_model_name_or_path=base_path,
+    )
 
 
 def apply(model: nn.Module, cfg: LoraConfig, *, keep_trainable: tuple[str, ...] = ()) -> nn.Module:
@@ -46,8 +53,10 @@ def apply(model: nn.Module, cfg: LoraConfig, *, keep_trainable: tuple[str, ...] 
 
     leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     if not leaves & set(cfg.target_modules):
-        raise ConfigError(f"trainer.lora.target_modules: none of {list(cfg.target_modules)} names a module of "
-                          f"{type(model).__name__} (its linear layers: {sorted(_linear_names(model))})")
+        raise ConfigError(
+            f"trainer.lora.target_modules: none of {list(cfg.target_modules)} names a module of "
+            f"{type(model).__name__} (its linear layers: {sorted(_linear_names(model))})"
+        )
     inject_adapter_in_model(peft_config(cfg, task_type=None), model, adapter_name=ADAPTER)
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter(name) or name.startswith(keep_trainable))
@@ -106,7 +115,7 @@ def from_peft(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for n, t in sd.items():
         if not n.startswith(_PEFT_PREFIX) or not is_adapter(n):
             raise ValueError(f"{n!r} is not a peft LoRA adapter weight name")
-        out[n[len(_PEFT_PREFIX):].removesuffix(".weight") + f".{ADAPTER}.weight"] = t
+        out[n[len(_PEFT_PREFIX) :].removesuffix(".weight") + f".{ADAPTER}.weight"] = t
     return out
 
 
@@ -115,8 +124,9 @@ def save_adapter(out: Path, sd: dict[str, torch.Tensor], cfg: LoraConfig, base_p
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in to_peft(sd).items()}, str(out / ADAPTER_WEIGHTS),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in to_peft(sd).items()}, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"}
+    )
     peft_config(cfg, base_path=base_path).save_pretrained(str(out))
 
 
@@ -127,8 +137,10 @@ def load_adapter(path: Path, cfg: LoraConfig) -> dict[str, torch.Tensor]:
 
     saved = json.loads((path / ADAPTER_CONFIG).read_text())
     if (saved.get("r"), float(saved.get("lora_alpha", 0))) != (cfg.rank, float(cfg.alpha)):
-        raise ConfigError(f"{path}: adapters of rank {saved.get('r')}, alpha {saved.get('lora_alpha')}; this "
-                          f"trainer has trainer.lora.rank={cfg.rank}, alpha={cfg.alpha}: resume with the same")
+        raise ConfigError(
+            f"{path}: adapters of rank {saved.get('r')}, alpha {saved.get('lora_alpha')}; this "
+            f"trainer has trainer.lora.rank={cfg.rank}, alpha={cfg.alpha}: resume with the same"
+        )
     return from_peft(load_file(str(path / ADAPTER_WEIGHTS)))
 
 

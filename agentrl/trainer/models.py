@@ -13,6 +13,7 @@ sampled), matching the logprob alignment in ``packing``.
 
 Does not: compute losses (``agentrl.algos``), decide batching, or checkpoint.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,8 +68,9 @@ def mixed_precision(param_dtype: str, device_type: str) -> MixedPrecisionPolicy:
     (the loaders above)."""
     from agentrl.models.device import compute_dtype
 
-    return MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype(param_dtype, device_type)],
-                                reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(
+        param_dtype=_DTYPES[compute_dtype(param_dtype, device_type)], reduce_dtype=torch.float32
+    )
 
 
 def shard(model: nn.Module, mesh, *, param_dtype: str, checkpointing: bool, trainable: bool) -> nn.Module:
@@ -116,8 +118,12 @@ def model_inputs(mb: MicroBatch, *, packed_mask: bool, attn_implementation: str)
     if mb.packed and packed_mask:
         dtype = torch.float32 if attn_implementation == "eager" else None
         attention_mask = mb.block_causal_mask(dtype)
-    return {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "attention_mask": attention_mask,
-            "use_cache": False}
+    return {
+        "input_ids": mb.input_ids,
+        "position_ids": mb.position_ids,
+        "attention_mask": attention_mask,
+        "use_cache": False,
+    }
 
 
 def token_logprobs(model, inputs: dict, mb: MicroBatch, sel: torch.Tensor, temperature: float):

@@ -12,6 +12,7 @@ token position; ``logprob[t]`` is log p(token t | tokens < t) and a model predic
 
 Does not: run models, compute losses, or decide which rank gets which sample (see ``dist``).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,15 @@ class TrainSample:
         n = len(self.token_ids)
         if n == 0:
             raise ValueError(f"sample {index}: token_ids is empty")
-        for name in ("loss_mask", "behaviour_logprobs", "advantages", "returns", "value_mask", "old_values",
-                     "old_logprobs"):
+        for name in (
+            "loss_mask",
+            "behaviour_logprobs",
+            "advantages",
+            "returns",
+            "value_mask",
+            "old_values",
+            "old_logprobs",
+        ):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"sample {index}: len({name})={len(v)} != len(token_ids)={n}")
@@ -91,7 +99,7 @@ class MicroBatch:
         """Tokens the model computes on, padding included."""
         return self.input_ids.numel()
 
-    def to(self, device: torch.device | str) -> "MicroBatch":
+    def to(self, device: torch.device | str) -> MicroBatch:
         kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return MicroBatch(**kw)
 
@@ -129,9 +137,24 @@ def check_samples(samples: list[TrainSample], max_tokens: int) -> None:
 def _row(samples: list[TrainSample], order: list[int], width: int | None) -> dict[str, list]:
     """Concatenate samples ``order`` into one row, right-padded to ``width`` if given."""
     nan = math.nan
-    cols: dict[str, list] = {k: [] for k in (
-        "input_ids", "position_ids", "seq_index", "loss_mask", "behaviour_logprobs", "advantages",
-        "old_logprobs", "returns", "value_mask", "old_values", "seq_ntokens", "seq_nvalue", "attention_mask")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "input_ids",
+            "position_ids",
+            "seq_index",
+            "loss_mask",
+            "behaviour_logprobs",
+            "advantages",
+            "old_logprobs",
+            "returns",
+            "value_mask",
+            "old_values",
+            "seq_ntokens",
+            "seq_nvalue",
+            "attention_mask",
+        )
+    }
     for i in order:
         s = samples[i]
         n = len(s.token_ids)
@@ -152,9 +175,20 @@ def _row(samples: list[TrainSample], order: list[int], width: int | None) -> dic
     if width is not None:
         extra = width - len(cols["input_ids"])
         cols["position_ids"] += range(len(cols["input_ids"]), width)
-        for k, fill in (("input_ids", 0), ("seq_index", -1), ("loss_mask", 0), ("behaviour_logprobs", 0.0),
-                        ("advantages", 0.0), ("old_logprobs", nan), ("returns", 0.0), ("value_mask", 0),
-                        ("old_values", nan), ("seq_ntokens", 0), ("seq_nvalue", 0), ("attention_mask", 0)):
+        for k, fill in (
+            ("input_ids", 0),
+            ("seq_index", -1),
+            ("loss_mask", 0),
+            ("behaviour_logprobs", 0.0),
+            ("advantages", 0.0),
+            ("old_logprobs", nan),
+            ("returns", 0.0),
+            ("value_mask", 0),
+            ("old_values", nan),
+            ("seq_ntokens", 0),
+            ("seq_nvalue", 0),
+            ("attention_mask", 0),
+        ):
             cols[k] += [fill] * extra
     return cols
 

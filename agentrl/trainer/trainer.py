@@ -18,6 +18,7 @@ Ranks with fewer micro-batches run empty ones so every rank joins every collecti
 Does not: compute advantages, talk to engines (weight sync takes ``full_state_dict()``), or launch
 processes (use torchrun; without it the trainer makes a 1-process group).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -68,6 +69,7 @@ def _lr_lambda(cfg: TrainerConfig):
             return 1.0
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
     return factor
 
 
@@ -80,8 +82,14 @@ def _scalar(x) -> float:
 class Trainer:
     """See the module docstring. All ranks must make the same calls with the same arguments."""
 
-    def __init__(self, model_path: str, cfg: TrainerConfig | None = None, *, ref_model_path: str | None = None,
-                 critic: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        cfg: TrainerConfig | None = None,
+        *,
+        ref_model_path: str | None = None,
+        critic: bool = False,
+    ) -> None:
         self.cfg = cfg = (cfg or TrainerConfig()).resolved()
         cfg.check()
         self.model_path = str(model_path)
@@ -133,14 +141,18 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters only
         groups = [{"params": params}]
         if gain_scale not in (None, 1.0):
-            gains = [p for n, p in model.named_parameters()
-                     if p.requires_grad and p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]]
+            gains = [
+                p
+                for n, p in model.named_parameters()
+                if p.requires_grad and p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]
+            ]
             ids = {id(p) for p in gains}
             groups = [{"params": [p for p in params if id(p) not in ids]}]
             if gains:
                 groups.append({"params": gains, "lr": lr * gain_scale})
-        opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
-                                weight_decay=cfg.weight_decay)
+        opt = torch.optim.AdamW(
+            groups, lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        )
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
 
     def _resolve(self, A) -> None:
@@ -212,9 +224,14 @@ class Trainer:
         need_vals = self.critic is not None and any(s.old_values is None for s in samples)
         old = self.logprobs(samples) if need_old else [None] * len(samples)
         vals = self.values(samples) if need_vals else [None] * len(samples)
-        return [dataclasses.replace(s, old_logprobs=s.old_logprobs if s.old_logprobs is not None else o,
-                                    old_values=s.old_values if s.old_values is not None else v)
-                for s, o, v in zip(samples, old, vals)]
+        return [
+            dataclasses.replace(
+                s,
+                old_logprobs=s.old_logprobs if s.old_logprobs is not None else o,
+                old_values=s.old_values if s.old_values is not None else v,
+            )
+            for s, o, v in zip(samples, old, vals)
+        ]
 
     def _finish(self, outs: list[dict[str, float]]) -> dict[str, float]:
         """Advance the schedules and the version once; fold the optimizer steps' metrics."""
@@ -225,8 +242,11 @@ class Trainer:
         totals = {"tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s"}
         keys = set().union(*outs)
         out = {k: (sum if k in totals else lambda v: sum(v) / len(v))([o[k] for o in outs if k in o]) for k in keys}
-        out.update(version=float(self.version), optimizer_steps=float(len(outs)),
-                   tokens_per_s=out["tokens"] / max(out["step_time_s"], 1e-9))
+        out.update(
+            version=float(self.version),
+            optimizer_steps=float(len(outs)),
+            tokens_per_s=out["tokens"] / max(out["step_time_s"], 1e-9),
+        )
         return out
 
     def _update(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -241,11 +261,17 @@ class Trainer:
         local, mbs = self._layout(samples)
         mine = [samples[i] for i in local]
         vmasks = [s.value_mask if s.value_mask is not None else s.loss_mask for s in mine]
-        g_tok, g_seq, g_vtok, g_vseq, g_real, g_slots = D.all_sum([
-            sum(sum(s.loss_mask) for s in mine), sum(1 for s in mine if any(s.loss_mask)),
-            sum(sum(v) for v in vmasks), sum(1 for v in vmasks if any(v)),
-            sum(len(s.token_ids) for s in mine), sum(mb.num_slots for mb in mbs if mb.num_tokens),
-        ], self.device)
+        g_tok, g_seq, g_vtok, g_vseq, g_real, g_slots = D.all_sum(
+            [
+                sum(sum(s.loss_mask) for s in mine),
+                sum(1 for s in mine if any(s.loss_mask)),
+                sum(sum(v) for v in vmasks),
+                sum(1 for v in vmasks if any(v)),
+                sum(len(s.token_ids) for s in mine),
+                sum(mb.num_slots for mb in mbs if mb.num_tokens),
+            ],
+            self.device,
+        )
         glob = {"tok": max(g_tok, 1.0), "seq": max(g_seq, 1.0), "vtok": max(g_vtok, 1.0), "vseq": max(g_vseq, 1.0)}
         self.model.train()
         if self.critic is not None:
@@ -262,12 +288,21 @@ class Trainer:
         keys = sorted(acc)
         sums = dict(zip(keys, D.all_sum([acc[k] for k in keys], self.device)))
         dt = time.perf_counter() - t0
-        out.update({
-            "loss": sums.pop("loss"), "pg_loss": sums.pop("pg_loss"), "grad_norm": grad_norm,
-            "skipped": float(not math.isfinite(grad_norm)), "lr": lr, "tokens": g_real, "loss_tokens": g_tok,
-            "seqs": float(len(samples)), "micro_batches": float(len(mbs)),
-            "padding_frac": 1.0 - g_real / max(g_slots, 1.0), "step_time_s": dt,
-        })
+        out.update(
+            {
+                "loss": sums.pop("loss"),
+                "pg_loss": sums.pop("pg_loss"),
+                "grad_norm": grad_norm,
+                "skipped": float(not math.isfinite(grad_norm)),
+                "lr": lr,
+                "tokens": g_real,
+                "loss_tokens": g_tok,
+                "seqs": float(len(samples)),
+                "micro_batches": float(len(mbs)),
+                "padding_frac": 1.0 - g_real / max(g_slots, 1.0),
+                "step_time_s": dt,
+            }
+        )
         if "value_loss" in sums:
             out["value_loss"] = sums.pop("value_loss")
             out["values_mean"] = sums.pop("value_sum") / glob["vtok"]
@@ -310,8 +345,15 @@ class Trainer:
         ones = torch.ones_like(tok)
 
         def agg(x: torch.Tensor) -> torch.Tensor:
-            return A.aggregate(cfg.loss_agg, x, ones, ntok, global_tokens=glob["tok"], global_seqs=glob["seq"],
-                               norm_len=cfg.loss_norm_len)
+            return A.aggregate(
+                cfg.loss_agg,
+                x,
+                ones,
+                ntok,
+                global_tokens=glob["tok"],
+                global_seqs=glob["seq"],
+                norm_len=cfg.loss_norm_len,
+            )
 
         loss = agg(tok)
         with torch.no_grad():
@@ -328,8 +370,14 @@ class Trainer:
             old_v = mb.old_values[vsel]
             old_v = torch.where(torch.isnan(old_v), values.detach(), old_v)
             vl_tok = A.value_loss(values, old_v, mb.returns[vsel], clip=cfg.value_clip)
-            vloss = A.aggregate("token-mean", vl_tok, torch.ones_like(vl_tok), mb.seq_nvalue[vsel],
-                                global_tokens=glob["vtok"], global_seqs=glob["vseq"])
+            vloss = A.aggregate(
+                "token-mean",
+                vl_tok,
+                torch.ones_like(vl_tok),
+                mb.seq_nvalue[vsel],
+                global_tokens=glob["vtok"],
+                global_seqs=glob["vseq"],
+            )
             loss = loss + cfg.vf_coef * vloss
             acc["value_loss"] += float(vloss.detach())
             acc["value_sum"] += float(values.detach().sum())

@@ -8,6 +8,7 @@ and its end-of-turn token, 0 on everything else) and ``load_chat_jsonl`` (rows
 
 Does not: make demonstrations or train (``agentrl.warmstart.sft``).
 """
+
 from __future__ import annotations
 
 import json
@@ -97,24 +98,28 @@ def chat_example(tokenizer, messages: list[dict], tools: list[dict] | None = Non
     while i < len(messages):
         before = r.render(messages[:i], add_generation_prompt=True)
         after = r.render(messages[: i + 1])
-        if not after.startswith(before) or not after[len(before):].endswith(eot + r.glue):
-            raise TemplateError(f"{source}: assistant message {i} does not render as generation prompt + "
-                                f"content + {eot!r} ({after[len(before):][-60:]!r})")
-        body = r.encode(after[len(before): len(after) - len(eot + r.glue)]) + [r.end_of_turn_id]
+        if not after.startswith(before) or not after[len(before) :].endswith(eot + r.glue):
+            raise TemplateError(
+                f"{source}: assistant message {i} does not render as generation prompt + "
+                f"content + {eot!r} ({after[len(before) :][-60:]!r})"
+            )
+        body = r.encode(after[len(before) : len(after) - len(eot + r.glue)]) + [r.end_of_turn_id]
         ids += body
         mask += [1] * len(body)
         j = i + 1
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1
         if j < len(messages):
-            obs = r.observation_ids(messages[i + 1: j])
+            obs = r.observation_ids(messages[i + 1 : j])
             ids += obs
             mask += [0] * len(obs)
         i = j
     full = r.render(messages)
     if tokenizer.decode(ids, skip_special_tokens=False) + r.glue != full:
-        raise TemplateError(f"{source}: the conversation's ids do not decode to its rendering; the chat "
-                            "template lacks the prefix property (run `agentrl check-template`)")
+        raise TemplateError(
+            f"{source}: the conversation's ids do not decode to its rendering; the chat "
+            "template lacks the prefix property (run `agentrl check-template`)"
+        )
     return SFTExample(ids, mask, source)
 
 

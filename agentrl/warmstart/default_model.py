@@ -11,6 +11,7 @@ generator's reference solutions), so editing a prompt or a tool description buil
 instead of silently reusing one trained on other text. Does not train anything itself
 (``agentrl.warmstart.sft``) nor decide what a run does with the model.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,18 +22,25 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agentrl.common.paths import cache_dir  # lives in agentrl.common.paths; still importable from here
-
 
 VERSION = "v2"
 #: The randomly initialised model (``agentrl.warmstart.tiny_model.build_model`` arguments).
 BASE = dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512, vocab_size=2048, arch="qwen3", seed=0)
 #: The SFT warm start (``agentrl.warmstart.sft.SFTConfig`` fields).
-WARM_START = dict(steps=400, batch_size=32, lr=3e-3, warmup_steps=20, min_lr_ratio=0.1, num_demos=4000,
-                  difficulty=[1, 2, 3, 4], seed=0)
+WARM_START = dict(
+    steps=400,
+    batch_size=32,
+    lr=3e-3,
+    warmup_steps=20,
+    min_lr_ratio=0.1,
+    num_demos=4000,
+    difficulty=[1, 2, 3, 4],
+    seed=0,
+)
 
 #: The null ("auto") trainer fields `agentrl run` fills for the built-in model (BENCHMARKS.md P7):
 #: lr 2e-4 (1e-3 collapses); the normalization gains learn at 300 x lr, as RL sharpens through
@@ -49,7 +57,10 @@ def fingerprint() -> str:
 
     sample = [tasks.generate_task(i, d, "train") for d in tasks.DIFFICULTIES for i in range(2)]
     parts = {
-        "version": VERSION, "base": BASE, "warm_start": WARM_START, "template": qwen25_chat_template(),
+        "version": VERSION,
+        "base": BASE,
+        "warm_start": WARM_START,
+        "template": qwen25_chat_template(),
         "corpus": _agent_corpus(qwen25_chat_template(), n=8),  # rendered system prompt + tool schemas + tasks
         "demos": [oracle_turn(t, k, t["answer"]) for t in sample for k in (0, 1)],
     }
@@ -118,8 +129,10 @@ def default_model_path(warm_start: bool = True) -> Path:
         summary = run_sft(base, tmp, SFTConfig(**WARM_START))
         summary["model"] = str(dest)  # where it lives once renamed into place
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-        _say(f"warm start done in {time.perf_counter() - t0:.0f} s (loss {summary['loss_first']:.2f} -> "
-             f"{summary['loss_last']:.3f})")
+        _say(
+            f"warm start done in {time.perf_counter() - t0:.0f} s (loss {summary['loss_first']:.2f} -> "
+            f"{summary['loss_last']:.3f})"
+        )
 
     return _cached(dest, build)
 
@@ -132,7 +145,9 @@ def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
         if revision is not None:
             from agentrl.errors import ConfigError
 
-            raise ConfigError(f"model.revision: {revision!r} needs a Hub id in model.path (it is null: the built-in model)")
+            raise ConfigError(
+                f"model.revision: {revision!r} needs a Hub id in model.path (it is null: the built-in model)"
+            )
         return default_model_path()
     from agentrl.models.hub import resolve_model
 

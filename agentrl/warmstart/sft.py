@@ -18,18 +18,20 @@ Owns:
 
 Does not: decide the default model's size or budget (``agentrl.warmstart.default_model``) or evaluate.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from agentrl.warmstart.chat_data import SFTExample, load_chat_jsonl
-from agentrl.warmstart.config import SFTConfig  # the tree's sft section, re-exported
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import Sandbox
+from agentrl.warmstart.chat_data import SFTExample, load_chat_jsonl
+from agentrl.warmstart.config import SFTConfig  # the tree's sft section, re-exported
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
 _RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
@@ -63,14 +65,18 @@ class OracleSandbox(Sandbox):
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                exec(compile((stdin or b"").decode("utf-8", "surrogatepass"), "<stdin>", "exec"), {"__name__": "__main__"})
+                exec(
+                    compile((stdin or b"").decode("utf-8", "surrogatepass"), "<stdin>", "exec"),
+                    {"__name__": "__main__"},
+                )
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             except BaseException:
                 traceback.print_exc()
                 code = 1
-        return ExecResult(stdout=out.getvalue(), stderr=err.getvalue(), exit_code=code, status="ok",
-                          wall_s=time.perf_counter() - t0)
+        return ExecResult(
+            stdout=out.getvalue(), stderr=err.getvalue(), exit_code=code, status="ok", wall_s=time.perf_counter() - t0
+        )
 
 
 def oracle_turn(task: dict, turn: int, observation: str | None, parser: str = "hermes", direct: bool = False) -> str:
@@ -110,7 +116,9 @@ def _oracle_policy(tokenizer, tasks_by_prompt: dict[str, dict], parser: str):
     return policy
 
 
-def demo_tasks(n: int, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0, direct_frac: float = 0.0) -> list[dict]:
+def demo_tasks(
+    n: int, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0, direct_frac: float = 0.0
+) -> list[dict]:
     """``n`` train-split procedural tasks, difficulties cycled (never a held-out prompt); a seeded
     ``direct_frac`` of them marked ``"direct": True`` (demonstrated without the tool)."""
     import random
@@ -123,14 +131,15 @@ def demo_tasks(n: int, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0
     return [{**t, "direct": True} if rng.random() < direct_frac else t for t in out]
 
 
-async def make_demonstrations(tokenizer, tasks: list[dict], *, env_kwargs: dict | None = None,
-                              max_concurrency: int = 16) -> list[Any]:
+async def make_demonstrations(
+    tokenizer, tasks: list[dict], *, env_kwargs: dict | None = None, max_concurrency: int = 16
+) -> list[Any]:
     """Oracle ``Trajectory``s for ``tasks`` on ``code_exec`` (see the module docstring). Only
     episodes that ended ``ok`` with reward 1 are returned: a demonstration is always a success."""
-    from agentrl.episodes.config import RolloutConfig
     from agentrl.engine.fake import FakeEngine
-    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
     from agentrl.envs.registry import make
+    from agentrl.episodes.config import RolloutConfig
+    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 
     kwargs = dict(env_kwargs or {})
     parser = kwargs.get("parser") or "hermes"
@@ -154,11 +163,21 @@ def _run_sync(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
-def demonstration_examples(tokenizer, n: int, *, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0,
-                           direct_frac: float = 0.0, env_kwargs: dict | None = None) -> list[SFTExample]:
+def demonstration_examples(
+    tokenizer,
+    n: int,
+    *,
+    difficulty: int | list[int] = (1, 2, 3, 4),
+    seed: int = 0,
+    direct_frac: float = 0.0,
+    env_kwargs: dict | None = None,
+) -> list[SFTExample]:
     """``n`` demonstrations as ``SFTExample``s (token ids and loss mask straight from the trajectories)."""
-    trajs = _run_sync(make_demonstrations(tokenizer, demo_tasks(n, difficulty, seed, direct_frac), env_kwargs=env_kwargs,
-                                          max_concurrency=64))
+    trajs = _run_sync(
+        make_demonstrations(
+            tokenizer, demo_tasks(n, difficulty, seed, direct_frac), env_kwargs=env_kwargs, max_concurrency=64
+        )
+    )
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]
 
 
@@ -170,7 +189,11 @@ def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFT
     data: dict = dict(base or {})
     for o in overrides:
         data = deep_merge(data, parse_override(o))
-    for name in ("lr", "min_lr_ratio", "direct_frac"):  # YAML 1.1 reads "1e-3" as a string; accept it as the number it is
+    for name in (
+        "lr",
+        "min_lr_ratio",
+        "direct_frac",
+    ):  # YAML 1.1 reads "1e-3" as a string; accept it as the number it is
         if isinstance(data.get(name), str):
             try:
                 data[name] = float(data[name])
@@ -188,9 +211,15 @@ def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFT
     return cfg
 
 
-def run_sft(model_path: str | Path, out_dir: str | Path, cfg: SFTConfig | None = None, *,
-            data: Iterable[str | Path] = (), examples: list[SFTExample] | None = None,
-            log=None) -> dict[str, Any]:
+def run_sft(
+    model_path: str | Path,
+    out_dir: str | Path,
+    cfg: SFTConfig | None = None,
+    *,
+    data: Iterable[str | Path] = (),
+    examples: list[SFTExample] | None = None,
+    log=None,
+) -> dict[str, Any]:
     """Fine-tune ``model_path`` on demonstrations (``cfg.num_demos``) plus chat JSONL ``data`` (and
     any ready ``examples``) with the shared Trainer (``policy_loss="sft"``); write an HF model
     directory (weights + tokenizer) to ``out_dir``. Returns a summary (losses, timings, counts).
@@ -214,21 +243,38 @@ def run_sft(model_path: str | Path, out_dir: str | Path, cfg: SFTConfig | None =
         env_kwargs = dict(cfg.env_kwargs)
         if cfg.demo_sandbox == "oracle":
             env_kwargs.setdefault("sandbox", OracleSandbox())
-        demos = demonstration_examples(tokenizer, cfg.num_demos, difficulty=cfg.difficulty, seed=cfg.seed,
-                                       direct_frac=cfg.direct_frac, env_kwargs=env_kwargs)
+        demos = demonstration_examples(
+            tokenizer,
+            cfg.num_demos,
+            difficulty=cfg.difficulty,
+            seed=cfg.seed,
+            direct_frac=cfg.direct_frac,
+            env_kwargs=env_kwargs,
+        )
         if len(demos) < cfg.num_demos:
-            raise RuntimeError(f"only {len(demos)} of {cfg.num_demos} oracle demonstrations succeeded; "
-                               "the sandbox or the tasks' reference solutions are broken")
+            raise RuntimeError(
+                f"only {len(demos)} of {cfg.num_demos} oracle demonstrations succeeded; "
+                "the sandbox or the tasks' reference solutions are broken"
+            )
         pool += demos
         n_demos = len(demos)
     if not pool:
         raise ConfigError("nothing to train on: sft.num_demos is 0 and no --data was given")
     t_data = time.perf_counter() - t0
     longest = max(len(e.token_ids) for e in pool)
-    tcfg = TrainerConfig(policy_loss="sft", lr=cfg.lr, lr_schedule="cosine", warmup_steps=min(cfg.warmup_steps, cfg.steps - 1),
-                         total_steps=cfg.steps, min_lr_ratio=cfg.min_lr_ratio, adam_betas=[0.9, 0.95],
-                         micro_batch_tokens=max(cfg.micro_batch_tokens, longest), batching=cfg.batching,
-                         device=cfg.device, seed=cfg.seed)
+    tcfg = TrainerConfig(
+        policy_loss="sft",
+        lr=cfg.lr,
+        lr_schedule="cosine",
+        warmup_steps=min(cfg.warmup_steps, cfg.steps - 1),
+        total_steps=cfg.steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+        adam_betas=[0.9, 0.95],
+        micro_batch_tokens=max(cfg.micro_batch_tokens, longest),
+        batching=cfg.batching,
+        device=cfg.device,
+        seed=cfg.seed,
+    )
     rng = random.Random(cfg.seed)
     order: list[int] = []
     losses: list[float] = []
@@ -240,16 +286,27 @@ def run_sft(model_path: str | Path, out_dir: str | Path, cfg: SFTConfig | None =
                 order += idx
             batch = [pool[i] for i in order[: cfg.batch_size]]
             del order[: cfg.batch_size]
-            metrics = trainer.train_step([TrainSample(e.token_ids, e.loss_mask, [0.0] * len(e.token_ids),
-                                                      [0.0] * len(e.token_ids)) for e in batch])
+            metrics = trainer.train_step(
+                [
+                    TrainSample(e.token_ids, e.loss_mask, [0.0] * len(e.token_ids), [0.0] * len(e.token_ids))
+                    for e in batch
+                ]
+            )
             losses.append(metrics["loss"])
             if log is not None:
                 log(step, metrics)
         out = Path(out_dir)
         write_hf(out, trainer.full_state_dict(), trainer.model, str(model_path))
     return {
-        "model": str(out), "base_model": str(model_path), "steps": cfg.steps, "batch_size": cfg.batch_size,
-        "examples": len(pool), "demonstrations": n_demos, "target_tokens": sum(e.num_target for e in pool),
-        "loss_first": losses[0], "loss_last": sum(losses[-10:]) / len(losses[-10:]),
-        "data_s": round(t_data, 2), "train_s": round(time.perf_counter() - t0 - t_data, 2),
+        "model": str(out),
+        "base_model": str(model_path),
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "examples": len(pool),
+        "demonstrations": n_demos,
+        "target_tokens": sum(e.num_target for e in pool),
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        "data_s": round(t_data, 2),
+        "train_s": round(time.perf_counter() - t0 - t_data, 2),
     }

@@ -8,6 +8,7 @@ episode's plan from the first user message, the opening room description), succe
 Does not: run the SFT stage (``agentrl.warmstart.sft.run_sft`` takes these examples) or choose the
 default model's recipe (``agentrl.warmstart.default_model``, which trains on ``code_exec`` only).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,15 @@ def demo_worlds(n: int, difficulty: int | list[int] = 2, seed: int = 0) -> list[
         i += 1
         if w.look() not in seen:
             seen.add(w.look())
-            out.append({"id": w.task_id, "seed": seed * 1_000_003 + i - 1, "difficulty": level, "split": "train",
-                        "goal": w.goal_text()})
+            out.append(
+                {
+                    "id": w.task_id,
+                    "seed": seed * 1_000_003 + i - 1,
+                    "difficulty": level,
+                    "split": "train",
+                    "goal": w.goal_text(),
+                }
+            )
     return out
 
 
@@ -60,8 +68,9 @@ async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int):
     return [t for t in trajs if t.outcome.value == "ok" and t.reward == 1.0]
 
 
-def textworld_demonstrations(tokenizer, n: int, *, difficulty: int | list[int] = 2, seed: int = 0,
-                             max_concurrency: int = 16) -> list[SFTExample]:
+def textworld_demonstrations(
+    tokenizer, n: int, *, difficulty: int | list[int] = 2, seed: int = 0, max_concurrency: int = 16
+) -> list[SFTExample]:
     """``n`` (or fewer, if any failed) oracle demonstrations as ``SFTExample``s."""
     trajs = asyncio.run(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency))
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]

@@ -5,6 +5,7 @@ wrapped as a PreTrainedTokenizerFast carrying a real chat template (Qwen2.5's by
 randomly initialised Qwen3 (or Qwen2) causal LM of a chosen size, saved as a normal HF directory. Used for the
 embedded default model, tests and benchmarks. Does not train the model (see the SFT stage).
 """
+
 from __future__ import annotations
 
 import functools
@@ -82,9 +83,13 @@ def _agent_corpus(chat_template: str, n: int = 400, seed: int = 0) -> list[str]:
             call = "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
             tools, system = [py], SYSTEM_PROMPTS["hermes"]
         final = f"```python\n{code}\n```" if task["answer"] is None else f"The answer is \\boxed{{{result}}}."
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": task["prompt"]},
-                    {"role": "assistant", "content": call}, {"role": "tool", "content": result},
-                    {"role": "assistant", "content": final}]
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": task["prompt"]},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": final},
+        ]
         if rng.random() < 0.5:
             messages = messages[1:]
         out.append(tok.apply_chat_template(messages, tools=tools, tokenize=False))
@@ -101,8 +106,10 @@ def _split_added(texts: list[str]) -> list[str]:
 
 #: transformers' Qwen2Tokenizer pre-tokenization (it replaces whatever tokenizer.json says when
 #: AutoTokenizer loads a ``qwen2`` model dir, so a qwen2 tokenizer must be trained with it).
-QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                           r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 STYLES = ("agent", "qwen2")
 
 
@@ -120,16 +127,20 @@ def _trained(vocab_size: int, style: str) -> str:
         # Everything else may merge across spaces and punctuation, so fixed text (the tool
         # preamble, code idioms) compresses to a few ids. Byte-level: any string is encodable and
         # decodes back exactly.
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif style == "qwen2":
         tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     tok.decoder = decoders.ByteLevel()
@@ -139,12 +150,15 @@ def _trained(vocab_size: int, style: str) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_split_added(_agent_corpus(qwen25_chat_template())) + _generic_corpus(n=1000), trainer=trainer)
+    tok.train_from_iterator(
+        _split_added(_agent_corpus(qwen25_chat_template())) + _generic_corpus(n=1000), trainer=trainer
+    )
     return tok.to_str()
 
 
-def build_tokenizer(out_dir: str | Path | None = None, vocab_size: int = 2048, chat_template: str | None = None,
-                    style: str = "agent"):
+def build_tokenizer(
+    out_dir: str | Path | None = None, vocab_size: int = 2048, chat_template: str | None = None, style: str = "agent"
+):
     """Train a byte-level BPE tokenizer on built-in text (rendered ``code_exec`` conversations plus
     generic text); any string is encodable.
 
@@ -199,8 +213,9 @@ def build_model(
         raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=vocab_size, chat_template=chat_template,
-                          style="qwen2" if arch == "qwen2" else "agent")
+    tok = build_tokenizer(
+        out, vocab_size=vocab_size, chat_template=chat_template, style="qwen2" if arch == "qwen2" else "agent"
+    )
     common = dict(
         vocab_size=len(tok),
         hidden_size=hidden_size,
@@ -215,19 +230,28 @@ def build_model(
         bos_token_id=None,
     )
     if arch == "qwen3":
-        from transformers import Qwen3Config as Config, Qwen3ForCausalLM as Model
+        from transformers import Qwen3Config as Config
+        from transformers import Qwen3ForCausalLM as Model
 
         common["head_dim"] = hidden_size // num_heads
     else:
-        from transformers import Qwen2Config as Config, Qwen2ForCausalLM as Model
+        from transformers import Qwen2Config as Config
+        from transformers import Qwen2ForCausalLM as Model
     torch.manual_seed(seed)
     model = Model(Config(**common))
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model.save_pretrained(str(out))
-    probe = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 345? Ünïcödé\tok"},
-                                     {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"}], tokenize=False)
+    probe = tok.apply_chat_template(
+        [
+            {"role": "user", "content": "What is 12 + 345? Ünïcödé\tok"},
+            {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"},
+        ],
+        tokenize=False,
+    )
     loaded = AutoTokenizer.from_pretrained(str(out))
     if loaded.encode(probe, add_special_tokens=False) != tok.encode(probe, add_special_tokens=False):
-        raise RuntimeError(f"AutoTokenizer loads {out} as {type(loaded).__name__}, which tokenizes differently from "
-                           "the tokenizer that was saved; this transformers version needs a different arch/style")
+        raise RuntimeError(
+            f"AutoTokenizer loads {out} as {type(loaded).__name__}, which tokenizes differently from "
+            "the tokenizer that was saved; this transformers version needs a different arch/style"
+        )
     return out

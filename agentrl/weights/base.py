@@ -16,6 +16,7 @@ and a cache flush (so no output after the push comes from K/V of the old weights
 engine's policy version, then resumes -- always, also after a failed load. Does not gather weights
 from the trainer (``Trainer.full_state_dict``) nor decide when to sync (the runner).
 """
+
 from __future__ import annotations
 
 import abc

@@ -6,6 +6,7 @@ the model's config/tokenizer files, written atomically) is the engine's,
 ``agentrl.engine.sglang_disk``. Works across machines that share the directory; the newest directory
 is also what a restarted server reloads (``note_weights``). Does not decide when to push.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,9 @@ class DiskSync(ServerSync):
 
     name = "disk"
 
-    def __init__(self, engine: Any, dir: str | Path | None = None, *, model_path: str | Path | None = None,
-                 keep: int = 1) -> None:
+    def __init__(
+        self, engine: Any, dir: str | Path | None = None, *, model_path: str | Path | None = None, keep: int = 1
+    ) -> None:
         super().__init__(engine)
         if keep < 1:
             raise EngineError(f"DiskSync keep must be >= 1, got {keep}")

@@ -11,6 +11,7 @@ torch's process-group helper; this module does the same on rank 0 so both sides 
 keys. That helper is a private torch API (``_new_process_group_helper``): it is the only way to make
 a group that is not the default one and not a sub-group of it. Does not gather weights or decide when to sync.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,16 @@ class WeightGroup:
     """Rank 0 of a ``world_size`` process group named ``group_name`` on ``backend`` (``nccl``
     or ``gloo``). :meth:`connect` blocks until every rank joined (run it while the servers join)."""
 
-    def __init__(self, *, master_address: str, master_port: int, world_size: int, group_name: str,
-                 backend: str = "nccl", timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "nccl",
+        timeout_s: float = 300.0,
+    ) -> None:
         if backend not in ("nccl", "gloo"):
             raise EngineError(f"weight group backend must be 'nccl' or 'gloo', got {backend!r}")
         if world_size < 2:
@@ -49,16 +58,25 @@ class WeightGroup:
         )
 
         try:
-            store, _, _ = next(rendezvous(f"tcp://{self.master_address}:{self.master_port}", 0, self.world_size,
-                                          timeout=self.timeout))
+            store, _, _ = next(
+                rendezvous(f"tcp://{self.master_address}:{self.master_port}", 0, self.world_size, timeout=self.timeout)
+            )
             store.set_timeout(self.timeout)
-            self.pg, _ = _new_process_group_helper(self.world_size, 0, [], self.backend,
-                                                   PrefixStore(self.group_name, store), group_name=self.group_name,
-                                                   backend_options=None, timeout=self.timeout)
+            self.pg, _ = _new_process_group_helper(
+                self.world_size,
+                0,
+                [],
+                self.backend,
+                PrefixStore(self.group_name, store),
+                group_name=self.group_name,
+                backend_options=None,
+                timeout=self.timeout,
+            )
         except Exception as e:  # torch raises DistStoreError/RuntimeError with the reason
             where = f"{self.backend}, world {self.world_size}, {self.master_address}:{self.master_port}"
-            raise EngineError(f"weight group {self.group_name!r} ({where}) failed to form: "
-                              f"{type(e).__name__}: {e}") from e
+            raise EngineError(
+                f"weight group {self.group_name!r} ({where}) failed to form: {type(e).__name__}: {e}"
+            ) from e
 
     def broadcast(self, tensor: Any) -> None:
         """Send ``tensor`` from rank 0 to every rank; blocks until done."""
@@ -102,9 +120,19 @@ class DistributedSync(ServerSync):
 
     name = "distributed"
 
-    def __init__(self, engine: Any, backend: str = "nccl", *, master_address: str | None = None,
-                 master_port: int | None = None, bucket_bytes: int = 512 << 20, tp_size: int = 1,
-                 group_name: str = "agentrl_weights", device: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        backend: str = "nccl",
+        *,
+        master_address: str | None = None,
+        master_port: int | None = None,
+        bucket_bytes: int = 512 << 20,
+        tp_size: int = 1,
+        group_name: str = "agentrl_weights",
+        device: str | None = None,
+        timeout_s: float = 300.0,
+    ) -> None:
         super().__init__(engine)
         if backend not in ("nccl", "gloo"):
             raise EngineError(f"DistributedSync backend must be 'nccl' or 'gloo', got {backend!r}")
@@ -128,15 +156,27 @@ class DistributedSync(ServerSync):
         self.group_name = f"{self.group_prefix}_{os.getpid()}_{next(_GROUP_IDS)}"
         urls = list(self.engine.urls)
         port = self.master_port or free_port(self.master_address)
-        group = WeightGroup(master_address=self.master_address, master_port=port,
-                            world_size=1 + len(urls) * self.tp_size, group_name=self.group_name,
-                            backend=self.backend, timeout_s=self.timeout_s)
+        group = WeightGroup(
+            master_address=self.master_address,
+            master_port=port,
+            world_size=1 + len(urls) * self.tp_size,
+            group_name=self.group_name,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+        )
 
         async def join(i: int, url: str, client: httpx.AsyncClient) -> None:
-            payload = {"master_address": self.master_address, "master_port": port, "rank_offset": 1 + i * self.tp_size,
-                       "world_size": group.world_size, "group_name": self.group_name, "backend": self.backend}
-            await _check(await client.post(url + "/init_weights_update_group", json=payload), url,
-                         "/init_weights_update_group")
+            payload = {
+                "master_address": self.master_address,
+                "master_port": port,
+                "rank_offset": 1 + i * self.tp_size,
+                "world_size": group.world_size,
+                "group_name": self.group_name,
+                "backend": self.backend,
+            }
+            await _check(
+                await client.post(url + "/init_weights_update_group", json=payload), url, "/init_weights_update_group"
+            )
 
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             local = asyncio.create_task(asyncio.to_thread(group.connect))
@@ -162,11 +202,15 @@ class DistributedSync(ServerSync):
             for i, bucket in enumerate(parts):
                 last = i == len(parts) - 1
                 flat = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in bucket]).to(self.device)
-                meta = {"names": [n for n, _ in bucket],
-                        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                        "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name,
-                        "load_format": "flattened_bucket", "flush_cache": last,
-                        "weight_version": str(version) if last else None}
+                meta = {
+                    "names": [n for n, _ in bucket],
+                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket],
+                    "group_name": self.group_name,
+                    "load_format": "flattened_bucket",
+                    "flush_cache": last,
+                    "weight_version": str(version) if last else None,
+                }
                 send = asyncio.create_task(asyncio.to_thread(group.broadcast, flat))
                 announce = asyncio.create_task(self.engine.post_all("/update_weights_from_distributed", meta))
                 done, _ = await asyncio.wait({send, announce}, return_when=asyncio.FIRST_EXCEPTION)
@@ -186,8 +230,9 @@ class DistributedSync(ServerSync):
         if group is None:
             return
         try:
-            await self.engine.post_all("/destroy_weights_update_group", {"group_name": group.group_name},
-                                       timeout_s=30.0)
+            await self.engine.post_all(
+                "/destroy_weights_update_group", {"group_name": group.group_name}, timeout_s=30.0
+            )
         except EngineError:
             pass  # a dead or restarted server has no group left to destroy
         if wait_local:  # after a failure a broadcast may still hold the group: let it time out instead
@@ -216,8 +261,9 @@ def rendezvous_address(urls: list[str]) -> str:
             s.connect((parts.hostname, parts.port or 80))
             return s.getsockname()[0]
     except OSError as e:
-        raise EngineError(f"DistributedSync: no route from this host to server {remote[0]} ({e}); "
-                          "set master_address") from e
+        raise EngineError(
+            f"DistributedSync: no route from this host to server {remote[0]} ({e}); set master_address"
+        ) from e
 
 
 async def _check(resp: Any, url: str, path: str) -> dict:

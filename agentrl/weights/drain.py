@@ -26,6 +26,7 @@ Does not: move weights (the WeightSync paths, ``agentrl.weights.base``), decide 
 runner), bound how long a drain may wait (the inner engine's request timeouts and the turn deadline
 do), or coordinate several event loops: all calls must come from one loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -76,8 +77,9 @@ class DrainEngine(Engine):
         """Generate calls waiting for a drained update to finish."""
         return self._held
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         if not self._open.is_set():
             self._held += 1
             self.drain_stats["held_calls"] += 1
@@ -207,9 +209,11 @@ async def drained_together(gates: Sequence[Gate]) -> AsyncIterator[float]:
             h.cancel()  # no-op on finished ones
         if holds:
             await asyncio.wait(holds)
-        releases = [g.release() for g, h in zip(gates, holds)
-                    if not h.cancelled() and h.exception() is None]
-        errors = [r for r in await asyncio.gather(*(r for r in releases if inspect.isawaitable(r)),
-                                                  return_exceptions=True) if isinstance(r, BaseException)]
+        releases = [g.release() for g, h in zip(gates, holds) if not h.cancelled() and h.exception() is None]
+        errors = [
+            r
+            for r in await asyncio.gather(*(r for r in releases if inspect.isawaitable(r)), return_exceptions=True)
+            if isinstance(r, BaseException)
+        ]
         if errors:
             raise EngineError(f"releasing {len(errors)} of {len(gates)} drained engines failed: {errors[0]!r}")

@@ -4,6 +4,7 @@ Owns :data:`SYNC_KINDS` (which engine kinds each path fits), :func:`resolve_sync
 bad combinations) and :func:`make_weight_sync` (the class for a resolved kind). Does not read the
 config tree (``agentrl.jobs.build`` passes the fields) nor implement a path (one module each).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,12 +18,22 @@ from agentrl.weights.object_store import ObjectStoreSync
 from agentrl.weights.tensor import TensorSync
 
 #: engine.weight_sync values -> (which engine kinds they fit)
-SYNC_KINDS = {"inprocess": ("local",), "disk": ("sglang",), "tensor": ("sglang",), "distributed": ("sglang",),
-              "object_store": ("sglang",)}
+SYNC_KINDS = {
+    "inprocess": ("local",),
+    "disk": ("sglang",),
+    "tensor": ("sglang",),
+    "distributed": ("sglang",),
+    "object_store": ("sglang",),
+}
 
 #: the class of each resolved kind
-SYNC_CLASSES: dict[str, type[WeightSync]] = {"inprocess": InProcessSync, "disk": DiskSync, "tensor": TensorSync,
-                                             "distributed": DistributedSync, "object_store": ObjectStoreSync}
+SYNC_CLASSES: dict[str, type[WeightSync]] = {
+    "inprocess": InProcessSync,
+    "disk": DiskSync,
+    "tensor": TensorSync,
+    "distributed": DistributedSync,
+    "object_store": ObjectStoreSync,
+}
 
 
 def resolve_sync_kind(weight_sync: str, engine_kind: str, device: str = "cpu") -> str:
@@ -35,8 +46,10 @@ def resolve_sync_kind(weight_sync: str, engine_kind: str, device: str = "cpu") -
     if weight_sync not in SYNC_KINDS:
         raise ConfigError(f"engine.weight_sync: {weight_sync!r} is not one of {['auto', *SYNC_KINDS]}")
     if engine_kind not in SYNC_KINDS[weight_sync]:
-        raise ConfigError(f"engine.weight_sync: {weight_sync!r} does not work with engine.kind={engine_kind!r} "
-                          f"(it needs engine.kind in {list(SYNC_KINDS[weight_sync])})")
+        raise ConfigError(
+            f"engine.weight_sync: {weight_sync!r} does not work with engine.kind={engine_kind!r} "
+            f"(it needs engine.kind in {list(SYNC_KINDS[weight_sync])})"
+        )
     return weight_sync
 
 

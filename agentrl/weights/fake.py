@@ -6,6 +6,7 @@ drives on SGLangEngine (``urls``, ``post_all``, ``pause``, ``resume``, ``set_pol
 ``note_weights``) recording every call in order, with a failing admin path injectable. Neither
 stands in for a real path or a real server in tests that claim to test one.
 """
+
 from __future__ import annotations
 
 import time

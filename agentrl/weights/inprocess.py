@@ -5,6 +5,7 @@ Owns :class:`InProcessSync` (``engine.weight_sync=inprocess``, the ``auto`` choi
 ``LocalEngine.update_weights``'s; this path only times it. Does not serve SGLang (``disk``,
 ``tensor``, ``distributed``).
 """
+
 from __future__ import annotations
 
 import time

@@ -16,6 +16,7 @@ directory). ``ObjectStoreSync`` takes them as ``stagers=`` or from the engine's 
 attribute (``agentrl.distributed.backend`` sets it on the driver's SGLangEngine). Does not place
 actors or gather weights from the trainer; ``disk`` stays the path for a declared shared filesystem.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,9 @@ def default_stage_dir() -> str:
     return str(Path(tempfile.gettempdir()) / f"agentrl-weights-objstore-{uuid.uuid4().hex[:12]}")
 
 
-def stage_weights_dir(named: list[tuple[str, Any]], version: int, src: str | Path, parent: str | Path,
-                      keep: int = 1) -> Path:
+def stage_weights_dir(
+    named: list[tuple[str, Any]], version: int, src: str | Path, parent: str | Path, keep: int = 1
+) -> Path:
     """On this node: write ``parent/v<version:08d>`` (``write_weights_dir`` format, config files from
     ``src``) through a private temp parent, so several stagers on one disk (one machine simulating
     several nodes, or two servers per node) never see or clobber each other's half-written files;
@@ -80,17 +82,20 @@ class ObjectStoreSync(ServerSync):
 
     name = "object_store"
 
-    def __init__(self, engine: Any, dir: str | Path | None = None, *, stagers: Sequence[Any] | None = None,
-                 keep: int = 1) -> None:
+    def __init__(
+        self, engine: Any, dir: str | Path | None = None, *, stagers: Sequence[Any] | None = None, keep: int = 1
+    ) -> None:
         super().__init__(engine)
         if keep < 1:
             raise EngineError(f"ObjectStoreSync keep must be >= 1, got {keep}")
         found = stagers if stagers is not None else getattr(engine, "weight_stagers", None)
         if not found:
-            raise EngineError("ObjectStoreSync: the engine has no weight_stagers (one per server, able to write on "
-                              "its node): engine.weight_sync=object_store needs distributed=ray with "
-                              "engine.kind=sglang engine actors; attached servers (engine.urls) need disk on a "
-                              "shared filesystem")
+            raise EngineError(
+                "ObjectStoreSync: the engine has no weight_stagers (one per server, able to write on "
+                "its node): engine.weight_sync=object_store needs distributed=ray with "
+                "engine.kind=sglang engine actors; attached servers (engine.urls) need disk on a "
+                "shared filesystem"
+            )
         bad = [type(s).__name__ for s in found if not callable(getattr(s, "stage_weights", None))]
         if bad:
             raise EngineError(f"ObjectStoreSync: stagers without a stage_weights method: {bad}")
@@ -107,11 +112,14 @@ class ObjectStoreSync(ServerSync):
         phases["put_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         writers = one_per_node(self.stagers)
-        paths = await asyncio.gather(*(asyncio.to_thread(s.stage_weights, ref, version, self.dir, self.keep)
-                                       for s in writers))
+        paths = await asyncio.gather(
+            *(asyncio.to_thread(s.stage_weights, ref, version, self.dir, self.keep) for s in writers)
+        )
         if len(set(paths)) != 1:
-            raise EngineError(f"ObjectStoreSync: stagers wrote different paths {sorted(set(paths))}; every node "
-                              "must write the same node-local path")
+            raise EngineError(
+                f"ObjectStoreSync: stagers wrote different paths {sorted(set(paths))}; every node "
+                "must write the same node-local path"
+            )
         self._path = paths[0]
         phases["stage_s"] = time.perf_counter() - t1
         phases["nodes"] = float(len(writers))

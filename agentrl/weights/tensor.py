@@ -11,6 +11,7 @@ the ``file_system`` strategy was measured to leave every pushed tensor behind in
 server never drops its last reference) plus a ``torch_shm_manager`` daemon. Does not reach servers
 on other machines (``disk``, ``distributed``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,7 +60,8 @@ class TensorSync(ServerSync):
     async def _prepare(self, named: list, version: int, phases: dict[str, float]) -> None:
         t0 = time.perf_counter()
         self._payloads = await asyncio.to_thread(
-            lambda: [serialize_named_tensors(b) for b in buckets(named, self.bucket_bytes)])
+            lambda: [serialize_named_tensors(b) for b in buckets(named, self.bucket_bytes)]
+        )
         phases["serialize_s"] = time.perf_counter() - t0
 
     async def _load(self, named: list, version: int, phases: dict[str, float]) -> None:
@@ -68,8 +70,13 @@ class TensorSync(ServerSync):
         async def calls() -> None:
             for i, p in enumerate(payloads):
                 last = i == len(payloads) - 1
-                await self.engine.post_all("/update_weights_from_tensor", {
-                    "serialized_named_tensors": [p] * self.tp_size, "flush_cache": last,
-                    "weight_version": str(version) if last else None})
+                await self.engine.post_all(
+                    "/update_weights_from_tensor",
+                    {
+                        "serialized_named_tensors": [p] * self.tp_size,
+                        "flush_cache": last,
+                        "weight_version": str(version) if last else None,
+                    },
+                )
 
         await self._session(calls)

@@ -2,6 +2,7 @@
 latest tool exchange (earlier turns dropped), as context-managing agents do. Its episodes come back
 as several trajectory segments (metric agent/split_trajectories). Same environment contract as
 openai_loop.py; reports {"reward": 1.0} when it made at least two requests (a stand-in scorer)."""
+
 import json
 import os
 
@@ -19,8 +20,10 @@ def main() -> None:
         requests += 1
         text = reply.choices[0].message.content or ""
         # forget everything but the task, then ask again about the last reply only
-        messages = start + [{"role": "assistant", "content": text[:40] + f" (turn {turn})"},
-                            {"role": "user", "content": "Again, shorter."}]
+        messages = start + [
+            {"role": "assistant", "content": text[:40] + f" (turn {turn})"},
+            {"role": "user", "content": "Again, shorter."},
+        ]
     print(json.dumps({"reward": 1.0 if requests >= 2 else 0.0}))
 
 

@@ -9,6 +9,7 @@ AGENTRL_RESULT (the env scores it with agent.reward=env).
     agentrl rollout --agent proxy --set agent.command="python examples/agents/openai_loop.py" \
         --set agent.reward=env
 """
+
 import json
 import os
 import subprocess
@@ -46,8 +47,11 @@ def main() -> None:
                 args = json.loads(call.function.arguments)
             except ValueError:
                 args = {}
-            out = (run_python(str(args.get("code", ""))) if call.function.name == "python"
-                   else f"error: unknown tool {call.function.name!r}")
+            out = (
+                run_python(str(args.get("code", "")))
+                if call.function.name == "python"
+                else f"error: unknown tool {call.function.name!r}"
+            )
             messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": out})
     with open(os.environ["AGENTRL_RESULT"], "w") as f:
         json.dump({"final": final, "turns": sum(m["role"] == "assistant" for m in messages)}, f)

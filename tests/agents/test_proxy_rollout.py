@@ -1,6 +1,7 @@
 """`agentrl rollout --agent proxy` end to end on code_exec with the built-in tiny model: an outside
 agent written against the official `openai` client trains through the recording endpoint, and what
 is recorded is exactly what the engine sampled."""
+
 import sys
 from pathlib import Path
 
@@ -49,18 +50,31 @@ def _rollout(tmp_path, monkeypatch, script, extra=()):
         return engines[-1]
 
     monkeypatch.setattr(rollout_job, "make_engine", make_engine)
-    cfg = load_config([], [f"output_dir={tmp_path}", "env.id=code_exec", "agent.kind=proxy",
-                           f"agent.command={sys.executable} {EXAMPLES / script}", "rollout.num_prompts=2",
-                           "rollout.group_size=2", "rollout.max_new_tokens=96", "rollout.max_turns=4",
-                           "agent.timeout_s=120", *extra])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={tmp_path}",
+            "env.id=code_exec",
+            "agent.kind=proxy",
+            f"agent.command={sys.executable} {EXAMPLES / script}",
+            "rollout.num_prompts=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=96",
+            "rollout.max_turns=4",
+            "agent.timeout_s=120",
+            *extra,
+        ],
+    )
     trajs, metrics, _ = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)
     return trajs, engines[0].log
 
 
 def _sampled_runs(t):
     """(start, ids, logprobs) of each sampled run of a trajectory."""
-    return [(r.start, t.token_ids[r.start:r.start + r.n_sampled], t.logprobs[r.start:r.start + r.n_sampled])
-            for r in t.turns]
+    return [
+        (r.start, t.token_ids[r.start : r.start + r.n_sampled], t.logprobs[r.start : r.start + r.n_sampled])
+        for r in t.turns
+    ]
 
 
 def test_openai_client_agent_is_recorded_token_exact(tmp_path, monkeypatch):
@@ -103,8 +117,17 @@ def test_a_crashing_agent_is_an_infrastructure_outcome(tmp_path, monkeypatch):
     engines = []
     real = rollout_job.make_engine
     monkeypatch.setattr(rollout_job, "make_engine", lambda c, p: engines.append(real(c, p)) or engines[-1])
-    cfg = load_config([], [f"output_dir={tmp_path / 'out'}", "env.id=code_exec", "agent.kind=proxy",
-                           f"agent.command={sys.executable} {bad}", "rollout.num_prompts=1", "rollout.group_size=2"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={tmp_path / 'out'}",
+            "env.id=code_exec",
+            "agent.kind=proxy",
+            f"agent.command={sys.executable} {bad}",
+            "rollout.num_prompts=1",
+            "rollout.group_size=2",
+        ],
+    )
     trajs, metrics, _ = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)
     assert [t.outcome.value for t in trajs] == ["env_error", "env_error"]
     assert all("exited with code 3" in t.outcome_detail and not t.trainable for t in trajs)

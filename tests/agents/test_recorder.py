@@ -1,4 +1,5 @@
 """The recorder as pure functions: prefix extension stitching, history-rewrite splitting, aligned arrays."""
+
 import pytest
 
 from agentrl.agents.recorder import Recorder, covered, extends, message_key
@@ -6,8 +7,9 @@ from agentrl.trajectory import Trajectory
 
 
 def _traj(seg):
-    t = Trajectory("e", "g", "env", seg.prompt_len, seg.ids, seg.mask, seg.logprobs, seg.turn_ids, seg.versions,
-                   seg.turns)
+    t = Trajectory(
+        "e", "g", "env", seg.prompt_len, seg.ids, seg.mask, seg.logprobs, seg.turn_ids, seg.versions, seg.turns
+    )
     t.validate()
     return t
 
@@ -55,14 +57,30 @@ def test_misaligned_arrays_are_refused():
 
 
 def test_message_keys_ignore_call_ids_and_client_extras_but_not_arguments():
-    sent = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "python", "arguments": '{"code": "1"}'}}]}
-    back = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [
-        {"id": "call_b", "type": "function", "function": {"name": "python", "arguments": '{"code":"1"}'}}]}
+    sent = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "python", "arguments": '{"code": "1"}'}}
+        ],
+    }
+    back = {
+        "role": "assistant",
+        "content": "",
+        "refusal": None,
+        "tool_calls": [
+            {"id": "call_b", "type": "function", "function": {"name": "python", "arguments": '{"code":"1"}'}}
+        ],
+    }
     other = {**back, "tool_calls": [{"function": {"name": "python", "arguments": '{"code": "2"}'}}]}
     assert message_key(sent) == message_key(back) != message_key(other)
     history = [{"role": "user", "content": "q"}, sent]
-    assert covered(history, [{"role": "user", "content": [{"type": "text", "text": "q"}]}, back,
-                             {"role": "tool", "content": "1"}]) == 2
+    assert (
+        covered(
+            history,
+            [{"role": "user", "content": [{"type": "text", "text": "q"}]}, back, {"role": "tool", "content": "1"}],
+        )
+        == 2
+    )
     assert covered(history, [{"role": "user", "content": "q"}, other]) is None
     assert covered([], [{"role": "user", "content": "q"}]) is None

@@ -1,19 +1,31 @@
 """Sequence-level advantage estimators and token-level GAE against hand-computed numbers."""
+
 import math
 
 import pytest
 import torch
 
-from agentrl.algos import (ADVANTAGES, dr_grpo, gae, group_index, grpo, lookup, masked_whiten, reinforce_pp,
-                           reinforce_pp_baseline, rloo)
+from agentrl.algos import (
+    ADVANTAGES,
+    dr_grpo,
+    gae,
+    group_index,
+    grpo,
+    lookup,
+    masked_whiten,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
 from agentrl.errors import ConfigError
 
 EPS = 1e-6
 
 
 def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0
+    )
 
 
 R4 = torch.tensor([1.0, 0.0, 1.0, 1.0])
@@ -51,15 +63,17 @@ def test_grpo_accepts_string_group_ids_and_keeps_float_dtype():
 
 def test_dr_grpo_no_std():
     # r - mean_g: [1,0,1,1] - .75; singleton group 1 -> 0
-    close(dr_grpo(torch.tensor([1.0, 0.0, 1.0, 1.0, 5.0]), torch.tensor([0, 0, 0, 0, 1])),
-          [0.25, -0.75, 0.25, 0.25, 0.0])
+    close(
+        dr_grpo(torch.tensor([1.0, 0.0, 1.0, 1.0, 5.0]), torch.tensor([0, 0, 0, 0, 1])), [0.25, -0.75, 0.25, 0.25, 0.0]
+    )
 
 
 def test_rloo_leave_one_out():
     # i=0: others [0,1,1] mean 2/3 -> 1 - 2/3 = 1/3; i=1: others [1,1,1] -> 0 - 1 = -1
     # (= n/(n-1) * (r - mean) = 4/3 * .25 = 1/3 and 4/3 * -.75 = -1); singleton -> 0
-    close(rloo(torch.tensor([1.0, 0.0, 1.0, 1.0, 5.0]), torch.tensor([0, 0, 0, 0, 1])),
-          [1 / 3, -1.0, 1 / 3, 1 / 3, 0.0])
+    close(
+        rloo(torch.tensor([1.0, 0.0, 1.0, 1.0, 5.0]), torch.tensor([0, 0, 0, 0, 1])), [1 / 3, -1.0, 1 / 3, 1 / 3, 0.0]
+    )
 
 
 def test_reinforce_pp_batch_normalised():
@@ -78,8 +92,10 @@ def test_reinforce_pp_baseline():
     # unbiased var 2.75/5 = .55
     r = torch.tensor([1.0, 0.0, 1.0, 1.0, 2.0, 4.0])
     s = math.sqrt(0.55) + EPS
-    close(reinforce_pp_baseline(r, torch.tensor([0, 0, 0, 0, 1, 1])),
-          [a / s for a in [0.25, -0.75, 0.25, 0.25, -1.0, 1.0]])
+    close(
+        reinforce_pp_baseline(r, torch.tensor([0, 0, 0, 0, 1, 1])),
+        [a / s for a in [0.25, -0.75, 0.25, 0.25, -1.0, 1.0]],
+    )
 
 
 def test_registry_and_lookup():
@@ -98,8 +114,9 @@ def test_gae_single_turn_by_hand():
     # t2: delta = 1 + 0 - .7 = .3                 A2 = .3
     # t1: delta = 0 + .9*.7 - .6 = .03            A1 = .03 + .72*.3 = .246
     # t0: delta = 0 + .9*.6 - .5 = .04            A0 = .04 + .72*.246 = .21712
-    adv, ret = gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3),
-                   gamma=0.9, lam=0.8)
+    adv, ret = gae(
+        torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3), gamma=0.9, lam=0.8
+    )
     close(adv, [[0.21712, 0.246, 0.3]])
     close(ret, [[0.71712, 0.846, 1.0]])  # A + V
 
@@ -109,7 +126,7 @@ def test_gae_single_turn_by_hand():
 #   P  P | a0  a0 | o  o | a1  a1 | o      (P prompt, o observation: mask 0)
 MASK = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 1, 0]])
 VALS = torch.tensor([[9.0, 9.0, 0.2, 0.3, 9.0, 9.0, 0.4, 0.5, 9.0]])  # 9s sit on mask-0 tokens: never read
-REW = torch.tensor([[0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0]])   # turn rewards on each turn's last sampled token
+REW = torch.tensor([[0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0]])  # turn rewards on each turn's last sampled token
 # steps are t2, t3, t6, t7 only (gamma .9, lam .8):
 # t7: delta = 1 + .9*0 - .5 = .5                                   A = .5
 # t6: delta = 0 + .9*.5 - .4 = .05                                 A = .05 + .72*.5 = .41
@@ -136,7 +153,7 @@ def test_gae_multi_turn_skips_masked_positions():
 def test_gae_reward_on_observation_token_goes_to_the_action_before_it():
     rew = torch.zeros_like(REW)
     rew[0, 4], rew[0, 8] = 0.5, 1.0  # on the observation tokens after each turn
-    rew[0, 0] = 7.0                  # before any sampled token: dropped
+    rew[0, 0] = 7.0  # before any sampled token: dropped
     adv, ret = gae(rew, VALS, MASK, gamma=0.9, lam=0.8)
     close(adv, ADV_EXP)
     close(ret, RET_EXP)

@@ -1,21 +1,38 @@
 """Per-token losses, aggregation, KL, entropy, value loss and TIS against hand-computed numbers."""
+
 import math
 
 import pytest
 import torch
 
 import agentrl.algos as algos
-from agentrl.algos import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_from_logits, k1, k2, k3,
-                           logprobs_from_logits, mismatch_metrics, ppo_clip, sft, tokens_per_sequence,
-                           truncated_is_weights, value_loss, vanilla_pg)
+from agentrl.algos import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    aggregate,
+    entropy_from_logits,
+    k1,
+    k2,
+    k3,
+    logprobs_from_logits,
+    mismatch_metrics,
+    ppo_clip,
+    sft,
+    tokens_per_sequence,
+    truncated_is_weights,
+    value_loss,
+    vanilla_pg,
+)
 from agentrl.errors import ConfigError
 
 LN2, LN3 = math.log(2), math.log(3)
 
 
 def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0
+    )
 
 
 # ---- PPO clip ------------------------------------------------------------------------------------------
@@ -26,7 +43,9 @@ ADV = [1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0]
 
 def _ppo(**kw):
     logp = torch.log(torch.tensor(RATIOS, dtype=torch.float64)).requires_grad_()
-    loss, m = ppo_clip(logp, torch.zeros(len(RATIOS), dtype=torch.float64), torch.tensor(ADV, dtype=torch.float64), **kw)
+    loss, m = ppo_clip(
+        logp, torch.zeros(len(RATIOS), dtype=torch.float64), torch.tensor(ADV, dtype=torch.float64), **kw
+    )
     loss.sum().backward()
     return loss, m, logp.grad
 
@@ -91,15 +110,21 @@ def test_vanilla_pg_and_sft():
 # micro-batch 1: seq0 loss [1,2,3] mask [1,1,1]; seq1 loss [inf, 4] mask [0,1] (inf on a masked token)
 # micro-batch 2: seq2 loss [5,6,nan,8] mask [1,1,0,1]
 # step totals: global_tokens = 3 + 1 + 3 = 7, global_seqs = 3; per-seq masked sums 6, 4, 19 (total 29)
-MB1 = dict(loss_tok=torch.tensor([1.0, 2.0, 3.0, math.inf, 4.0]), mask=torch.tensor([1, 1, 1, 0, 1]),
-           seq_ntokens=torch.tensor([3.0, 3.0, 3.0, 1.0, 1.0]))
-MB2 = dict(loss_tok=torch.tensor([5.0, 6.0, math.nan, 8.0]), mask=torch.tensor([1, 1, 0, 1]),
-           seq_ntokens=torch.tensor([3.0, 3.0, 3.0, 3.0]))
+MB1 = dict(
+    loss_tok=torch.tensor([1.0, 2.0, 3.0, math.inf, 4.0]),
+    mask=torch.tensor([1, 1, 1, 0, 1]),
+    seq_ntokens=torch.tensor([3.0, 3.0, 3.0, 1.0, 1.0]),
+)
+MB2 = dict(
+    loss_tok=torch.tensor([5.0, 6.0, math.nan, 8.0]),
+    mask=torch.tensor([1, 1, 0, 1]),
+    seq_ntokens=torch.tensor([3.0, 3.0, 3.0, 3.0]),
+)
 EXPECTED = {
-    "token-mean": 29 / 7,                            # (6 + 4 + 19) / 7
-    "seq-mean-token-sum": 29 / 3,                    # (6 + 4 + 19) / 3
+    "token-mean": 29 / 7,  # (6 + 4 + 19) / 7
+    "seq-mean-token-sum": 29 / 3,  # (6 + 4 + 19) / 3
     "seq-mean-token-mean": (6 / 3 + 4 / 1 + 19 / 3) / 3,  # = 37/9 = 4.111...
-    "seq-mean-token-sum-norm": 29 / (3 * 4),         # norm_len 4
+    "seq-mean-token-sum-norm": 29 / (3 * 4),  # norm_len 4
 }
 
 
@@ -120,7 +145,7 @@ def test_aggregation_gradients_accumulate_to_full_batch_gradient():
     ntok = tokens_per_sequence(seq, mask)
     close(ntok, [2, 2, 2, 1, 2, 2, 2])
     kw = dict(global_tokens=5, global_seqs=3)
-    full_grad = torch.autograd.grad(aggregate("seq-mean-token-mean", w ** 2, mask, ntok, **kw), w)[0]
+    full_grad = torch.autograd.grad(aggregate("seq-mean-token-mean", w**2, mask, ntok, **kw), w)[0]
     acc = torch.zeros(7)
     for sl in (slice(0, 4), slice(4, 7)):
         acc[sl] += torch.autograd.grad(aggregate("seq-mean-token-mean", w[sl] ** 2, mask[sl], ntok[sl], **kw), w)[0][sl]
@@ -141,14 +166,16 @@ def test_aggregation_errors():
 
 # ---- KL, entropy, log-probs ---------------------------------------------------------------------------------
 
+
 def test_kl_estimators_by_hand():
-    # token 0: pi = .5, ref = .25: k1 = ln2 = .693147; k2 = .5 ln2^2 = .240227; d = ref-logp = -ln2 -> k3 = .5 + ln2 - 1 = .193147
+    # token 0: pi = .5, ref = .25: k1 = ln2 = .693147; k2 = .5 ln2^2 = .240227; d = ref-logp = -ln2 -> k3 = .5 + ln2
+    # - 1 = .193147
     # token 1: pi = .25, ref = .5: k1 = -ln2; k2 = .240227; d = ln2 -> k3 = 2 - ln2 - 1 = .306853
     # token 2: equal -> 0
     logp = torch.log(torch.tensor([0.5, 0.25, 0.3]))
     ref = torch.log(torch.tensor([0.25, 0.5, 0.3]))
     close(k1(logp, ref), [LN2, -LN2, 0.0])
-    close(k2(logp, ref), [0.5 * LN2 ** 2, 0.5 * LN2 ** 2, 0.0])
+    close(k2(logp, ref), [0.5 * LN2**2, 0.5 * LN2**2, 0.0])
     close(k3(logp, ref), [0.5 + LN2 - 1, 2 - LN2 - 1, 0.0])
     assert set(KL_ESTIMATORS) >= {"k1", "k3"}
 
@@ -180,6 +207,7 @@ def test_logprobs_from_logits():
 
 # ---- value loss -------------------------------------------------------------------------------------------
 
+
 def test_value_loss_clipping():
     # old = .5, clip .2 -> clipped value in [.3, .7]
     # t0: v=1, R=2: (1-2)^2 = 1; clipped v .7: (.7-2)^2 = 1.69 -> .5 * 1.69 = .845 (clipped branch wins)
@@ -195,6 +223,7 @@ def test_value_loss_clipping():
 
 
 # ---- truncated IS and mismatch metrics ---------------------------------------------------------------------
+
 
 def test_truncated_is_weights_cap():
     # ratios train/behaviour = [.5/.5, .9/.3, .3/.6] = [1, 3, .5] -> cap 2 -> [1, 2, .5]

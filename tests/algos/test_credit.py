@@ -1,9 +1,21 @@
 """Turn-level credit assignment against hand-computed numbers."""
+
 import pytest
 import torch
 
-from agentrl.algos import (CREDIT, apply_kl_in_reward, dr_grpo, gae, group_index, lookup, outcome_broadcast,
-                           turn_boundaries, turn_gae, turn_returns_group_baseline, turn_rewards_to_tokens)
+from agentrl.algos import (
+    CREDIT,
+    apply_kl_in_reward,
+    dr_grpo,
+    gae,
+    group_index,
+    lookup,
+    outcome_broadcast,
+    turn_boundaries,
+    turn_gae,
+    turn_returns_group_baseline,
+    turn_rewards_to_tokens,
+)
 from agentrl.trajectory import Trajectory, TurnRecord
 
 EPS = 1e-6
@@ -51,7 +63,7 @@ def test_turn_return_normalize_std():
     # turn 0 of group a: devs [-.25, 0, .25], unbiased var (.0625*2)/2 = .0625, std .25
     # turn 1: devs [.25, -.25], var (.0625*2)/1 = .125, std .353553
     out = turn_returns_group_baseline(TURN_R, TIDS, MASKS, GROUPS, gamma=0.5, normalize_std=True)
-    s0, s1 = 0.25 + EPS, 0.125 ** 0.5 + EPS
+    s0, s1 = 0.25 + EPS, 0.125**0.5 + EPS
     close(out[0], [0, 0, -0.25 / s0, -0.25 / s0, 0, 0.25 / s1])
     close(out[1], [0, 0, 0, -0.25 / s1, 0, 0])
     close(out[2], [0, 0.25 / s0, 0.25 / s0])
@@ -76,8 +88,9 @@ def test_turn_gae_by_hand():
     #   k1: delta = 0 + .9*.9 - .2 = .61               A1 = .61 + .72*.1 = .682
     #   k0: delta = -.1 + .9*.2 - .5 = -.42            A0 = -.42 + .72*.682 = .07104
     #   returns [.57104, .882, 1.0]
-    adv, ret = turn_gae([[0.0, 1.0], [-0.1, 0.0, 1.0]], TIDS[:2], MASKS[:2], [[0.4, 0.6], [0.5, 0.2, 0.9]],
-                        gamma=0.9, lam=0.8)
+    adv, ret = turn_gae(
+        [[0.0, 1.0], [-0.1, 0.0, 1.0]], TIDS[:2], MASKS[:2], [[0.4, 0.6], [0.5, 0.2, 0.9]], gamma=0.9, lam=0.8
+    )
     close(adv[0], [0, 0, 0.428, 0.428, 0, 0.4])
     close(adv[1], [0, 0.07104, 0, 0.682, 0, 0.1])
     close(ret[0], [0.828, 1.0])
@@ -131,15 +144,27 @@ def test_turn_rewards_to_tokens_and_kl_in_reward():
 
 def test_credit_from_a_real_trajectory():
     # prompt of 2, turn 0: 2 sampled + 2 observation, turn 1: 1 sampled; turn rewards [-.1, 1]
-    t = Trajectory(episode_id="e", group_id="g", env_id="x", prompt_len=2,
-                   token_ids=[1, 2, 3, 4, 5, 6, 7], loss_mask=[0, 0, 1, 1, 0, 0, 1],
-                   logprobs=[0, 0, -0.1, -0.2, 0, 0, -0.3], turn_ids=[-1, -1, 0, 0, 0, 0, 1],
-                   versions=[-1, -1, 3, 3, -1, -1, 3],
-                   turns=[TurnRecord(0, 2, 2, 2, "stop", reward=-0.1), TurnRecord(1, 6, 1, 0, "stop", reward=1.0)],
-                   reward=1.0)
+    t = Trajectory(
+        episode_id="e",
+        group_id="g",
+        env_id="x",
+        prompt_len=2,
+        token_ids=[1, 2, 3, 4, 5, 6, 7],
+        loss_mask=[0, 0, 1, 1, 0, 0, 1],
+        logprobs=[0, 0, -0.1, -0.2, 0, 0, -0.3],
+        turn_ids=[-1, -1, 0, 0, 0, 0, 1],
+        versions=[-1, -1, 3, 3, -1, -1, 3],
+        turns=[TurnRecord(0, 2, 2, 2, "stop", reward=-0.1), TurnRecord(1, 6, 1, 0, "stop", reward=1.0)],
+        reward=1.0,
+    )
     t.validate()
-    u = Trajectory(**{**t.__dict__, "episode_id": "f",
-                      "turns": [TurnRecord(0, 2, 2, 2, "stop", reward=0.0), TurnRecord(1, 6, 1, 0, "stop", reward=0.0)]})
+    u = Trajectory(
+        **{
+            **t.__dict__,
+            "episode_id": "f",
+            "turns": [TurnRecord(0, 2, 2, 2, "stop", reward=0.0), TurnRecord(1, 6, 1, 0, "stop", reward=0.0)],
+        }
+    )
     trajs = [t, u]
     args = ([x.turn_rewards for x in trajs], [x.turn_ids for x in trajs], [x.loss_mask for x in trajs])
     out = turn_returns_group_baseline(*args, [x.group_id for x in trajs])
@@ -151,9 +176,11 @@ def test_credit_from_a_real_trajectory():
 
 
 def test_mask_zero_tokens_never_get_credit():
-    for out in (turn_returns_group_baseline(TURN_R, TIDS, MASKS, GROUPS),
-                turn_gae(TURN_R, TIDS, MASKS, [[0.3] * len(r) for r in TURN_R])[0],
-                outcome_broadcast([1.0, 2.0, 3.0, 4.0], MASKS)):
+    for out in (
+        turn_returns_group_baseline(TURN_R, TIDS, MASKS, GROUPS),
+        turn_gae(TURN_R, TIDS, MASKS, [[0.3] * len(r) for r in TURN_R])[0],
+        outcome_broadcast([1.0, 2.0, 3.0, 4.0], MASKS),
+    ):
         for row, mask in zip(out, MASKS):
             assert all(a == 0.0 for a, m in zip(row, mask) if not m)
     with pytest.raises(ValueError, match="turn 2"):
@@ -174,9 +201,16 @@ def test_turn_gae_whiten_over_the_batch_sampled_tokens():
     # two sequences are whitened together (batch statistics), not each on its own:
     # s0 (gamma = lam = 1, V = [0, 0], r = [0, 1]) has A = 1 on its three sampled tokens; with s1's
     # [1, 2, 3] the six values have mean 1.5 and unbiased var (3 * .25 + .25 + .25 + 2.25) / 5 = .7
-    adv2, _ = turn_gae([[0.0, 1.0], [-0.1, 0.0, 1.0]], TIDS[:2], MASKS[:2], [[0.0, 0.0], [-0.1, -1.0, -2.0]],
-                       gamma=1.0, lam=1.0, whiten=True)
-    s = 0.7 ** -0.5
+    adv2, _ = turn_gae(
+        [[0.0, 1.0], [-0.1, 0.0, 1.0]],
+        TIDS[:2],
+        MASKS[:2],
+        [[0.0, 0.0], [-0.1, -1.0, -2.0]],
+        gamma=1.0,
+        lam=1.0,
+        whiten=True,
+    )
+    s = 0.7**-0.5
     close(adv2[0], [0, 0, -0.5 * s, -0.5 * s, 0, -0.5 * s])
     close(adv2[1], [0, -0.5 * s, 0, 0.5 * s, 0, 1.5 * s])
     # fewer than two sampled tokens: nothing to whiten against -> 0

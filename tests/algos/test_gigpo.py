@@ -1,5 +1,6 @@
 """GiGPO credit (algos.credit.gigpo): hand-computed advantages, the no-repeat reduction to the
 episode-level advantage, the samples dispatch, and the state_key field of the data contract."""
+
 import json
 import math
 
@@ -25,7 +26,7 @@ def per_turn(row, n_turns):
     """The advantage of each turn's sampled tokens, checking both tokens agree and mask-0 are 0."""
     out = []
     for k in range(n_turns):
-        a, b, obs = row[2 + 3 * k: 5 + 3 * k]
+        a, b, obs = row[2 + 3 * k : 5 + 3 * k]
         assert a == b and obs == 0.0
         out.append(a)
     assert row[:2] == [0.0, 0.0]
@@ -81,8 +82,12 @@ def test_anchor_groups_do_not_cross_task_groups_and_none_keys_are_singletons():
     keys = [["S", None], ["S", None], ["S", "T"], ["S", "T"]]
     got = run(rewards, keys, ["a", "a", "b", "b"], gamma=1.0, normalize_std=False)
     # per group: A^E = +-0.5; anchor S (per group) adds +-0.5 at turn 0; None keys add nothing; T adds +-0.5
-    assert got == [pytest.approx([1.0, 0.5]), pytest.approx([-1.0, -0.5]),
-                   pytest.approx([1.0, 1.0]), pytest.approx([-1.0, -1.0])]
+    assert got == [
+        pytest.approx([1.0, 0.5]),
+        pytest.approx([-1.0, -0.5]),
+        pytest.approx([1.0, 1.0]),
+        pytest.approx([-1.0, -1.0]),
+    ]
 
 
 def test_rejects_misaligned_inputs():
@@ -95,16 +100,33 @@ def test_rejects_misaligned_inputs():
 
 def _traj(i, group, rewards, keys):
     tids, mask = layout(len(rewards))
-    turns = [TurnRecord(index=k, start=2 + 3 * k, n_sampled=2, n_observation=1, finish_reason="stop", reward=r,
-                        state_key=key) for k, (r, key) in enumerate(zip(rewards, keys))]
-    return Trajectory(episode_id=f"e{i}", group_id=group, env_id="x", prompt_len=2, token_ids=list(range(len(tids))),
-                      loss_mask=mask, logprobs=[0.0] * len(tids), turn_ids=tids,
-                      versions=[0 if m else -1 for m in mask], turns=turns, reward=rewards[-1])
+    turns = [
+        TurnRecord(
+            index=k, start=2 + 3 * k, n_sampled=2, n_observation=1, finish_reason="stop", reward=r, state_key=key
+        )
+        for k, (r, key) in enumerate(zip(rewards, keys))
+    ]
+    return Trajectory(
+        episode_id=f"e{i}",
+        group_id=group,
+        env_id="x",
+        prompt_len=2,
+        token_ids=list(range(len(tids))),
+        loss_mask=mask,
+        logprobs=[0.0] * len(tids),
+        turn_ids=tids,
+        versions=[0 if m else -1 for m in mask],
+        turns=turns,
+        reward=rewards[-1],
+    )
 
 
 def test_samples_dispatch_reads_turn_state_keys():
-    trajs = [_traj(0, "g", [0, 0, 1], ["S0", "S1", "X"]), _traj(1, "g", [0, 0], ["S0", "S1"]),
-             _traj(2, "g", [0, 0, 0, 1], ["S0", "Y", "S1", "Z"])]
+    trajs = [
+        _traj(0, "g", [0, 0, 1], ["S0", "S1", "X"]),
+        _traj(1, "g", [0, 0], ["S0", "S1"]),
+        _traj(2, "g", [0, 0, 0, 1], ["S0", "Y", "S1", "Z"]),
+    ]
     stats = {}
     adv, returns, vmask = token_advantages(trajs, "dr_grpo", "gigpo", gamma=0.5, omega=1.0, credit_stats=stats)
     assert returns is None and vmask is None

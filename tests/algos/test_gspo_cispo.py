@@ -1,4 +1,5 @@
 """GSPO (token form) and CISPO against hand-computed values and gradients."""
+
 import math
 
 import pytest
@@ -12,8 +13,9 @@ SQRT2 = math.sqrt(2)
 
 
 def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0
+    )
 
 
 # ---- GSPO ----------------------------------------------------------------------------------------------
@@ -29,8 +31,14 @@ ADV = [1.0, 1.0, -1.0, -1.0, -1.0, -1.0]
 
 def _gspo(**kw):
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
-    loss, m = gspo(logp, torch.zeros(6, dtype=torch.float64), torch.tensor(ADV, dtype=torch.float64),
-                   seq_index=SEQ, mask=MASK, **kw)
+    loss, m = gspo(
+        logp,
+        torch.zeros(6, dtype=torch.float64),
+        torch.tensor(ADV, dtype=torch.float64),
+        seq_index=SEQ,
+        mask=MASK,
+        **kw,
+    )
     loss.sum().backward()
     return loss, m, logp.grad
 
@@ -63,8 +71,14 @@ def test_gspo_negative_advantage_clips_below():
     # one sequence, logp [-ln2, 0]: s = 2^-1/2 ~ .70711; A = -1, clip .2 -> clip(s) = .8
     # l = max(.70711, .8) = .8 (clipped below, no gradient)
     logp = torch.tensor([-LN2, 0.0], dtype=torch.float64, requires_grad=True)
-    loss, m = gspo(logp, torch.zeros(2, dtype=torch.float64), -torch.ones(2, dtype=torch.float64),
-                   seq_index=torch.tensor([3, 3]), clip_low=0.2, clip_high=0.2)
+    loss, m = gspo(
+        logp,
+        torch.zeros(2, dtype=torch.float64),
+        -torch.ones(2, dtype=torch.float64),
+        seq_index=torch.tensor([3, 3]),
+        clip_low=0.2,
+        clip_high=0.2,
+    )
     loss.sum().backward()
     close(loss, [0.8, 0.8])
     close(logp.grad, [0, 0])
@@ -96,8 +110,14 @@ def test_gspo_token_with_seq_mean_token_mean_matches_sequence_gspo_gradient():
     lp_tok = base.clone().requires_grad_()
     loss_tok, m = gspo(lp_tok, old, adv, seq_index=seq, clip_low=clip, clip_high=clip)
     ones = torch.ones(start)
-    total = aggregate("seq-mean-token-mean", loss_tok, ones, tokens_per_sequence(seq, ones),
-                      global_tokens=float(start), global_seqs=float(len(lengths)))
+    total = aggregate(
+        "seq-mean-token-mean",
+        loss_tok,
+        ones,
+        tokens_per_sequence(seq, ones),
+        global_tokens=float(start),
+        global_seqs=float(len(lengths)),
+    )
     total.backward()
     lp_seq = base.clone().requires_grad_()
     ref = _sequence_level_gspo(lp_seq, old, adv_seq, bounds, clip, clip)
@@ -111,8 +131,12 @@ def test_gspo_token_with_seq_mean_token_mean_matches_sequence_gspo_gradient():
 def test_gspo_padding_ids_and_missing_seq_index():
     # seq_index -1 (padding) joins no sequence: seq 0's ratio is exp(mean(ln2, 0)) regardless of token 2
     logp = torch.tensor([LN2, 0.0, 9.0], dtype=torch.float64)
-    _, m = gspo(logp, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64),
-                seq_index=torch.tensor([0, 0, -1]))
+    _, m = gspo(
+        logp,
+        torch.zeros(3, dtype=torch.float64),
+        torch.ones(3, dtype=torch.float64),
+        seq_index=torch.tensor([0, 0, -1]),
+    )
     close(m["ratio"][:2], [SQRT2, SQRT2])
     with pytest.raises(ValueError, match="seq_index"):
         gspo(logp, torch.zeros(3), torch.ones(3))

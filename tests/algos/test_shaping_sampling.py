@@ -1,4 +1,5 @@
 """DAPO's pure pieces: the soft overlong penalty and the dynamic-sampling group filter."""
+
 import pytest
 import torch
 
@@ -7,8 +8,9 @@ from agentrl.errors import ConfigError
 
 
 def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0
+    )
 
 
 def test_overlong_penalty_soft_zone_by_hand():
@@ -26,12 +28,15 @@ def test_overlong_penalty_hard_and_full_zone():
     close(overlong_penalty([0, 5, 10], 10, 10), [0, -0.5, -1])
 
 
-@pytest.mark.parametrize("args, kw, err, match", [
-    ((10, 11), {}, ConfigError, "cache_len"),
-    ((10, -1), {}, ConfigError, "cache_len"),
-    ((0, 0), {}, ConfigError, "max_new_tokens"),
-    ((10, 4), {"factor": -1.0}, ConfigError, "factor"),
-])
+@pytest.mark.parametrize(
+    "args, kw, err, match",
+    [
+        ((10, 11), {}, ConfigError, "cache_len"),
+        ((10, -1), {}, ConfigError, "cache_len"),
+        ((0, 0), {}, ConfigError, "max_new_tokens"),
+        ((10, 4), {"factor": -1.0}, ConfigError, "factor"),
+    ],
+)
 def test_overlong_penalty_rejects_bad_settings(args, kw, err, match):
     with pytest.raises(err, match=match):
         overlong_penalty([1], *args, **kw)

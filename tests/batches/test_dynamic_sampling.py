@@ -1,6 +1,7 @@
 """DAPO dynamic sampling in the staleness queue: exactly the equal-reward groups are filtered (their
 slots freed, their positions reported with the next batch), the draw bound hands out a short batch,
 the staleness bound still holds, and a snapshot keeps the stream exactly once."""
+
 import asyncio
 import random
 
@@ -12,9 +13,19 @@ from agentrl.trajectory import Trajectory, TurnRecord
 
 
 def _traj(reward, version=0, n=3):
-    return Trajectory("e", "g", "x", prompt_len=0, token_ids=[1] * n, loss_mask=[1] * n, logprobs=[0.0] * n,
-                      turn_ids=[0] * n, versions=[version] * n,
-                      turns=[TurnRecord(0, 0, n, 0, "stop", reward=reward)], reward=reward)
+    return Trajectory(
+        "e",
+        "g",
+        "x",
+        prompt_len=0,
+        token_ids=[1] * n,
+        loss_mask=[1] * n,
+        logprobs=[0.0] * n,
+        turn_ids=[0] * n,
+        versions=[version] * n,
+        turns=[TurnRecord(0, 0, n, 0, "stop", reward=reward)],
+        reward=reward,
+    )
 
 
 def _group(rewards, version=0):
@@ -32,6 +43,7 @@ def test_filters_exactly_the_equal_reward_groups():
         assert positions == [1, 3, 5] and q.handed_filtered == [0, 2, 4]
         assert [[t.reward for t in g] for g in batch] == [[0, 1], [0.5, 0.25], [1, 0]]
         assert q.metrics()["filtered_groups"] == 3 and q.metrics()["short_batches"] == 0
+
     asyncio.run(main())
 
 
@@ -43,13 +55,18 @@ def test_draw_bound_hands_out_a_short_batch():
         batch, positions = await q.get_batch_with_positions()
         assert positions == [1] and q.handed_filtered == [0, 2, 3] and q.short_batches == 1
         assert q.short_slots == 1  # the step trains: the version moves by one with one slot unfilled
-        assert dynamic_sampling_metrics(len(batch), 3, 2) == {"filtered_groups": 3, "drawn_groups": 4,
-                                                               "filtered_frac": 0.75, "short_step": 1}
+        assert dynamic_sampling_metrics(len(batch), 3, 2) == {
+            "filtered_groups": 3,
+            "drawn_groups": 4,
+            "filtered_frac": 0.75,
+            "short_step": 1,
+        }
         await q.set_version(1)
         for p in range(4, 8):  # nothing with signal: an empty batch, no step, no slot charged
             await q.put(await q.admit(), _group([0, 0]), p)
         batch, positions = await q.get_batch_with_positions()
         assert batch == [] and q.handed_filtered == [4, 5, 6, 7] and q.short_slots == 1 and q.untrained_groups == 0
+
     asyncio.run(main())
 
 
@@ -63,6 +80,7 @@ def test_no_bound_waits_for_a_full_batch():
         assert not get.done()
         await q.put(await q.admit(), _group([0, 3]), 20)
         assert (await get)[1] == [20] and len(q.handed_filtered) == 20
+
     asyncio.run(main())
 
 
@@ -134,4 +152,5 @@ def test_snapshot_keeps_pending_filtered_positions_out_of_the_counters():
         # after a resume position 3 is requeued by the run and admitted again: outstanding = the ready group
         done = r.dropped_groups + r.untrained_groups + r.filtered_groups - r.short_slots
         assert r.admitted - done == r.version * 2 + 1
+
     asyncio.run(main())

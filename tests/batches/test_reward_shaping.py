@@ -1,5 +1,6 @@
 """Rewards before credit: KL in the reward (hand-checked), DAPO's overlong term per turn, the
 adaptive KL controller, and build_samples carrying them into the advantages."""
+
 import math
 
 import pytest
@@ -18,9 +19,20 @@ def two_turns(rewards=(0.0, 1.0), logprobs=None, group="g", lens=(2, 1), outcome
     tids = [-1, -1] + [0] * a + [-1] + [1] * b
     n = len(mask)
     turns = [TurnRecord(0, 2, a, 1, "stop", reward=rewards[0]), TurnRecord(1, 3 + a, b, 0, "stop", reward=rewards[1])]
-    return Trajectory("e", group, "x", prompt_len=2, token_ids=list(range(n)), loss_mask=mask,
-                      logprobs=logprobs or [0.0] * n, turn_ids=tids, versions=[0 if m else -1 for m in mask],
-                      turns=turns, reward=rewards[-1], outcome=outcome)
+    return Trajectory(
+        "e",
+        group,
+        "x",
+        prompt_len=2,
+        token_ids=list(range(n)),
+        loss_mask=mask,
+        logprobs=logprobs or [0.0] * n,
+        turn_ids=tids,
+        versions=[0 if m else -1 for m in mask],
+        turns=turns,
+        reward=rewards[-1],
+        outcome=outcome,
+    )
 
 
 def test_kl_in_reward_by_hand():
@@ -59,8 +71,9 @@ def test_build_samples_puts_kl_before_credit():
     lp = [0.0, 0.0, -1.0, -1.0, 0.0, -1.0]
     a, b = two_turns(logprobs=lp), two_turns(logprobs=lp)
     refs = [lp, [0.0, 0.0, -3.0, -1.0, 0.0, -1.0]]  # b: k1 sum 2.0
-    samples, stats = build_samples([[a, b]], ALGOS["reinforce_pp"], shaping=RewardShaping(kl_coef=0.5),
-                                   ref_fn=lambda trajs: refs)
+    samples, stats = build_samples(
+        [[a, b]], ALGOS["reinforce_pp"], shaping=RewardShaping(kl_coef=0.5), ref_fn=lambda trajs: refs
+    )
     adv_a, adv_b = samples[0].advantages[2], samples[1].advantages[2]
     assert adv_a > 0 > adv_b and adv_a == pytest.approx(-adv_b)
     assert stats["kl_in_reward/kl_mean"] == pytest.approx(1.0)

@@ -1,4 +1,5 @@
 """Bounded-staleness queue: admission control and the hard per-sample bound."""
+
 import asyncio
 import random
 
@@ -10,8 +11,17 @@ from agentrl.trajectory import Trajectory
 
 def _traj(versions):
     n = len(versions)
-    return Trajectory("e", "g", "x", prompt_len=0, token_ids=[1] * n, loss_mask=[1] * n, logprobs=[0.0] * n,
-                      turn_ids=[0] * n, versions=list(versions))
+    return Trajectory(
+        "e",
+        "g",
+        "x",
+        prompt_len=0,
+        token_ids=[1] * n,
+        loss_mask=[1] * n,
+        logprobs=[0.0] * n,
+        turn_ids=[0] * n,
+        versions=list(versions),
+    )
 
 
 def test_oldest_version_ignores_mask0():

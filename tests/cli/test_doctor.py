@@ -1,5 +1,6 @@
 """`agentrl doctor`: every check reports (and one that breaks becomes a row), JSON and table output,
 the token never printed, stand-ins for a Hub, an SGLang server and a Ray head; the smoke run (slow)."""
+
 import json
 import socket
 import threading
@@ -164,8 +165,10 @@ def test_launcher_row(monkeypatch):
 @pytest.mark.slow
 def test_doctor_smoke_runs_two_steps(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    res = runner.invoke(app, ["doctor", "--json", "--smoke", "--set", f"model.path={tiny_model_dir}",
-                              "--set", "rollout.max_context=512"])
+    res = runner.invoke(
+        app,
+        ["doctor", "--json", "--smoke", "--set", f"model.path={tiny_model_dir}", "--set", "rollout.max_context=512"],
+    )
     rows = json.loads(res.output)
     assert rows[-1]["name"] == "smoke run" and rows[-1]["status"] == "ok", rows[-1]
     assert res.exit_code == 0

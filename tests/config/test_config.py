@@ -15,16 +15,19 @@ def test_defaults_and_overrides(tmp_path):
     assert isinstance(cfg, RunConfig)
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("rollout.grup_size=2", "unknown key(s) ['grup_size']"),
-    ("bogus=1", "config: unknown key(s) ['bogus']"),
-    ("rollout.group_size=abc", "rollout.group_size: expected int, got 'abc'"),
-    ("rollout.group_size=0", "rollout.group_size: 0 is below the minimum 1"),
-    ("rollout.top_p=2", "rollout.top_p: 2.0 is above the maximum 1.0"),
-    ("model.dtype=int4", "model.dtype: 'int4' is not one of"),
-    ("rollout=5", "rollout: expected a mapping"),
-    ("novalue", "expected KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("rollout.grup_size=2", "unknown key(s) ['grup_size']"),
+        ("bogus=1", "config: unknown key(s) ['bogus']"),
+        ("rollout.group_size=abc", "rollout.group_size: expected int, got 'abc'"),
+        ("rollout.group_size=0", "rollout.group_size: 0 is below the minimum 1"),
+        ("rollout.top_p=2", "rollout.top_p: 2.0 is above the maximum 1.0"),
+        ("model.dtype=int4", "model.dtype: 'int4' is not one of"),
+        ("rollout=5", "rollout: expected a mapping"),
+        ("novalue", "expected KEY=VALUE"),
+    ],
+)
 def test_bad_values_are_named(override, needle):
     with pytest.raises(ConfigError) as e:
         load_config([], [override])

@@ -1,5 +1,6 @@
 """How config layers combine: mappings merge key by key at every depth (env.kwargs included), an
 empty mapping clears, a layer that changes env.id starts env.kwargs afresh."""
+
 import pytest
 
 from agentrl.common.typed_tree import deep_merge
@@ -31,12 +32,15 @@ def test_an_empty_mapping_clears_what_lower_layers_set(tmp_path):
     assert load_config([], ["eval.env_kwargs={}"]).eval.env_kwargs == {}  # drops the default split=eval
 
 
-@pytest.mark.parametrize("sets, kwargs", [
-    (["env.kwargs.difficulty=2", "env.id=concise"], {}),  # kwargs of code_exec do not follow to concise
-    (["env.kwargs.difficulty=2", "env.id=code_exec"], {"difficulty": 2}),  # the same env keeps them
-    (["env.id=concise", "env.kwargs.max_words=5", "env.id=code_exec"], {}),
-    (["env.kwargs.difficulty=2", "env={id: concise, kwargs: {max_words: 5}}"], {"max_words": 5}),
-])
+@pytest.mark.parametrize(
+    "sets, kwargs",
+    [
+        (["env.kwargs.difficulty=2", "env.id=concise"], {}),  # kwargs of code_exec do not follow to concise
+        (["env.kwargs.difficulty=2", "env.id=code_exec"], {"difficulty": 2}),  # the same env keeps them
+        (["env.id=concise", "env.kwargs.max_words=5", "env.id=code_exec"], {}),
+        (["env.kwargs.difficulty=2", "env={id: concise, kwargs: {max_words: 5}}"], {"max_words": 5}),
+    ],
+)
 def test_changing_env_id_starts_its_kwargs_afresh(sets, kwargs):
     assert load_config([], sets).env.kwargs == kwargs
 

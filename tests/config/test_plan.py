@@ -2,6 +2,7 @@
 `agentrl run` / `agentrl rollout` write for the same overrides, and a config one rejects the other
 rejects with the same message. Driven through the real CLI (typer's CliRunner); the jobs are stopped
 right after they wrote their resolved config (where the model would be loaded)."""
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -34,8 +35,10 @@ RUN_REJECTED = [
     (["rollout.group_size=0"], "rollout.group_size: 0 is below the minimum 1"),
 ]
 ROLLOUT_OK = [[], ["rollout.temperature=0.7"], ["engine.kind=sglang", f"engine.urls={URL}"]]
-ROLLOUT_REJECTED = [([f"engine.urls={URL}"], "needs engine.kind=sglang"),
-                    (["engine.kind=sglang", 'engine.urls=["localhost:30000"]'], "is not an http(s)://host:port URL")]
+ROLLOUT_REJECTED = [
+    ([f"engine.urls={URL}"], "needs engine.kind=sglang"),
+    (["engine.kind=sglang", 'engine.urls=["localhost:30000"]'], "is not an http(s)://host:port URL"),
+]
 
 
 class Stop(AgentRLError):
@@ -91,8 +94,9 @@ def test_config_prints_exactly_what_the_job_writes(job, sets, tmp_path, monkeypa
     assert to_dict(direct.cfg) == printed  # the code path the CLI takes, called directly
 
 
-@pytest.mark.parametrize("job, sets, needle", [("run", s, n) for s, n in RUN_REJECTED] +
-                         [("rollout", s, n) for s, n in ROLLOUT_REJECTED])
+@pytest.mark.parametrize(
+    "job, sets, needle", [("run", s, n) for s, n in RUN_REJECTED] + [("rollout", s, n) for s, n in ROLLOUT_REJECTED]
+)
 def test_a_rejection_is_the_same_message_in_config_and_in_the_job(job, sets, needle, tmp_path, monkeypatch):
     out = tmp_path / "out"
     message = _message(job, sets, out)

@@ -4,6 +4,7 @@ the nodes by ``ray.pg_strategy`` (asserted from the node ids the actors report),
 weight sync staging one copy per node, and a node removed in the middle of an ``agentrl run`` that
 the run notices, restarts from its checkpoint and finishes exactly once. Without Ray these skip,
 saying why; the units at the top need no Ray."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +42,11 @@ def test_node_loss_is_recognised_through_causes_and_nothing_else_is():
     group.exceptions = (ValueError("a"), NodeLostError("b"))  # an ExceptionGroup's members are searched
     assert is_node_loss(group)
     local = type("ActorDiedError", (Exception,), {})  # same name, not Ray's: not a loss
-    assert not is_node_loss(local("x")) and not is_node_loss(EngineError("HTTP 500")) and not is_node_loss(
-        TimeoutError("slow"))
+    assert (
+        not is_node_loss(local("x"))
+        and not is_node_loss(EngineError("HTTP 500"))
+        and not is_node_loss(TimeoutError("slow"))
+    )
 
 
 def test_lost_nodes_names_dead_and_unknown_nodes_with_their_actors():
@@ -182,8 +186,9 @@ class TestSimulatedCluster:
         from agentrl.episodes.manager import make_specs
 
         ray, c, workers = three_nodes
-        rc = RayConfig(trainer_ranks=2, num_engines=2, workers_per_engine=1, placement="split",
-                       pg_strategy="STRICT_SPREAD")
+        rc = RayConfig(
+            trainer_ranks=2, num_engines=2, workers_per_engine=1, placement="split", pg_strategy="STRICT_SPREAD"
+        )
         t0 = time.perf_counter()
         cfg = resolve(load_config([], RUN_ARGS), "run").cfg  # auto device/dtype resolved, as a run does
         backend = RayBackend.start(cfg, tiny_model_dir, rc=rc)
@@ -206,15 +211,17 @@ class TestSimulatedCluster:
         finally:
             backend.close()
 
-    def test_object_store_sync_writes_one_copy_per_node_and_loads_that_path(self, three_nodes, tiny_model_dir,
-                                                                               tmp_path):
+    def test_object_store_sync_writes_one_copy_per_node_and_loads_that_path(
+        self, three_nodes, tiny_model_dir, tmp_path
+    ):
         from agentrl.distributed.backend import ship_by_value
 
         ray, c, workers = three_nodes
         ship_by_value(Stager)  # this test module is not importable on the workers
         cls = ray.remote(Stager)
-        actors = [cls.options(num_cpus=0.1, resources={f"node_{x}": 0.1}).remote(str(tiny_model_dir))
-                  for x in ("a", "a", "b")]  # two servers on node a, one on node b
+        actors = [
+            cls.options(num_cpus=0.1, resources={f"node_{x}": 0.1}).remote(str(tiny_model_dir)) for x in ("a", "a", "b")
+        ]  # two servers on node a, one on node b
         try:
             stagers = [StagerHandle(a) for a in actors]
             assert len({s.node for s in stagers}) == 2
@@ -223,8 +230,11 @@ class TestSimulatedCluster:
             stats = asyncio.run(sync.push(_state(), 5))
             assert stats.path == "object_store" and stats.phases["nodes"] == 2.0  # node a wrote once
             path = str(tmp_path / "w" / "v00000005")
-            assert ("post", "/update_weights_from_disk", {"model_path": path, "weight_version": "5",
-                                                          "flush_cache": True}) in eng.calls
+            assert (
+                "post",
+                "/update_weights_from_disk",
+                {"model_path": path, "weight_version": "5", "flush_cache": True},
+            ) in eng.calls
             assert eng.policy_version == 5 and eng.weights_path == path
             assert [c[0] for c in eng.calls][:1] == ["pause"]  # staged before the pause, loaded inside it
             from safetensors.torch import load_file
@@ -237,7 +247,6 @@ class TestSimulatedCluster:
             for a in actors:
                 ray.kill(a)
 
-
     def test_the_heartbeat_names_a_dead_actor_and_ignores_a_busy_one(self, three_nodes):
         from agentrl.distributed.backend import ship_by_value
         from agentrl.distributed.recovery import watch
@@ -249,6 +258,7 @@ class TestSimulatedCluster:
         where = {n: ray.get(a.placement.remote())["node"] for n, a in actors.items()}
         actors["busy"].sleep.remote(30)  # a sync actor inside a long call: its pings time out, it is alive
         try:
+
             async def go():
                 task = asyncio.create_task(watch(actors, where, interval_s=0.3, probe_timeout_s=0.5))
                 await asyncio.sleep(2.0)
@@ -295,13 +305,31 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     ray, c, workers = _cluster()
     out = tmp_path / "run"
     steps = 6
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={tiny_model_dir}", *RUN_ARGS, "train.groups_per_step=2",
-        f"train.steps={steps}", "train.max_staleness=1", "train.checkpoint_every=1", "eval.num_tasks=0",
-        "eval.env_kwargs={}", "trainer.lr=2e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false",
-        "distributed=ray",
-        f"ray.address={c.address}", "ray.placement=split", "ray.pg_strategy=SPREAD", "ray.workers_per_engine=2",
-        "ray.restart_on_node_loss=2", "ray.heartbeat_s=1.0", "ray.startup_timeout_s=240"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={tiny_model_dir}",
+            *RUN_ARGS,
+            "train.groups_per_step=2",
+            f"train.steps={steps}",
+            "train.max_staleness=1",
+            "train.checkpoint_every=1",
+            "eval.num_tasks=0",
+            "eval.env_kwargs={}",
+            "trainer.lr=2e-2",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+            "distributed=ray",
+            f"ray.address={c.address}",
+            "ray.placement=split",
+            "ray.pg_strategy=SPREAD",
+            "ray.workers_per_engine=2",
+            "ray.restart_on_node_loss=2",
+            "ray.heartbeat_s=1.0",
+            "ray.startup_timeout_s=240",
+        ],
+    )
     runner = Runner(cfg, progress=False)
     removed: dict = {}
 
@@ -311,8 +339,12 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
             rows = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
             if any(json.loads(r).get("step", 0) >= 2 for r in rows) and runner.backend is not None:
                 node_id = runner.backend.nodes[victim]
-                removed.update(node=node_id, at=time.time(), step=max(json.loads(r)["step"] for r in rows),
-                               actors=sorted(n for n, v in runner.backend.nodes.items() if v == node_id))
+                removed.update(
+                    node=node_id,
+                    at=time.time(),
+                    step=max(json.loads(r)["step"] for r in rows),
+                    actors=sorted(n for n, v in runner.backend.nodes.items() if v == node_id),
+                )
                 c.remove_node(_node_of(workers, node_id))
                 return
             time.sleep(0.2)
@@ -332,9 +364,11 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     assert summary["steps"] == steps and len(summary["recoveries"]) == 1, summary.get("recoveries")
     rec = summary["recoveries"][0]
     detect_s, recover_s = rec["noticed_at"] - removed["at"], rec["recovered_at"] - removed["at"]
-    print(f"\nnode {removed['node'][:12]} removed after step {removed['step']} with {removed['actors']}; "
-          f"noticed after {detect_s:.1f}s ({rec['error'][:120]}); resumed at step {rec['resumed_step']}; "
-          f"first step after the restart done {recover_s:.1f}s after the removal; run wall {wall:.1f}s")
+    print(
+        f"\nnode {removed['node'][:12]} removed after step {removed['step']} with {removed['actors']}; "
+        f"noticed after {detect_s:.1f}s ({rec['error'][:120]}); resumed at step {rec['resumed_step']}; "
+        f"first step after the restart done {recover_s:.1f}s after the removal; run wall {wall:.1f}s"
+    )
     assert 0 <= detect_s < 30 and rec["resumed_step"] >= 1
     chk = ledger_check(out)
     assert chk["steps"] == list(range(1, steps + 1)), chk
@@ -361,15 +395,29 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
     before = _ray_pids()
     ray, c, workers = _cluster(worker_cpus=(3, 3))
     try:
-        cfg = resolve(load_config([], [*RUN_ARGS, "engine.kind=sglang", "engine.max_total_tokens=4096",
-                                       "engine.weight_sync=object_store", f"ray.address={c.address}"]), "run").cfg
-        rc = RayConfig(address=c.address, num_engines=2, workers_per_engine=1, placement="split",
-                       pg_strategy="STRICT_SPREAD")
+        cfg = resolve(
+            load_config(
+                [],
+                [
+                    *RUN_ARGS,
+                    "engine.kind=sglang",
+                    "engine.max_total_tokens=4096",
+                    "engine.weight_sync=object_store",
+                    f"ray.address={c.address}",
+                ],
+            ),
+            "run",
+        ).cfg
+        rc = RayConfig(
+            address=c.address, num_engines=2, workers_per_engine=1, placement="split", pg_strategy="STRICT_SPREAD"
+        )
         backend = RayBackend.start(cfg, sglang_model_dir, rc=rc)
         try:
             assert backend.nodes["engine-0"] != backend.nodes["engine-1"]
-            assert {s.node for s in backend.engine.weight_stagers} == {backend.nodes["engine-0"],
-                                                                         backend.nodes["engine-1"]}
+            assert {s.node for s in backend.engine.weight_stagers} == {
+                backend.nodes["engine-0"],
+                backend.nodes["engine-1"],
+            }
 
             async def go():
                 await backend.engine.start()
@@ -377,8 +425,10 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
                 try:
                     sd = {k: v + 0.0 for k, v in (await asyncio.to_thread(backend.trainer.full_state_dict)).items()}
                     stats = await sync.push(sd, 3)
-                    gens = [await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4), session=s)
-                            for s in ("a", "b", "c", "d")]
+                    gens = [
+                        await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4), session=s)
+                        for s in ("a", "b", "c", "d")
+                    ]
                 finally:
                     await sync.close()
                     await backend.engine.close()

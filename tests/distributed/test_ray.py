@@ -1,6 +1,7 @@
 """``distributed: ray`` on a real local Ray instance: placement, actors, 2 Ray trainer ranks vs 1
 process, and a shortened ``agentrl run`` end to end. Tests that need Ray skip, saying why, only
 where Ray cannot be imported or started; every Ray connection is shut down by its test/fixture."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import agentrl
 from agentrl.config.schema import load_config
@@ -34,6 +34,7 @@ class CountEnv(AgentEnv):
 
 agentrl.register("test/RayCount-v0", entry_point=CountEnv, override=True)
 
+
 def _cfg(*sets: str):
     """The run config of these tests, resolved by the plan as a run resolves it (auto device/dtype)."""
     from agentrl.config.plan import resolve
@@ -41,14 +42,30 @@ def _cfg(*sets: str):
     return resolve(load_config([], [*RUN_ARGS, *sets]), "run").cfg
 
 
-RUN_ARGS = ["env.id=test/RayCount-v0", "env.kwargs={}", "rollout.max_new_tokens=6", "rollout.max_turns=1",
-            "rollout.score_truncated=true", "rollout.group_size=4", "rollout.temperature=1.0"]
+RUN_ARGS = [
+    "env.id=test/RayCount-v0",
+    "env.kwargs={}",
+    "rollout.max_new_tokens=6",
+    "rollout.max_turns=1",
+    "rollout.score_truncated=true",
+    "rollout.group_size=4",
+    "rollout.temperature=1.0",
+]
 
 
 # -- without Ray -----------------------------------------------------------------------------------
 def test_plan_colocate_shares_bundles():
-    lay = plan(RayConfig(trainer_ranks=2, num_engines=1, workers_per_engine=2, trainer_cpus=1, engine_cpus=0.5,
-                         worker_cpus=0.25, placement="colocate"))
+    lay = plan(
+        RayConfig(
+            trainer_ranks=2,
+            num_engines=1,
+            workers_per_engine=2,
+            trainer_cpus=1,
+            engine_cpus=0.5,
+            worker_cpus=0.25,
+            placement="colocate",
+        )
+    )
     assert lay.bundles == [[{"CPU": 2.0}, {"CPU": 1.0}]]  # rank 0 + engine 0 + 2 workers; rank 1 alone
     assert [(s.group, s.bundle) for s in lay.trainer] == [(0, 0), (0, 1)]
     assert [(s.group, s.bundle) for s in lay.engines] == [(0, 0)]
@@ -56,8 +73,11 @@ def test_plan_colocate_shares_bundles():
 
 
 def test_plan_split_separates_trainer_and_rollout_with_gpus():
-    lay = plan(RayConfig(trainer_ranks=2, num_engines=3, workers_per_engine=1, trainer_gpus=1, engine_gpus=1,
-                         placement="split"))
+    lay = plan(
+        RayConfig(
+            trainer_ranks=2, num_engines=3, workers_per_engine=1, trainer_gpus=1, engine_gpus=1, placement="split"
+        )
+    )
     assert lay.bundles[0] == [{"CPU": 0.5, "GPU": 1.0}] * 2
     assert lay.bundles[1] == [{"CPU": 0.75, "GPU": 1.0}] * 3
     assert {s.group for s in lay.trainer} == {0} and {s.group for s in lay.engines + lay.workers} == {1}
@@ -67,7 +87,9 @@ def test_plan_split_separates_trainer_and_rollout_with_gpus():
 def test_ray_mode_rejects_what_it_cannot_run():
     from agentrl.distributed.backend import check
 
-    with pytest.raises(ConfigError, match="engine.num_servers: 2"):  # engine.kind=sglang: tests/distributed/test_ray_sglang.py
+    with pytest.raises(
+        ConfigError, match="engine.num_servers: 2"
+    ):  # engine.kind=sglang: tests/distributed/test_ray_sglang.py
         check(load_config([], ["engine.kind=sglang", "engine.num_servers=2"]), RayConfig())
     with pytest.raises(ConfigError, match="ray.address"):
         check(load_config([], []), RayConfig(address=" "))
@@ -147,8 +169,8 @@ class TestOnLocalRay:
 
             first, second = asyncio.run(go())
             assert len(first) == 12 and all(t.trainable for t in first), [t.outcome_detail for t in first]
-            assert all(t.num_sampled > 0 and set(t.versions[t.prompt_len:]) == {0} for t in first)
-            assert all(set(t.versions[t.prompt_len:]) == {7} for t in second)  # the pushed version served
+            assert all(t.num_sampled > 0 and set(t.versions[t.prompt_len :]) == {0} for t in first)
+            assert all(set(t.versions[t.prompt_len :]) == {7} for t in second)  # the pushed version served
             assert backend.episodes.metrics.episodes == 16
 
             # A dead worker or engine ends its episodes as typed infra failures; the batch completes.
@@ -168,11 +190,11 @@ class TestOnLocalRay:
     @pytest.mark.slow
     def test_two_ray_ranks_match_one_process(self, ray_session, tmp_path):
         """The non-Ray version of this check is tests/trainer/test_trainer_dist.py (torchrun)."""
-        from test_trainer_dist import STEPS, batch, config, run
+        from test_trainer_dist import STEPS, config, run
 
         from agentrl.distributed import RayBackend
-        from agentrl.warmstart.tiny_model import build_model
         from agentrl.trainer import Trainer
+        from agentrl.warmstart.tiny_model import build_model
 
         ray = ray_session
         model_dir = str(build_model(tmp_path / "model", hidden_size=64, num_layers=2))
@@ -226,7 +248,8 @@ class TestOnLocalRay:
         with pytest.raises(ConfigError, match=r"bundles \[\[\{'CPU': 64.75\}\]\] \(colocate\) could not be placed"):
             RayBackend.start(_cfg(), tiny_model_dir, rc=rc)
         assert not ray_session.util.placement_group_table() or all(
-            g["state"] == "REMOVED" for g in ray_session.util.placement_group_table().values())
+            g["state"] == "REMOVED" for g in ray_session.util.placement_group_table().values()
+        )
 
 
 @pytest.mark.ray
@@ -248,9 +271,21 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
     before = _ray_pids()
     port = free_port()
     log = open(tmp_path / "head.log", "w")
-    head = subprocess.Popen([cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                             "--disable-usage-stats", "--block"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    head = subprocess.Popen(
+        [
+            cli,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--block",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
         monkeypatch.chdir(tmp_path)  # the workers cannot import this test's module from the cwd either
@@ -292,11 +327,28 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
 
 
 def _run_cfg(model_dir, out, mode: str, steps: int = 3):
-    return load_config([], [
-        f"output_dir={out}", f"model.path={model_dir}", *RUN_ARGS, "train.groups_per_step=2", f"train.steps={steps}",
-        "train.max_staleness=0", "train.checkpoint_every=2", "eval.num_tasks=4", "eval.every=0", "eval.env_kwargs={}",
-        "trainer.lr=2e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false", f"distributed={mode}",
-        "ray.num_cpus=2", "ray.placement=split", "ray.workers_per_engine=2"])
+    return load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={model_dir}",
+            *RUN_ARGS,
+            "train.groups_per_step=2",
+            f"train.steps={steps}",
+            "train.max_staleness=0",
+            "train.checkpoint_every=2",
+            "eval.num_tasks=4",
+            "eval.every=0",
+            "eval.env_kwargs={}",
+            "trainer.lr=2e-2",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+            f"distributed={mode}",
+            "ray.num_cpus=2",
+            "ray.placement=split",
+            "ray.workers_per_engine=2",
+        ],
+    )
 
 
 @pytest.mark.ray

@@ -3,6 +3,7 @@
 Without Ray or SGLang the tests that need them skip, saying why. The reaper (the watchdog that
 kills an actor's server when the actor dies) is tested on plain processes without either.
 """
+
 import asyncio
 import json
 import os
@@ -115,8 +116,7 @@ def _cfg(*sets: str):
     """Resolved by the plan as a run is (model.device auto -> cpu here: the servers run on CPU)."""
     from agentrl.config.plan import resolve
 
-    return resolve(load_config([], [*RUN_ARGS, "engine.kind=sglang", "engine.max_total_tokens=4096", *sets]),
-                   "run").cfg
+    return resolve(load_config([], [*RUN_ARGS, "engine.kind=sglang", "engine.max_total_tokens=4096", *sets]), "run").cfg
 
 
 @pytest.mark.ray
@@ -203,8 +203,9 @@ def test_a_failed_start_stops_the_servers_already_launched(sglang_model_dir, tmp
 
     def spy():  # the server's pid while the start runs (it dies with the failed start)
         while not stop.is_set():
-            out = subprocess.run(["pgrep", "-f", f"sglang.launch_server --model-path {model} "],
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                ["pgrep", "-f", f"sglang.launch_server --model-path {model} "], capture_output=True, text=True
+            )
             seen.update(int(p) for p in out.stdout.split())
             time.sleep(0.2)
 
@@ -250,17 +251,41 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
             counts = await asyncio.to_thread(ray.get, [w.engine_counts.remote() for w in b.episodes.workers])
             async with httpx.AsyncClient(timeout=30) as c:
                 versions = [(await c.get(i["url"] + "/model_info")).json()["weight_version"] for i in infos]
-            probes.append({"infos": infos, "where": where, "counts": counts, "versions": versions,
-                           "owner": [_parent_and_session(i["pid"]) for i in infos]})
+            probes.append(
+                {
+                    "infos": infos,
+                    "where": where,
+                    "counts": counts,
+                    "versions": versions,
+                    "owner": [_parent_and_session(i["pid"]) for i in infos],
+                }
+            )
             return s
 
     out = tmp_path / "run"
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={sglang_model_dir}", *RUN_ARGS, "engine.kind=sglang",
-        "engine.max_total_tokens=4096", "train.groups_per_step=2", "train.steps=2", "train.max_staleness=0",
-        "train.checkpoint_every=0", "eval.num_tasks=2", "eval.every=0", "eval.env_kwargs={}", "trainer.lr=1e-2",
-        "trainer.loss_agg=token-mean", "logging.tensorboard=false", "distributed=ray", "ray.num_cpus=2",
-        "ray.placement=colocate"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={sglang_model_dir}",
+            *RUN_ARGS,
+            "engine.kind=sglang",
+            "engine.max_total_tokens=4096",
+            "train.groups_per_step=2",
+            "train.steps=2",
+            "train.max_staleness=0",
+            "train.checkpoint_every=0",
+            "eval.num_tasks=2",
+            "eval.every=0",
+            "eval.env_kwargs={}",
+            "trainer.lr=1e-2",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+            "distributed=ray",
+            "ray.num_cpus=2",
+            "ray.placement=colocate",
+        ],
+    )
     before = _ray_pids()
     t0 = time.perf_counter()
     summary = asyncio.run(ProbedRunner(cfg, progress=False).run())
@@ -305,8 +330,8 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
     from conftest import start_sglang_or_skip
 
     from agentrl.distributed import RayBackend
-    from agentrl.weights.factory import make_weight_sync
     from agentrl.episodes.manager import make_specs
+    from agentrl.weights.factory import make_weight_sync
 
     server = start_sglang_or_skip(sglang_model_dir, max_total_tokens=4096)
     before = _ray_pids()
@@ -389,8 +414,14 @@ def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
     before = _ray_pids()
     code = DRIVER.format(tests=str(Path(__file__).resolve().parents[1]), model=str(sglang_model_dir))
     log = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=log, text=True, start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+    )
     info = None
     try:
         line = driver.stdout.readline()
@@ -400,11 +431,14 @@ def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
         t0 = time.monotonic()
         driver.kill()  # SIGKILL the driver only: Ray and the actors must follow on their own
         driver.wait()
-        assert _wait_gone([info["pid"], info["reaper_pid"]], timeout_s=120) == set(), \
+        assert _wait_gone([info["pid"], info["reaper_pid"]], timeout_s=120) == set(), (
             f"server {info['pid']} or its watchdog outlived a SIGKILLed driver"
+        )
         t1 = time.monotonic()
         _assert_no_leak(before, timeout_s=120)
-        print(f"\nafter the driver's SIGKILL: server reaped in {t1 - t0:.1f}s, Ray gone in {time.monotonic() - t0:.1f}s")
+        print(
+            f"\nafter the driver's SIGKILL: server reaped in {t1 - t0:.1f}s, Ray gone in {time.monotonic() - t0:.1f}s"
+        )
     finally:
         driver.kill()
         log.close()

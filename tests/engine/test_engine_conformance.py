@@ -20,6 +20,7 @@ error by 1/T (observed: up to 2.4e-2 at T=0.7); 1e-1 leaves room for that and is
 the error of reading the wrong position or the wrong weights (checked below: the perturbed weights
 move logprobs by > 10x the tolerance). Every test prints the max difference.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -146,8 +147,10 @@ def hf_greedy(model, prompt: list[int], n: int, stop: set[int]) -> tuple[list[in
 
 def prompts(n: int, seed: int = 0, lo: int = 150, hi: int = 400) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, 2000, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(10, 2000, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def effective_stops(engine, params: SamplingParams) -> set[int]:
@@ -232,7 +235,7 @@ async def test_stop_strings_end_at_the_token(engine, tokenizer):
             continue
         k = len(ref.token_ids) // 2
         before, upto = tokenizer.decode(ref.token_ids[:k]), tokenizer.decode(ref.token_ids[: k + 1])
-        stop = upto[max(0, len(before) - 2): len(before) + 1]
+        stop = upto[max(0, len(before) - 2) : len(before) + 1]
         cut = next(j for j in range(len(ref.token_ids)) if stop in tokenizer.decode(ref.token_ids[: j + 1]))
         params = SamplingParams(max_new_tokens=32, temperature=0.0, stop_token_ids=(MARK,), stop=("\x00never", stop))
         gen = await engine.generate(p, params)
@@ -307,8 +310,9 @@ async def test_64_concurrent_multi_turn_episodes(engine, hf, tokenizer):
     trajs = await mgr.collect(specs)
     assert sorted(t.episode_id for t in trajs) == sorted(f"{s.group_id}-{s.sample_index}" for s in specs)
     outcomes = [t.outcome for t in trajs]
-    assert all(o in (Outcome.OK, Outcome.TRUNCATED_LENGTH) for o in outcomes), \
-        [(t.outcome, t.outcome_detail) for t in trajs if t.outcome not in (Outcome.OK, Outcome.TRUNCATED_LENGTH)]
+    assert all(o in (Outcome.OK, Outcome.TRUNCATED_LENGTH) for o in outcomes), [
+        (t.outcome, t.outcome_detail) for t in trajs if t.outcome not in (Outcome.OK, Outcome.TRUNCATED_LENGTH)
+    ]
     ok = [t for t in trajs if t.outcome == Outcome.OK]
     assert len(ok) >= 56, f"only {len(ok)}/64 episodes ended ok"
     assert all(len(t.turns) == 3 for t in ok)
@@ -322,8 +326,10 @@ async def test_64_concurrent_multi_turn_episodes(engine, hf, tokenizer):
             logp = torch.log_softmax(hf(torch.tensor([t.token_ids])).logits[0].float(), -1)
         ref = logp[torch.tensor(idx) - 1].gather(1, torch.tensor([t.token_ids[i] for i in idx])[:, None]).flatten()
         diff = max(diff, (ref - torch.tensor([t.logprobs[i] for i in idx])).abs().max().item())
-    print(f"[{engine.kind}] 64 episodes: {len(ok)} ok, "
-          f"{sum(len(t.turns) for t in trajs)} turns, max |logprob - HF| over trajectories = {diff:.2e}")
+    print(
+        f"[{engine.kind}] 64 episodes: {len(ok)} ok, "
+        f"{sum(len(t.turns) for t in trajs)} turns, max |logprob - HF| over trajectories = {diff:.2e}"
+    )
     assert diff <= TOL[engine.kind]
 
 
@@ -358,15 +364,19 @@ async def test_outputs_follow_a_weight_update(engine, hf):
             d_new = max(d_new, (hf_logprobs(new, p, gen.token_ids) - lp).abs().max().item())
             d_old = max(d_old, (hf_logprobs(hf, p, gen.token_ids) - lp).abs().max().item())
         n = sum(len(gen.token_ids) for _, gen in pairs)
-        print(f"[{engine.kind}] after update: max |logprob - HF(new)| = {d_new:.2e}, vs HF(old) = {d_old:.2e}"
-              f" over {n} tokens")
+        print(
+            f"[{engine.kind}] after update: max |logprob - HF(new)| = {d_new:.2e}, vs HF(old) = {d_old:.2e}"
+            f" over {n} tokens"
+        )
         assert n >= 3 * len(ps), "too few tokens to compare"
         assert d_old > 10 * tol, "the perturbation is too small to tell the weights apart"
         assert d_new <= tol
     finally:
         await engine.update_weights(original, 8)
     gens = await generate_all(engine, ps, params)
-    d_back = max((hf_logprobs(hf, p, g.token_ids) - torch.tensor(g.logprobs)).abs().max().item() for p, g in zip(ps, gens))
+    d_back = max(
+        (hf_logprobs(hf, p, g.token_ids) - torch.tensor(g.logprobs)).abs().max().item() for p, g in zip(ps, gens)
+    )
     assert all(g.versions == [8] * len(g.token_ids) for g in gens)
     print(f"[{engine.kind}] restored: max |logprob - HF| = {d_back:.2e}")
     assert d_back <= tol
@@ -378,14 +388,17 @@ async def test_seeded_sampling_is_reproducible(engine):
         r = httpx.get(f"{engine.urls[0]}/server_info", timeout=30)
         assert r.status_code == 200, r.text[:300]
         if not r.json().get("enable_deterministic_inference"):
-            pytest.skip("SGLang honours sampling_seed only with --enable-deterministic-inference "
-                        "(sampling_batch_info.py), which refuses torch_native, the CPU attention backend "
-                        "(arg_groups/overrides.py); this server runs without it")
+            pytest.skip(
+                "SGLang honours sampling_seed only with --enable-deterministic-inference "
+                "(sampling_batch_info.py), which refuses torch_native, the CPU attention backend "
+                "(arg_groups/overrides.py); this server runs without it"
+            )
     ps = prompts(8, seed=7)
     seeded = [SamplingParams(max_new_tokens=32, temperature=1.0, seed=1000 + i) for i in range(len(ps))]
     a = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(ps, seeded)))
     b = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(reversed(ps), reversed(seeded))))
     assert [g.token_ids for g in a] == [g.token_ids for g in reversed(b)]
-    other = await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=32, seed=5000 + i))
-                                   for i, p in enumerate(ps)))
+    other = await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_new_tokens=32, seed=5000 + i)) for i, p in enumerate(ps))
+    )
     assert [g.token_ids for g in other] != [g.token_ids for g in a], "the seed has no effect"

@@ -1,4 +1,5 @@
 """LocalEngine: continuous batching is exact, sampling follows the params, errors never hang."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    return build_model(
+        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128
+    )
 
 
 def load_sharp(path):
@@ -49,7 +52,10 @@ async def engine(model):
 
 def prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 40) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, 2000, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return [
+        torch.randint(10, 2000, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def full_forward_logprobs(model, prompt, out, temperature=1.0) -> torch.Tensor:
@@ -75,7 +81,10 @@ async def test_batched_equals_alone_greedy(engine):
 async def test_logprobs_match_full_forward(engine, model):
     ps = prompts(12, seed=1)
     temps = [1.0, 0.7, 0.0]
-    params = [SamplingParams(max_new_tokens=10 + 5 * i, temperature=temps[i % 3], seed=i, stop_token_ids=NO_STOP) for i in range(12)]
+    params = [
+        SamplingParams(max_new_tokens=10 + 5 * i, temperature=temps[i % 3], seed=i, stop_token_ids=NO_STOP)
+        for i in range(12)
+    ]
 
     async def staggered(i):
         await asyncio.sleep(0.01 * i)  # arrivals spread over the decode of the others
@@ -150,10 +159,14 @@ def test_kv_batch_random_ops_keep_every_row_intact():
 
 
 async def test_new_request_joins_mid_decode(engine):
-    long = asyncio.create_task(engine.generate(prompts(1)[0], SamplingParams(max_new_tokens=150, temperature=0.0, stop_token_ids=NO_STOP)))
+    long = asyncio.create_task(
+        engine.generate(prompts(1)[0], SamplingParams(max_new_tokens=150, temperature=0.0, stop_token_ids=NO_STOP))
+    )
     while engine.stats["steps"] < 20:
         await asyncio.sleep(0.005)
-    short = await engine.generate(prompts(1, seed=5)[0], SamplingParams(max_new_tokens=5, temperature=0.0, stop_token_ids=NO_STOP))
+    short = await engine.generate(
+        prompts(1, seed=5)[0], SamplingParams(max_new_tokens=5, temperature=0.0, stop_token_ids=NO_STOP)
+    )
     assert not long.done()  # the short one finished while the long one was still decoding
     long_out = await long
     assert short.info["admitted_step"] >= 20
@@ -187,21 +200,27 @@ async def test_seeded_sampling_is_independent_of_the_batch(engine):
     noise = [engine.generate(q, SamplingParams(max_new_tokens=30, stop_token_ids=NO_STOP)) for q in prompts(6, seed=4)]
     crowded, *_ = await asyncio.gather(engine.generate(p, sp), *noise)
     assert crowded.token_ids == alone.token_ids
-    other = await engine.generate(p, SamplingParams(max_new_tokens=40, temperature=1.0, top_p=0.95, seed=124, stop_token_ids=NO_STOP))
+    other = await engine.generate(
+        p, SamplingParams(max_new_tokens=40, temperature=1.0, top_p=0.95, seed=124, stop_token_ids=NO_STOP)
+    )
     assert other.token_ids != alone.token_ids
 
 
 async def test_top_k_and_top_p_filters(engine):
     p = prompts(1, seed=6)[0]
     greedy = await engine.generate(p, SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=NO_STOP))
-    for sp in (SamplingParams(max_new_tokens=20, top_k=1, seed=1, stop_token_ids=NO_STOP),
-               SamplingParams(max_new_tokens=20, top_p=1e-6, seed=1, stop_token_ids=NO_STOP)):
+    for sp in (
+        SamplingParams(max_new_tokens=20, top_k=1, seed=1, stop_token_ids=NO_STOP),
+        SamplingParams(max_new_tokens=20, top_p=1e-6, seed=1, stop_token_ids=NO_STOP),
+    ):
         assert (await engine.generate(p, sp)).token_ids == greedy.token_ids
     # logprobs are of the temperature-scaled distribution before filtering: not all 0 under top_k=1
     out = await engine.generate(p, SamplingParams(max_new_tokens=20, top_k=1, seed=1, stop_token_ids=NO_STOP))
     assert out.logprobs == pytest.approx(greedy.logprobs, abs=1e-5)
     # top_k=5: every sampled token is among the 5 most likely
-    out = await engine.generate(p, SamplingParams(max_new_tokens=30, top_k=5, temperature=5.0, seed=2, stop_token_ids=NO_STOP))
+    out = await engine.generate(
+        p, SamplingParams(max_new_tokens=30, top_k=5, temperature=5.0, seed=2, stop_token_ids=NO_STOP)
+    )
     engine_model = engine.model
     with torch.no_grad():
         logits = engine_model(torch.tensor([p + out.token_ids])).logits[0, len(p) - 1 : -1]
@@ -218,7 +237,9 @@ async def test_update_weights(model_dir, tmp_path):
     try:
         before = await eng.generate(p, sp)
         assert set(before.versions) == {0}
-        long = asyncio.create_task(eng.generate(p, SamplingParams(max_new_tokens=200, temperature=0.0, stop_token_ids=NO_STOP)))
+        long = asyncio.create_task(
+            eng.generate(p, SamplingParams(max_new_tokens=200, temperature=0.0, stop_token_ids=NO_STOP))
+        )
         while eng.stats["steps"] < 20:
             await asyncio.sleep(0.005)
         await eng.update_weights(new_model.state_dict(), version=3)
@@ -259,7 +280,10 @@ async def test_bad_requests(engine):
 
 async def test_worker_crash_fails_everything(model_dir, monkeypatch):
     eng = LocalEngine.from_pretrained(model_dir, max_batch_size=2)
-    running = [asyncio.create_task(eng.generate(p, SamplingParams(max_new_tokens=300, stop_token_ids=NO_STOP))) for p in prompts(4)]
+    running = [
+        asyncio.create_task(eng.generate(p, SamplingParams(max_new_tokens=300, stop_token_ids=NO_STOP)))
+        for p in prompts(4)
+    ]
     while eng.stats["steps"] < 3:
         await asyncio.sleep(0.005)
 
@@ -277,7 +301,10 @@ async def test_worker_crash_fails_everything(model_dir, monkeypatch):
 
 async def test_close_fails_in_flight(model):
     eng = LocalEngine(model, max_batch_size=2)
-    running = [asyncio.create_task(eng.generate(p, SamplingParams(max_new_tokens=500, stop_token_ids=NO_STOP))) for p in prompts(3)]
+    running = [
+        asyncio.create_task(eng.generate(p, SamplingParams(max_new_tokens=500, stop_token_ids=NO_STOP)))
+        for p in prompts(3)
+    ]
     while eng.stats["steps"] < 2:
         await asyncio.sleep(0.005)
     await eng.close()
@@ -289,7 +316,9 @@ async def test_close_fails_in_flight(model):
 
 
 async def test_cancelled_request_leaves_the_batch(engine):
-    victim = asyncio.create_task(engine.generate([4, 5, 6], SamplingParams(max_new_tokens=1000, stop_token_ids=NO_STOP)))
+    victim = asyncio.create_task(
+        engine.generate([4, 5, 6], SamplingParams(max_new_tokens=1000, stop_token_ids=NO_STOP))
+    )
     while engine.stats["steps"] < 3:
         await asyncio.sleep(0.005)
     victim.cancel()
@@ -307,7 +336,9 @@ async def test_64_concurrent_requests(model):
         ps = prompts(64, seed=8)
         g = torch.Generator().manual_seed(0)
         lens = torch.randint(1, 60, (64,), generator=g).tolist()
-        outs = await asyncio.gather(*(eng.generate(p, SamplingParams(max_new_tokens=n, stop_token_ids=NO_STOP)) for p, n in zip(ps, lens)))
+        outs = await asyncio.gather(
+            *(eng.generate(p, SamplingParams(max_new_tokens=n, stop_token_ids=NO_STOP)) for p, n in zip(ps, lens))
+        )
         assert [len(o.token_ids) for o in outs] == lens
         assert eng.stats["steps"] <= max(lens)  # every request decoded in one shared batch
     finally:

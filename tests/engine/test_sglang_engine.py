@@ -6,6 +6,7 @@ attaches the engine to that server under two URLs (127.0.0.1 and localhost): two
 router must tell apart, one process. The crash test supervises (and restarts) the same server, so
 it runs last and restores the original weights.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,16 +25,29 @@ from agentrl.engine.sglang_wire import load_stats, sampling_params, to_generatio
 from agentrl.errors import EngineError
 
 STATS_KEYS = {
-    "engine/servers", "engine/healthy_servers", "engine/running_reqs", "engine/waiting_reqs",
-    "engine/kv_used_tokens", "engine/kv_capacity_tokens", "engine/kv_usage", "engine/kv_usage_max",
-    "engine/cache_hit_rate", "engine/gen_throughput", "engine/inflight", "engine/resends",
-    "engine/restarts", "engine/connect_errors", "engine/lost", "engine/http_errors",
+    "engine/servers",
+    "engine/healthy_servers",
+    "engine/running_reqs",
+    "engine/waiting_reqs",
+    "engine/kv_used_tokens",
+    "engine/kv_capacity_tokens",
+    "engine/kv_usage",
+    "engine/kv_usage_max",
+    "engine/cache_hit_rate",
+    "engine/gen_throughput",
+    "engine/inflight",
+    "engine/resends",
+    "engine/restarts",
+    "engine/connect_errors",
+    "engine/lost",
+    "engine/http_errors",
 }
 
 
 def run(coro, timeout_s: float = 300.0):
     async def bounded():
         return await asyncio.wait_for(coro, timeout_s)
+
     return asyncio.run(bounded())
 
 
@@ -91,9 +105,14 @@ def test_dead_port_retries_with_backoff_then_engine_error():
 
 def test_answer_mapping_versions_and_checks():
     """How an SGLang answer becomes a Generation (crafted answers in SGLang 0.5.23's format)."""
+
     def answer(ids, finish, spans=None):
-        meta = {"finish_reason": finish, "output_token_logprobs": [[-0.5, t, None] for t in ids],
-                "weight_version": "3", "prompt_tokens": 2}
+        meta = {
+            "finish_reason": finish,
+            "output_token_logprobs": [[-0.5, t, None] for t in ids],
+            "weight_version": "3",
+            "prompt_tokens": 2,
+        }
         if spans is not None:
             meta["weight_versions"] = spans
         return {"output_ids": ids, "meta_info": meta}
@@ -101,8 +120,13 @@ def test_answer_mapping_versions_and_checks():
     def gen(data):
         return to_generation(data, "http://x:1", 7)
 
-    g = gen(answer([4, 5, 2], {"type": "stop", "matched": 2},
-                   [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]))
+    g = gen(
+        answer(
+            [4, 5, 2],
+            {"type": "stop", "matched": 2},
+            [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}],
+        )
+    )
     assert (g.token_ids, g.logprobs, g.finish_reason, g.versions) == ([4, 5, 2], [-0.5] * 3, "stop", [3, 4, 4])
     assert gen(answer([4, 5], {"type": "length", "length": 2})).versions == [3, 3]
     unlabelled = gen(answer([4], {"type": "abort", "message": "x"}, [{"version": "default"}]))
@@ -127,10 +151,32 @@ def test_sampling_params_payload():
 
 
 def test_load_stats_sums_servers_and_skips_the_silent():
-    one = {"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1, "num_used_tokens": 100,
-                      "max_total_num_tokens": 1000, "token_usage": 0.1, "cache_hit_rate": 0.5, "gen_throughput": 10.0}]}
-    two = {"loads": [{"num_running_reqs": 3, "num_waiting_reqs": 0, "num_used_tokens": 300,
-                      "max_total_num_tokens": 1000, "token_usage": 0.3, "cache_hit_rate": 0.0, "gen_throughput": 5.0}]}
+    one = {
+        "loads": [
+            {
+                "num_running_reqs": 2,
+                "num_waiting_reqs": 1,
+                "num_used_tokens": 100,
+                "max_total_num_tokens": 1000,
+                "token_usage": 0.1,
+                "cache_hit_rate": 0.5,
+                "gen_throughput": 10.0,
+            }
+        ]
+    }
+    two = {
+        "loads": [
+            {
+                "num_running_reqs": 3,
+                "num_waiting_reqs": 0,
+                "num_used_tokens": 300,
+                "max_total_num_tokens": 1000,
+                "token_usage": 0.3,
+                "cache_hit_rate": 0.0,
+                "gen_throughput": 5.0,
+            }
+        ]
+    }
     s = load_stats([one, two, EngineError("down")])
     assert s["engine/healthy_servers"] == 2 and s["engine/running_reqs"] == 5 and s["engine/waiting_reqs"] == 1
     assert s["engine/kv_usage"] == pytest.approx(0.2) and s["engine/kv_usage_max"] == pytest.approx(0.3)
@@ -340,8 +386,8 @@ def test_crash_during_64_concurrent_episodes(sglang_server, sglang_model_dir, tm
     engine's weights_path) and each lost request is re-sent at most once."""
     from transformers import AutoTokenizer
 
-    from agentrl.episodes.chat import ChatRenderer
     from agentrl.config.schema import RolloutConfig
+    from agentrl.episodes.chat import ChatRenderer
     from agentrl.episodes.manager import EpisodeManager, make_specs
     from agentrl.trajectory import Outcome
 
@@ -349,8 +395,9 @@ def test_crash_during_64_concurrent_episodes(sglang_server, sglang_model_dir, tm
     stop_id = tok.convert_tokens_to_ids("<|im_end|>")
     stop_dir = _always_stop_model(sglang_model_dir, tmp_path / "stop-model", stop_id)
     eng = SGLangEngine(servers=[sglang_server], backoff_s=0.2)
-    cfg = RolloutConfig(max_turns=5, max_new_tokens=4, max_concurrency=64, turn_timeout_s=240,
-                        episode_timeout_s=400, temperature=1.0)
+    cfg = RolloutConfig(
+        max_turns=5, max_new_tokens=4, max_concurrency=64, turn_timeout_s=240, episode_timeout_s=400, temperature=1.0
+    )
     restarts_before = sglang_server.restarts
     specs = make_specs(16, 4, seed=3)
 
@@ -399,5 +446,7 @@ def test_crash_during_64_concurrent_episodes(sglang_server, sglang_model_dir, tm
     for t in trajs:
         if t.outcome == Outcome.OK:
             assert sum(t.loss_mask) == _TurnsEnv.TURNS and len(t.turns) == _TurnsEnv.TURNS
-    print(f"crash test: {outcomes.count(Outcome.OK)} ok, {outcomes.count(Outcome.ENGINE_ERROR)} engine_error, "
-          f"{inflight_at_kill} in flight at the kill, {eng.resends} re-sent; server counters {b.counts}")
+    print(
+        f"crash test: {outcomes.count(Outcome.OK)} ok, {outcomes.count(Outcome.ENGINE_ERROR)} engine_error, "
+        f"{inflight_at_kill} in flight at the kill, {eng.resends} re-sent; server counters {b.counts}"
+    )

@@ -1,4 +1,5 @@
 """The SGLang launcher against a real server process (skips, saying why, where SGLang cannot run)."""
+
 import pytest
 
 from agentrl.engine.sglang_server import CPU_FLAGS, SGLangServer

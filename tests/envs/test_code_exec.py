@@ -1,4 +1,5 @@
 """CodeExecEnv end to end with the real python tool, plus the procedural task generator."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,8 @@ import pytest
 
 from agentrl.envs import tasks
 from agentrl.envs.code_exec import CodeExecEnv
-from agentrl.errors import ConfigError, SandboxError
 from agentrl.envs.registry import make
+from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import Sandbox
 
 
@@ -86,7 +87,7 @@ def test_generated_answers_are_right():
             assert ans == a % m
         elif t["kind"] == "digit_sum_pow":
             a, b = nums
-            assert ans == sum(int(c) for c in str(a ** b))
+            assert ans == sum(int(c) for c in str(a**b))
         elif t["kind"] == "divisors":
             m, count, d = nums[0], 1, 2  # via the prime factorization, unlike the generator
             while d * d <= m:
@@ -100,8 +101,17 @@ def test_generated_answers_are_right():
             while x != 1:
                 x, steps = (x // 2 if x % 2 == 0 else 3 * x + 1), steps + 1
             assert ans == steps
-    assert seen >= {"add", "arith", "multiples", "squares", "prime_sum", "fib_mod", "digit_sum_pow", "divisors",
-                    "collatz"}
+    assert seen >= {
+        "add",
+        "arith",
+        "multiples",
+        "squares",
+        "prime_sum",
+        "fib_mod",
+        "digit_sum_pow",
+        "divisors",
+        "collatz",
+    }
 
 
 def test_function_tasks_have_consistent_tests():
@@ -131,8 +141,10 @@ def test_solve_with_python_tool_then_answer(env_factory):
     assert term and r == 1.0
 
 
-@pytest.mark.parametrize("final, reward", [("#### {a}", 1.0), ("Answer: {a}", 1.0), ("so it is {a}", 1.0),
-                                           ("\\boxed{{{a}1}}", 0.0), ("no idea", 0.0)])
+@pytest.mark.parametrize(
+    "final, reward",
+    [("#### {a}", 1.0), ("Answer: {a}", 1.0), ("so it is {a}", 1.0), ("\\boxed{{{a}1}}", 0.0), ("no idea", 0.0)],
+)
 def test_answer_formats(env_factory, final, reward):
     env = env_factory(difficulty=1)
     _, info = env.reset(seed=5)
@@ -182,8 +194,15 @@ def test_unit_test_tasks(env_factory):
         assert env.step(f"```python\ndef {task['entry_point']}(*a):\n    return 0\n```")[1] == 0.0
 
 
-@pytest.mark.parametrize("cheat", ["import sys\nsys.exit(0)", "import os\nos._exit(0)",
-                                   "print('[true, true, true, true, true, true]')", "while True: pass"])
+@pytest.mark.parametrize(
+    "cheat",
+    [
+        "import sys\nsys.exit(0)",
+        "import os\nos._exit(0)",
+        "print('[true, true, true, true, true, true]')",
+        "while True: pass",
+    ],
+)
 def test_unit_test_cheats_score_zero(env_factory, cheat):
     env = env_factory(difficulty=5, code_timeout_s=1.0)
     env.reset(seed=0)
@@ -240,8 +259,9 @@ def test_session_keeps_files_across_turns_and_not_across_episodes(env_factory):
     env.step(py_call("open('state.txt', 'w').write('41')"))
     obs, *_ = env.step(py_call("print(int(open('state.txt').read()) + 1)"))
     assert obs == "42"
-    obs, *_ = env.step("<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": "cat state.txt"}})
-                       + "</tool_call>")
+    obs, *_ = env.step(
+        "<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": "cat state.txt"}}) + "</tool_call>"
+    )
     assert obs == "41"
     workdir = env.runner._session._wd.path
     env.reset(seed=1)  # a new episode: the old session is closed, its work dir gone
@@ -271,8 +291,9 @@ def test_grading_runs_one_shot_even_with_sessions(env_factory):
     _, info = env.reset(seed=0)
     n = len(info["task"]["tests"])
     # A json.py planted in the session's work dir would replace the grader's tests with "pass".
-    plant = (f"def load(f):\n    return ['pass'] * {n}\n"
-             f"def dumps(x):\n    return '[' + ', '.join(['true'] * {n}) + ']'\n")
+    plant = (
+        f"def load(f):\n    return ['pass'] * {n}\ndef dumps(x):\n    return '[' + ', '.join(['true'] * {n}) + ']'\n"
+    )
     env.step(py_call(f"open('json.py', 'w').write({plant!r})"))
     obs, *_ = env.step(py_call("import json; print(json.load(None)[0])"))
     assert obs == "pass"  # the plant works inside the session...
@@ -292,9 +313,20 @@ def test_session_needs_a_backend_with_sessions():
         CodeExecEnv(sandbox=NoSessions(), session=True)
 
 
-@pytest.mark.parametrize("kw", [{"difficulty": 0}, {"difficulty": []}, {"split": "test"}, {"tools": ["bash"]},
-                                {"tools": ["python", "curl"]}, {"test_reward": "most"}, {"code_timeout_s": 0},
-                                {"sandbox_backend": "podman"}, {"session": "yes"}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"difficulty": 0},
+        {"difficulty": []},
+        {"split": "test"},
+        {"tools": ["bash"]},
+        {"tools": ["python", "curl"]},
+        {"test_reward": "most"},
+        {"code_timeout_s": 0},
+        {"sandbox_backend": "podman"},
+        {"session": "yes"},
+    ],
+)
 def test_config_errors(kw):
     with pytest.raises(ConfigError):
         CodeExecEnv(**kw)

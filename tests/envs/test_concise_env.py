@@ -1,11 +1,13 @@
-"""ConciseEnv: per-turn rewards by hand (both patterns), termination, bad kwargs, conformance, and the credit it exists for."""
+"""ConciseEnv: per-turn rewards by hand (both patterns), termination, bad kwargs, conformance, and the credit it
+exists for."""
+
 import gymnasium
 import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
-from agentrl.envs import registry
 from agentrl.batches.samples import ALGOS, build_samples
+from agentrl.envs import registry
 from agentrl.envs.checker import check_agent_env
 from agentrl.envs.concise import ConciseEnv
 from agentrl.errors import ConfigError
@@ -94,11 +96,21 @@ def test_tasks_are_a_function_of_the_seed():
     assert len(tasks) > 15  # 16^6 topic sequences: seeds give different conversations
 
 
-@pytest.mark.parametrize("kwargs, bad", [
-    ({"n_turns": 0}, "0"), ({"n_turns": 2.5}, "2.5"), ({"max_chars": 0}, "0"), ({"max_chars": "40"}, "'40'"),
-    ({"waste_penalty": -1}, "-1"), ({"waste_penalty": float("nan")}, "nan"), ({"topics": []}, r"\[\]"),
-    ({"topics": "rivers"}, "'rivers'"), ({"pattern": "mixed"}, "'mixed'"), ({"pattern": None}, "None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, bad",
+    [
+        ({"n_turns": 0}, "0"),
+        ({"n_turns": 2.5}, "2.5"),
+        ({"max_chars": 0}, "0"),
+        ({"max_chars": "40"}, "'40'"),
+        ({"waste_penalty": -1}, "-1"),
+        ({"waste_penalty": float("nan")}, "nan"),
+        ({"topics": []}, r"\[\]"),
+        ({"topics": "rivers"}, "'rivers'"),
+        ({"pattern": "mixed"}, "'mixed'"),
+        ({"pattern": None}, "None"),
+    ],
+)
 def test_bad_kwargs_name_the_field_and_value(kwargs, bad):
     name = next(iter(kwargs))
     with pytest.raises(ConfigError, match=rf"{name} .*{bad}"):
@@ -132,9 +144,20 @@ def _traj(name: str, replies: list[str], env: ConciseEnv) -> Trajectory:
         ids += [1] * n + [2] * n_obs
         mask += [1] * n + [0] * n_obs
         tids += [k] * (n + n_obs)
-    t = Trajectory(episode_id=name, group_id="g", env_id="concise", prompt_len=2, token_ids=ids, loss_mask=mask,
-                   logprobs=[0.0] * len(ids), turn_ids=tids, versions=[0 if m else -1 for m in mask], turns=turns,
-                   reward=turns[-1].reward, outcome=Outcome.OK)
+    t = Trajectory(
+        episode_id=name,
+        group_id="g",
+        env_id="concise",
+        prompt_len=2,
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=[0.0] * len(ids),
+        turn_ids=tids,
+        versions=[0 if m else -1 for m in mask],
+        turns=turns,
+        reward=turns[-1].reward,
+        outcome=Outcome.OK,
+    )
     t.validate()
     return t
 

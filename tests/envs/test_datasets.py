@@ -1,4 +1,5 @@
 """Dataset loader: JSONL/JSON/parquet, veRL layout, bad-row policy, and CodeExecEnv on a file."""
+
 from __future__ import annotations
 
 import json
@@ -17,29 +18,50 @@ def _jsonl(path, rows):
 
 
 def _verl_parquet(path, n=3):
-    rows = [{
-        "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": f"What is {i} + {i}? Let's think step by step and output the final "
-                                               f"answer after \"####\"."}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
-        "extra_info": {"split": "train", "index": i, "answer": f"{i}+{i}={2 * i} #### {2 * i}", "question": "q"},
-    } for i in range(n)]
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [
+                {
+                    "role": "user",
+                    "content": f"What is {i} + {i}? Let's think step by step and output the final "
+                    f'answer after "####".',
+                }
+            ],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"split": "train", "index": i, "answer": f"{i}+{i}={2 * i} #### {2 * i}", "question": "q"},
+        }
+        for i in range(n)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
 
 def test_plain_jsonl(tmp_path):
-    p = _jsonl(tmp_path / "tasks.jsonl", [
-        {"prompt": "What is 2+2?", "answer": 4},
-        "",  # blank lines are fine
-        {"prompt": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "3*3?"}],
-         "answer": "9", "id": "sq"},
-    ])
+    p = _jsonl(
+        tmp_path / "tasks.jsonl",
+        [
+            {"prompt": "What is 2+2?", "answer": 4},
+            "",  # blank lines are fine
+            {
+                "prompt": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "3*3?"}],
+                "answer": "9",
+                "id": "sq",
+            },
+        ],
+    )
     ds = load_tasks(p)
     assert len(ds) == 2 and ds.skipped == 0
-    assert ds[0] == {"id": "tasks-0", "prompt": "What is 2+2?", "answer": "4", "difficulty": None,
-                     "kind": "dataset", "data_source": "tasks", "extra_info": {}}
+    assert ds[0] == {
+        "id": "tasks-0",
+        "prompt": "What is 2+2?",
+        "answer": "4",
+        "difficulty": None,
+        "kind": "dataset",
+        "data_source": "tasks",
+        "extra_info": {},
+    }
     assert ds[1]["id"] == "sq" and ds[1]["prompt"][1] == {"role": "user", "content": "3*3?"}
     json.dumps(list(ds))  # JSON-able
 
@@ -60,18 +82,21 @@ def test_json_list_and_unit_test_rows(tmp_path):
     assert t["tests"] == ["assert f(1) == 2"] and t["entry_point"] == "f" and t["answer"] is None
 
 
-@pytest.mark.parametrize("row, why", [
-    ({"answer": "1"}, "missing 'prompt'"),
-    ({"prompt": "", "answer": "1"}, "'prompt' is empty"),
-    ({"prompt": "q"}, "missing 'answer'"),
-    ({"prompt": [{"role": "user"}], "answer": "1"}, "prompt message 0"),
-    ({"prompt": [{"role": "wizard", "content": "x"}], "answer": "1"}, "unknown role 'wizard'"),
-    ({"prompt": [{"role": "system", "content": "x"}], "answer": "1"}, "no 'user' message"),
-    ({"prompt": "q", "answer": {"a": 1}}, "answer must be a string or a number"),
-    ({"prompt": "q", "reward_model": {"style": "model", "ground_truth": "1"}}, "style 'model' is not supported"),
-    ({"prompt": "q", "tests": ["assert 1"]}, "needs an 'entry_point'"),
-    ([1, 2], "row must be an object"),
-])
+@pytest.mark.parametrize(
+    "row, why",
+    [
+        ({"answer": "1"}, "missing 'prompt'"),
+        ({"prompt": "", "answer": "1"}, "'prompt' is empty"),
+        ({"prompt": "q"}, "missing 'answer'"),
+        ({"prompt": [{"role": "user"}], "answer": "1"}, "prompt message 0"),
+        ({"prompt": [{"role": "wizard", "content": "x"}], "answer": "1"}, "unknown role 'wizard'"),
+        ({"prompt": [{"role": "system", "content": "x"}], "answer": "1"}, "no 'user' message"),
+        ({"prompt": "q", "answer": {"a": 1}}, "answer must be a string or a number"),
+        ({"prompt": "q", "reward_model": {"style": "model", "ground_truth": "1"}}, "style 'model' is not supported"),
+        ({"prompt": "q", "tests": ["assert 1"]}, "needs an 'entry_point'"),
+        ([1, 2], "row must be an object"),
+    ],
+)
 def test_bad_rows_name_file_and_line(tmp_path, row, why):
     p = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "answer": "1"}, row])
     with pytest.raises(DatasetError) as e:
@@ -86,8 +111,10 @@ def test_invalid_json_line(tmp_path):
 
 
 def test_skip_policy_counts(tmp_path):
-    p = _jsonl(tmp_path / "mixed.jsonl", [{"prompt": "a", "answer": 1}, {"prompt": "b"}, "not json",
-                                          {"prompt": "c", "answer": 3}])
+    p = _jsonl(
+        tmp_path / "mixed.jsonl",
+        [{"prompt": "a", "answer": 1}, {"prompt": "b"}, "not json", {"prompt": "c", "answer": 3}],
+    )
     ds = load_tasks(p, on_bad_row="skip")
     assert [t["prompt"] for t in ds] == ["a", "c"] and ds.skipped == 2
     assert ds.skip_reasons[0].startswith("line 2")

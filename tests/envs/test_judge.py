@@ -1,14 +1,15 @@
 """LLM-judge reward: score parsing, rubric checks, the API client's retries/limits, and the judge
 through the real litellm client against a live SGLang `/v1` endpoint (garbage -> RewardError, never 0)."""
+
 import asyncio
 
 import pytest
+from scripted_openai import ScriptedOpenAI
 
-from agentrl.errors import ConfigError, RewardError
+from agentrl.common.llm_api import ApiClient, public_url, redact
 from agentrl.envs.judge import DEFAULT_RUBRIC, JudgeReward, parse_score, render_transcript
 from agentrl.envs.judged import JudgedEnv
-from agentrl.common.llm_api import ApiClient, public_url, redact
-from scripted_openai import ScriptedOpenAI
+from agentrl.errors import ConfigError, RewardError
 
 KEY_ENV = "AGENTRL_TEST_JUDGE_KEY"
 
@@ -20,28 +21,34 @@ def key(monkeypatch):
 
 
 # ------------------------------------------------------------------ parse_score
-@pytest.mark.parametrize("text, want", [
-    ("The answer is right.\nSCORE: 7", 7.0),
-    ("**Score:** 8.5", 8.5),
-    ('{"reason": "ok", "score": 3}', 3.0),
-    ("score = 4/5", 8.0),  # a fraction of the range
-    ("9", 9.0),
-    ("SCORE: 2\nOn reflection...\nSCORE: 6", 6.0),  # the last one wins
-    ("<think>SCORE: 1 maybe</think>Final. SCORE: 10", 10.0),
-    ("Score: 0", 0.0),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("The answer is right.\nSCORE: 7", 7.0),
+        ("**Score:** 8.5", 8.5),
+        ('{"reason": "ok", "score": 3}', 3.0),
+        ("score = 4/5", 8.0),  # a fraction of the range
+        ("9", 9.0),
+        ("SCORE: 2\nOn reflection...\nSCORE: 6", 6.0),  # the last one wins
+        ("<think>SCORE: 1 maybe</think>Final. SCORE: 10", 10.0),
+        ("Score: 0", 0.0),
+    ],
+)
 def test_parse_score_formats(text, want):
     assert parse_score(text, 0, 10) == pytest.approx(want)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("This answer looks great!", "no score"),
-    ("", "no score"),
-    ("<think>SCORE: 5</think>", "no score"),  # only inside the reasoning
-    ("SCORE: 11", r"outside \[0, 10\]"),
-    ("SCORE: -1", "outside"),
-    ("score: 3/0", "non-positive denominator"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("This answer looks great!", "no score"),
+        ("", "no score"),
+        ("<think>SCORE: 5</think>", "no score"),  # only inside the reasoning
+        ("SCORE: 11", r"outside \[0, 10\]"),
+        ("SCORE: -1", "outside"),
+        ("score: 3/0", "non-positive denominator"),
+    ],
+)
 def test_parse_score_errors_are_reward_errors(text, match):
     with pytest.raises(RewardError, match=match):
         parse_score(text, 0, 10)
@@ -67,10 +74,17 @@ def test_rubric_is_checked():
 
 def test_prompt_holds_task_reference_answer_and_transcript():
     judge = JudgeReward("openai/judge", max_transcript_chars=200)
-    transcript = [{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 6*7?"},
-                  {"role": "assistant", "content": "let me run it", "tool_calls": [{"name": "python", "arguments": {"code": "print(6*7)"}}]},
-                  {"role": "tool", "name": "python", "content": "42"},
-                  {"role": "assistant", "content": "\\boxed{42}"}]
+    transcript = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "What is 6*7?"},
+        {
+            "role": "assistant",
+            "content": "let me run it",
+            "tool_calls": [{"name": "python", "arguments": {"code": "print(6*7)"}}],
+        },
+        {"role": "tool", "name": "python", "content": "42"},
+        {"role": "assistant", "content": "\\boxed{42}"},
+    ]
     p = judge.prompt({"id": 1, "prompt": "What is 6*7?", "answer": 42}, "\\boxed{42}", transcript)
     assert "What is 6*7?" in p and "42" in p and "\\boxed{42}" in p and "[python result] 42" in p
     assert "print(6*7)" in p and "SCORE: <number from 0 to 10>" in p
@@ -157,8 +171,13 @@ def test_timeout_is_a_reward_error(key):
     with socket.socket() as s:  # accepts connections, never answers
         s.bind(("127.0.0.1", 0))
         s.listen(8)
-        judge = JudgeReward("openai/judge", api_base=f"http://127.0.0.1:{s.getsockname()[1]}/v1",
-                            api_key_env=KEY_ENV, timeout_s=0.5, max_retries=0)
+        judge = JudgeReward(
+            "openai/judge",
+            api_base=f"http://127.0.0.1:{s.getsockname()[1]}/v1",
+            api_key_env=KEY_ENV,
+            timeout_s=0.5,
+            max_retries=0,
+        )
         with pytest.raises(RewardError, match="judge call failed"):
             asyncio.run(judge({"id": 1}, "a", []))
 
@@ -182,7 +201,9 @@ def test_judged_env_combines_env_reward_and_judge_score(combine, want):
     from agentrl.envs.noop import NoopEnv
 
     judge = FixedScoreJudge(0.25)
-    env = JudgedEnv(NoopEnv(n_turns=2, reward=1.0), judge, combine=combine, weight=2.0 if combine != "multiply" else 1.0)
+    env = JudgedEnv(
+        NoopEnv(n_turns=2, reward=1.0), judge, combine=combine, weight=2.0 if combine != "multiply" else 1.0
+    )
     _, info = env.reset(seed=3)
     assert env.step("first")[2] is False and not judge.calls  # not final: not judged
     _, reward, term, _, info = env.step("final answer")
@@ -211,7 +232,9 @@ def test_judged_env_registered_and_validated():
 
     with pytest.raises(ConfigError, match="needs a judge"):
         agentrl.make("judged", env="noop")
-    env = agentrl.make("judged", env="noop", judge={"model": "openai/j", "api_base": "http://127.0.0.1:9/v1"}, n_turns=3)
+    env = agentrl.make(
+        "judged", env="noop", judge={"model": "openai/j", "api_base": "http://127.0.0.1:9/v1"}, n_turns=3
+    )
     assert isinstance(env, JudgedEnv) and env.n_turns == 3
     env.close()
 
@@ -220,8 +243,14 @@ def test_judged_env_registered_and_validated():
 @pytest.mark.sglang
 def test_judge_on_live_endpoint_turns_garbage_into_reward_error(sglang_server, key):
     """The tiny model's reply is no verdict: the judge raises RewardError quoting it (never 0)."""
-    judge = JudgeReward(f"openai/{sglang_server.model_path}", api_base=sglang_server.url + "/v1",
-                        api_key_env=KEY_ENV, max_tokens=12, max_retries=1, timeout_s=120)
+    judge = JudgeReward(
+        f"openai/{sglang_server.model_path}",
+        api_base=sglang_server.url + "/v1",
+        api_key_env=KEY_ENV,
+        max_tokens=12,
+        max_retries=1,
+        timeout_s=120,
+    )
     with pytest.raises(RewardError, match="no score|outside") as ei:
         asyncio.run(judge({"id": 1, "prompt": "What is 2+2?", "answer": "4"}, "\\boxed{4}", []))
     assert key not in str(ei.value)
@@ -238,10 +267,20 @@ def test_judged_episode_ends_as_reward_error_in_the_episode_manager(sglang_serve
 
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     engine = FakeEngine(lambda ids, params, ctx: [tiny_tokenizer.encode("hi")[0], eos])
-    judge = {"model": f"openai/{sglang_server.model_path}", "api_base": sglang_server.url + "/v1",
-             "api_key_env": KEY_ENV, "max_tokens": 12, "max_retries": 0, "timeout_s": 120}
-    mgr = EpisodeManager(engine, lambda: JudgedEnv(NoopEnv(n_turns=1), judge), tiny_tokenizer,
-                         RolloutConfig(max_new_tokens=8, max_turns=2))
+    judge = {
+        "model": f"openai/{sglang_server.model_path}",
+        "api_base": sglang_server.url + "/v1",
+        "api_key_env": KEY_ENV,
+        "max_tokens": 12,
+        "max_retries": 0,
+        "timeout_s": 120,
+    }
+    mgr = EpisodeManager(
+        engine,
+        lambda: JudgedEnv(NoopEnv(n_turns=1), judge),
+        tiny_tokenizer,
+        RolloutConfig(max_new_tokens=8, max_turns=2),
+    )
     traj = asyncio.run(mgr.run_episode(EpisodeSpec("g", 0, 1, 1)))
     assert traj.outcome == Outcome.REWARD_ERROR and not traj.trainable, traj.outcome_detail
     assert "judge" in traj.outcome_detail and key not in traj.outcome_detail
@@ -258,9 +297,18 @@ def test_judged_env_in_agentrl_run(tiny_model_dir, tmp_path, key):
 
     with ScriptedOpenAI([{"content": "Fine.\nSCORE: 7"}]) as srv:
         judge = {"model": "openai/judge", "api_base": srv.url, "api_key_env": KEY_ENV}
-        cfg = _cfg(tiny_model_dir, tmp_path / "run", 1, [
-            "env.id=judged", f"env.kwargs={json.dumps({'env': 'test/Short-v0', 'judge': judge})}",
-            "eval.num_tasks=0", "train.groups_per_step=2", "logging.tensorboard=false"])
+        cfg = _cfg(
+            tiny_model_dir,
+            tmp_path / "run",
+            1,
+            [
+                "env.id=judged",
+                f"env.kwargs={json.dumps({'env': 'test/Short-v0', 'judge': judge})}",
+                "eval.num_tasks=0",
+                "train.groups_per_step=2",
+                "logging.tensorboard=false",
+            ],
+        )
         summary = asyncio.run(Runner(cfg, progress=False).run())
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]

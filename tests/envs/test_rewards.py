@@ -1,4 +1,5 @@
 """Rule rewards: hand-written cases for extraction, normalization and matching."""
+
 from __future__ import annotations
 
 import time
@@ -18,63 +19,80 @@ from agentrl.envs.rewards import (
 )
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("so the answer is \\boxed{42}.", "42"),
-    ("\\boxed{\\frac{1}{2}} and later \\boxed{7}", "7"),
-    ("nested \\boxed{x^{2} + \\sqrt{y}}", "x^{2} + \\sqrt{y}"),
-    ("\\fbox{3}", "3"),
-    ("unclosed \\boxed{12", None),
-    ("no box", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}} and later \\boxed{7}", "7"),
+        ("nested \\boxed{x^{2} + \\sqrt{y}}", "x^{2} + \\sqrt{y}"),
+        ("\\fbox{3}", "3"),
+        ("unclosed \\boxed{12", None),
+        ("no box", None),
+    ],
+)
 def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),
-    ("#### 1,234 dollars", "1,234"),
-    ("#### $18.50", "18.50"),
-    ("first #### 1\nthen #### 2", "2"),
-    ("#### 42 #### 43", "43"),  # the last marker, also within one line (issue 16)
-    ("#### 42\n####", "42"),  # ... that has an answer after it
-    ("#### 42 ####   \n", "42"),
-    ("##### 7", "7"),  # a longer run of # is one marker
-    ("#### 3.14.15", "3.14.15"),  # a malformed number is kept whole, not read as 3.14
-    ("#### 1,234,56", "1,234,56"),
-    ("#### 5.", "5"),  # a sentence's full stop is not part of the number
-    ("####", None),
-    ("no marker 5", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),
+        ("#### 1,234 dollars", "1,234"),
+        ("#### $18.50", "18.50"),
+        ("first #### 1\nthen #### 2", "2"),
+        ("#### 42 #### 43", "43"),  # the last marker, also within one line (issue 16)
+        ("#### 42\n####", "42"),  # ... that has an answer after it
+        ("#### 42 ####   \n", "42"),
+        ("##### 7", "7"),  # a longer run of # is one marker
+        ("#### 3.14.15", "3.14.15"),  # a malformed number is kept whole, not read as 3.14
+        ("#### 1,234,56", "1,234,56"),
+        ("#### 5.", "5"),  # a sentence's full stop is not part of the number
+        ("####", None),
+        ("no marker 5", None),
+    ],
+)
 def test_extract_gsm8k_answer(text, expected):
     assert extract_gsm8k_answer(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("\\boxed{5} even though #### 6", "5"),  # boxed wins
-    ("reasoning... #### 6\nanswer: 7", "6"),  # then ####
-    ("<answer>7</answer> but answer: 8", "7"),  # then <answer> tags
-    ("answer: 42, answer: 43", "43"),  # the last "answer:" of a line
-    ("Answer is 5\nanswer:\n", "5"),
-    ("The final answer is 12.", "12"),
-    ("**Answer:** 17", "17"),
-    ("Answer: Paris", "Paris"),
-    ("answer = -3.5", "-3.5"),
-    ("I got 3 apples and 5 pears", "5"),  # last number
-    ("total 1,000,000 items", "1,000,000"),
-    ("ratio 2/3", "2/3"),
-    ("ratio 2/3.5", "2/3.5"),  # as normalize_number reads it (4/7)
-    ("nothing here", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("\\boxed{5} even though #### 6", "5"),  # boxed wins
+        ("reasoning... #### 6\nanswer: 7", "6"),  # then ####
+        ("<answer>7</answer> but answer: 8", "7"),  # then <answer> tags
+        ("answer: 42, answer: 43", "43"),  # the last "answer:" of a line
+        ("Answer is 5\nanswer:\n", "5"),
+        ("The final answer is 12.", "12"),
+        ("**Answer:** 17", "17"),
+        ("Answer: Paris", "Paris"),
+        ("answer = -3.5", "-3.5"),
+        ("I got 3 apples and 5 pears", "5"),  # last number
+        ("total 1,000,000 items", "1,000,000"),
+        ("ratio 2/3", "2/3"),
+        ("ratio 2/3.5", "2/3.5"),  # as normalize_number reads it (4/7)
+        ("nothing here", None),
+        ("", None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("<answer>42</answer>", "42"), ("<ANSWER> $1,024. </Answer>", "1,024"), ("<answer>Paris</answer>", "Paris"),
-    ("<answer>1</answer> then <answer>2</answer>", "2"), ("<answer>1</answer> <answer>2", "1"),
-    ("<answer><answer>3</answer>", "3"), ("<answer></answer>", None), ("</answer><answer>", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<answer>42</answer>", "42"),
+        ("<ANSWER> $1,024. </Answer>", "1,024"),
+        ("<answer>Paris</answer>", "Paris"),
+        ("<answer>1</answer> then <answer>2</answer>", "2"),
+        ("<answer>1</answer> <answer>2", "1"),
+        ("<answer><answer>3</answer>", "3"),
+        ("<answer></answer>", None),
+        ("</answer><answer>", None),
+    ],
+)
 def test_extract_answer_tag(text, expected):
     assert extract_answer_tag(text) == expected
 
@@ -106,22 +124,57 @@ def test_extract_last_number():
     assert extract_answer("The answer is 5. Because 3+2") == "5"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("42", "42"), ("+42", "42"), ("-7", "-7"), ("1,234", "1234"), ("$1,234.50", "2469/2"),
-    ("72.0", "72"), ("0.5", "1/2"), (".5", "1/2"), ("1e3", "1000"), ("3/4", "3/4"), ("6/8", "3/4"),
-    ("\\frac{1}{3}", "1/3"), ("\\dfrac{10}{4}", "5/2"), ("50%", "50"), ("\\text{12}", "12"), ("7.", "7"),
-    ("abc", None), ("", None), ("1/0", None), ("1,23", None), ("--1", None), ("1.2.3", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("42", "42"),
+        ("+42", "42"),
+        ("-7", "-7"),
+        ("1,234", "1234"),
+        ("$1,234.50", "2469/2"),
+        ("72.0", "72"),
+        ("0.5", "1/2"),
+        (".5", "1/2"),
+        ("1e3", "1000"),
+        ("3/4", "3/4"),
+        ("6/8", "3/4"),
+        ("\\frac{1}{3}", "1/3"),
+        ("\\dfrac{10}{4}", "5/2"),
+        ("50%", "50"),
+        ("\\text{12}", "12"),
+        ("7.", "7"),
+        ("abc", None),
+        ("", None),
+        ("1/0", None),
+        ("1,23", None),
+        ("--1", None),
+        ("1.2.3", None),
+    ],
+)
 def test_normalize_number(text, expected):
     assert normalize_number(text) == expected
 
 
-@pytest.mark.parametrize("pred, truth, ok", [
-    ("72", "72", True), ("72.00", 72, True), ("1/2", "0.5", True), ("\\frac{1}{2}", "0.5", True),
-    ("1,000", "1000", True), ("0.1", "1/10", True), ("0.30000000000000004", "0.3", False),
-    ("73", "72", False), ("Paris", "paris", True), ("  New   York ", "new york", True),
-    ("Paris", "72", False), ("72", "Paris", False), (None, "72", False), ("72", None, False), ("", "", False),
-])
+@pytest.mark.parametrize(
+    "pred, truth, ok",
+    [
+        ("72", "72", True),
+        ("72.00", 72, True),
+        ("1/2", "0.5", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("1,000", "1000", True),
+        ("0.1", "1/10", True),
+        ("0.30000000000000004", "0.3", False),
+        ("73", "72", False),
+        ("Paris", "paris", True),
+        ("  New   York ", "new york", True),
+        ("Paris", "72", False),
+        ("72", "Paris", False),
+        (None, "72", False),
+        ("72", None, False),
+        ("", "", False),
+    ],
+)
 def test_answers_match(pred, truth, ok):
     assert answers_match(pred, truth) is ok
 
@@ -155,9 +208,17 @@ def _fast(fn, *args, limit_s=2.0):
     return out
 
 
-@pytest.mark.parametrize("text", ["The answer is 1e30000000", "\\boxed{1e-30000000}", "#### 5e999999999",
-                                  "answer: 1" + "0" * 20_000, "\\boxed{\\frac{1e9999999}{3}}"],
-                         ids=["exponent", "boxed-exponent", "gsm8k-exponent", "20k-digits", "frac-exponent"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The answer is 1e30000000",
+        "\\boxed{1e-30000000}",
+        "#### 5e999999999",
+        "answer: 1" + "0" * 20_000,
+        "\\boxed{\\frac{1e9999999}{3}}",
+    ],
+    ids=["exponent", "boxed-exponent", "gsm8k-exponent", "20k-digits", "frac-exponent"],
+)
 def test_huge_numbers_are_not_equal_and_cheap(text):
     # Fraction("1e30000000") built a 30-million-digit integer: 86 s on the event loop before
     assert _fast(rule_reward, text, "42") == 0.0
@@ -175,24 +236,50 @@ def test_chained_slashes_do_not_recurse():
     assert normalize_number("1/2/3") is None
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("\\boxed{" * 4000, None),
-    ("\\boxed{" * 4000 + "x}", "x"),
-    ("\\boxed{" * 4000 + "x" + "}" * 4000, "x"),
-    ("\\boxed{a} " + "\\fbox{" * 4000 + "{}" * 4000, "a"),
-    ("{" * 8000 + "\\boxed{7}" + "}" * 3, "7"),
-], ids=["unclosed", "last-closed", "nested", "fbox-unclosed", "braces-before"])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("\\boxed{" * 4000, None),
+        ("\\boxed{" * 4000 + "x}", "x"),
+        ("\\boxed{" * 4000 + "x" + "}" * 4000, "x"),
+        ("\\boxed{a} " + "\\fbox{" * 4000 + "{}" * 4000, "a"),
+        ("{" * 8000 + "\\boxed{7}" + "}" * 3, "7"),
+    ],
+    ids=["unclosed", "last-closed", "nested", "fbox-unclosed", "braces-before"],
+)
 def test_extract_boxed_is_linear(text, expected):
     # every unclosed \boxed{ rescanned to the end of the text: 12.8 s on 4,000 of them before
     assert _fast(extract_boxed, text) == expected
     assert _fast(rule_reward, text, "7") == (1.0 if expected == "7" else 0.0)
 
 
-@pytest.mark.parametrize("text", ["#### " * 50_000, "#### 1 " * 50_000, "answer: " * 50_000, "<answer>" * 50_000,
-                                  "</answer><answer>" * 30_000, "1." * 100_000, "1," * 100_000, "1/" * 100_000,
-                                  ("9" * 1000 + " " * 1000 + ".") * 100, "#### \n" * 50_000],
-                         ids=["empty-markers", "markers", "answer-markers", "open-tags", "tag-pairs", "dots",
-                              "commas", "slashes", "runs-and-spaces", "marker-lines"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#### " * 50_000,
+        "#### 1 " * 50_000,
+        "answer: " * 50_000,
+        "<answer>" * 50_000,
+        "</answer><answer>" * 30_000,
+        "1." * 100_000,
+        "1," * 100_000,
+        "1/" * 100_000,
+        ("9" * 1000 + " " * 1000 + ".") * 100,
+        "#### \n" * 50_000,
+    ],
+    ids=[
+        "empty-markers",
+        "markers",
+        "answer-markers",
+        "open-tags",
+        "tag-pairs",
+        "dots",
+        "commas",
+        "slashes",
+        "runs-and-spaces",
+        "marker-lines",
+    ],
+)
 def test_last_marker_and_whole_number_rules_stay_linear(text):
     # the backwards marker scan and the number lookarounds are linear; a rescan per marker would not be
     assert _fast(rule_reward, text, "1") in (0.0, 1.0)

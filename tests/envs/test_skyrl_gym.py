@@ -4,6 +4,7 @@ Unit tests use fake skyrl envs (``FakeCounterEnv`` and friends: ``BaseTextEnv`` 
 here and registered in the real ``skyrl_gym`` registry); the end-to-end tests run skyrl-gym's own
 ``gsm8k`` / ``gsm8k_multi_turn`` envs (no network) through ``agentrl rollout`` and ``agentrl run``
 with the tiny model, which will not solve them: they check the trajectories' shape, not skill."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,13 @@ class FakeCounterEnv(BaseTextEnv):
         self.turns += 1
         done = self.turns >= self.target
         obs = [] if done else [{"role": "user", "content": f"turn {self.turns + 1} please"}]
-        return BaseTextEnvStepOutput(observations=obs, reward=1.0 if done else 0.25, done=done,
-                                     metadata={"turn": self.turns}, postprocessed_action=action.split("</x>")[0])
+        return BaseTextEnvStepOutput(
+            observations=obs,
+            reward=1.0 if done else 0.25,
+            done=done,
+            metadata={"turn": self.turns},
+            postprocessed_action=action.split("</x>")[0],
+        )
 
     def get_metrics(self):
         return {"steps": self.turns}
@@ -63,8 +69,9 @@ class FakeBadEnv(BaseTextEnv):
             raise ValueError("no <tool> block")
         if self.how == "nan":
             return BaseTextEnvStepOutput(observations=[], reward=float("nan"), done=True, metadata={})
-        return BaseTextEnvStepOutput(observations=[{"role": "assistant", "content": "x"}], reward=0.0, done=False,
-                                     metadata={})
+        return BaseTextEnvStepOutput(
+            observations=[{"role": "assistant", "content": "x"}], reward=0.0, done=False, metadata={}
+        )
 
 
 skyrl_gym.register(id="fake_counter", entry_point=FakeCounterEnv)
@@ -72,8 +79,15 @@ skyrl_gym.register(id="fake_bad", entry_point=FakeBadEnv)
 
 
 def _rows(n: int, env_class: str = "fake_counter") -> list[dict]:
-    return [{"prompt": [{"role": "user", "content": f"count to {1 + i % 3}"}], "env_class": env_class,
-             "target": 1 + i % 3, "extra_info": {"index": i}} for i in range(n)]
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"count to {1 + i % 3}"}],
+            "env_class": env_class,
+            "target": 1 + i % 3,
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
 
 
 def _jsonl(tmp_path, rows, name="data.jsonl"):
@@ -156,8 +170,9 @@ def test_eval_split_is_held_out(tmp_path):
     assert len(SkyRLGymEnv("fake_counter", dataset=path, eval_dataset=other, split="eval").tasks) == 4
     assert len(SkyRLGymEnv("fake_counter", dataset=path, eval_dataset=other, split="train").tasks) == 60
     with pytest.raises(ConfigError, match="eval split of .* is empty"):
-        SkyRLGymEnv("fake_counter", dataset=str(_jsonl(tmp_path, _rows(1), "one.jsonl")), split="eval",
-                    eval_fraction=0.01)
+        SkyRLGymEnv(
+            "fake_counter", dataset=str(_jsonl(tmp_path, _rows(1), "one.jsonl")), split="eval", eval_fraction=0.01
+        )
     with pytest.raises(ConfigError, match="split must be one of"):
         SkyRLGymEnv("fake_counter", dataset=path, split="test")
     # the built-in sample's splits, through the registry (the eval-split rule of `make`)
@@ -203,9 +218,13 @@ def test_the_episode_manager_samples_with_the_env_and_run_stop_strings(tiny_toke
 
     path = str(_jsonl(tmp_path, [_rows(3)[2]]))
     cfg = RolloutConfig(max_turns=5, max_context=4096, max_new_tokens=64, stop=["</y>"])
-    mgr = EpisodeManager(StopEngine(policy), lambda: SkyRLGymEnv("fake_counter", dataset=path, eval_dataset=path,
-                                                                 stop=["</x>"]),
-                         tok, cfg, env_id="skyrl")
+    mgr = EpisodeManager(
+        StopEngine(policy),
+        lambda: SkyRLGymEnv("fake_counter", dataset=path, eval_dataset=path, stop=["</x>"]),
+        tok,
+        cfg,
+        env_id="skyrl",
+    )
     traj = asyncio.run(mgr.run_episode(EpisodeSpec("g", 0, task_seed=0)))
     assert traj.outcome == Outcome.OK, traj.outcome_detail
     assert seen == [("</y>", "</x>")] * 3
@@ -216,7 +235,7 @@ def test_the_episode_manager_samples_with_the_env_and_run_stop_strings(tiny_toke
     first, second = traj.turns[0], traj.turns[1]
     glue = traj.token_ids[first.start + first.n_sampled]
     assert glue == im_end and traj.loss_mask[first.start + first.n_sampled] == 0  # closing glue, not trained
-    assert tok.decode(traj.token_ids[second.start: second.start + second.n_sampled]) == "step 1</x>"
+    assert tok.decode(traj.token_ids[second.start : second.start + second.n_sampled]) == "step 1</x>"
 
 
 # ------------------------------------------------------------------ real skyrl-gym envs, tiny model
@@ -230,10 +249,31 @@ def test_agentrl_rollout_on_skyrl_gsm8k_multi_turn(tiny_model_dir, tmp_path):
     from agentrl.trajectory import read_jsonl
 
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["rollout", "--env", "skyrl/gsm8k_multi_turn", "--model", str(tiny_model_dir),
-                                   "-n", "2", "-g", "2", "-o", str(out), "-q",
-                                   "--set", "rollout.max_new_tokens=24", "--set", "rollout.max_turns=3",
-                                   "--set", "rollout.stop=[e]", "--set", "rollout.score_truncated=true"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--env",
+            "skyrl/gsm8k_multi_turn",
+            "--model",
+            str(tiny_model_dir),
+            "-n",
+            "2",
+            "-g",
+            "2",
+            "-o",
+            str(out),
+            "-q",
+            "--set",
+            "rollout.max_new_tokens=24",
+            "--set",
+            "rollout.max_turns=3",
+            "--set",
+            "rollout.stop=[e]",
+            "--set",
+            "rollout.score_truncated=true",
+        ],
+    )
     assert res.exit_code == 0, res.output
     trajs = list(read_jsonl(out / "trajectories.jsonl"))
     assert len(trajs) == 4
@@ -249,13 +289,13 @@ def test_agentrl_rollout_on_skyrl_gsm8k_multi_turn(tiny_model_dir, tmp_path):
         assert all(isinstance(r.reward, float) for r in t.turns)
         assert t.messages[0]["role"] == "user" and "####" in t.messages[0]["content"]
         for r in t.turns:
-            ids = t.token_ids[r.start: r.start + r.n_sampled]
-            assert all(t.loss_mask[r.start: r.start + r.n_sampled])  # sampled tokens are trained on
+            ids = t.token_ids[r.start : r.start + r.n_sampled]
+            assert all(t.loss_mask[r.start : r.start + r.n_sampled])  # sampled tokens are trained on
             if r.finish_reason == "stop" and "e" in tok.decode(ids):
                 assert "e" not in tok.decode(ids[:-1])  # cut at the token that completed the string
                 string_stops += 1
         if len(t.turns) > 1:  # the env's follow-up is an observation (mask 0)
-            gap = t.loss_mask[t.turns[0].start + t.turns[0].n_sampled: t.turns[1].start]
+            gap = t.loss_mask[t.turns[0].start + t.turns[0].n_sampled : t.turns[1].start]
             assert gap and not any(gap)
     assert string_stops >= 1, "no turn ended on the stop string"
 
@@ -268,10 +308,22 @@ def test_agentrl_run_on_skyrl_gsm8k(tiny_model_dir, tmp_path):
     from agentrl.jobs.run import Runner
 
     out = tmp_path / "run"
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=skyrl/gsm8k", "algo.name=grpo",
-        "rollout.max_new_tokens=16", "rollout.group_size=2", "train.groups_per_step=2", "train.steps=2",
-        "train.max_staleness=0", "eval.num_tasks=2", "logging.tensorboard=false"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={tiny_model_dir}",
+            "env.id=skyrl/gsm8k",
+            "algo.name=grpo",
+            "rollout.max_new_tokens=16",
+            "rollout.group_size=2",
+            "train.groups_per_step=2",
+            "train.steps=2",
+            "train.max_staleness=0",
+            "eval.num_tasks=2",
+            "logging.tensorboard=false",
+        ],
+    )
     summary = asyncio.run(Runner(cfg, progress=False).run())
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,6 +1,7 @@
 """TextWorld-v0: determinism, the disjoint eval split, the oracle solving every world within the
 turn limit, path-independent state keys, rewards, the env contract, and (with the real episode
 manager and a noisy-oracle scripted engine) per-turn state keys feeding GiGPO credit."""
+
 import asyncio
 import random
 
@@ -166,11 +167,27 @@ def test_agentrl_run_textworld_with_gigpo_end_to_end(tiny_model_dir, tmp_path):
     from agentrl.trajectory import read_jsonl
 
     out = tmp_path / "run"
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=textworld", "algo.name=grpo",
-        "algo.credit=gigpo", "algo.gigpo_omega=1.0", "rollout.max_new_tokens=24", "rollout.max_turns=3",
-        "rollout.group_size=4", "rollout.temperature=1.0", "train.groups_per_step=2", "train.steps=2",
-        "train.max_staleness=0", "eval.num_tasks=0", "logging.tensorboard=false", "logging.trajectories_per_step=-1"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={tiny_model_dir}",
+            "env.id=textworld",
+            "algo.name=grpo",
+            "algo.credit=gigpo",
+            "algo.gigpo_omega=1.0",
+            "rollout.max_new_tokens=24",
+            "rollout.max_turns=3",
+            "rollout.group_size=4",
+            "rollout.temperature=1.0",
+            "train.groups_per_step=2",
+            "train.steps=2",
+            "train.max_staleness=0",
+            "eval.num_tasks=0",
+            "logging.tensorboard=false",
+            "logging.trajectories_per_step=-1",
+        ],
+    )
     summary = asyncio.run(Runner(cfg, progress=False).run())
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,5 @@
 """ChatRenderer: token-exact deltas reproduce the template's own rendering, turn after turn."""
+
 from __future__ import annotations
 
 import json
@@ -8,16 +9,26 @@ import pytest
 
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.errors import TemplateError
-from agentrl.warmstart.tiny_model import build_tokenizer
 from agentrl.tools.calls import parse_hermes
+from agentrl.warmstart.tiny_model import build_tokenizer
 
 TOOLS = [
-    {"type": "function", "function": {"name": "python", "description": "Run Python code.",
-                                      "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
-                                                     "required": ["code"]}}},
-    {"type": "function", "function": {"name": "search", "description": "Search the web.",
-                                      "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
-                                                     "required": ["q"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python code.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    },
 ]
 
 # A Llama-3.1-style template (header tokens, <|eot_id|> with no glue after it, tools in the system
@@ -51,8 +62,7 @@ def qwen_tok():
 @pytest.fixture(scope="module")
 def llama_tok():
     tok = build_tokenizer(None, chat_template=LLAMA3_TEMPLATE)
-    tok.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                   special_tokens=True)
+    tok.add_tokens(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], special_tokens=True)
     tok.bos_token, tok.eos_token = "<|begin_of_text|>", "<|eot_id|>"
     return tok
 
@@ -64,20 +74,23 @@ def _call(name: str, args: dict) -> str:
 def _conversation(seed: int, turns: int) -> tuple[list[dict], list[tuple[str, list[dict]]]]:
     """Initial messages and, per turn, (assistant text, the messages that follow it)."""
     rng = random.Random(seed)
-    first = [{"role": "system", "content": "You solve tasks with tools."},
-             {"role": "user", "content": "Compute things for me, step by step. ünïcødé ✓"}]
+    first = [
+        {"role": "system", "content": "You solve tasks with tools."},
+        {"role": "user", "content": "Compute things for me, step by step. ünïcødé ✓"},
+    ]
     steps = []
     for t in range(turns):
         kind = t % 4
         n_calls = 1 if kind == 0 else rng.randint(2, 3) if kind == 1 else rng.randint(1, 2)
-        calls = [_call(rng.choice(["python", "search"]), {"code": f"print({t} * {k})\n# tab\there"})
-                 for k in range(n_calls)]
+        calls = [
+            _call(rng.choice(["python", "search"]), {"code": f"print({t} * {k})\n# tab\there"}) for k in range(n_calls)
+        ]
         text = f"Turn {t}: I will call {n_calls} tool(s).\n" + "\n".join(calls)
         if kind == 3:
             text = f"Partial answer {t}: 42 with no tool call."
             obs = [{"role": "user", "content": f"Follow-up question {t}? Please continue."}]
         else:
-            obs = [{"role": "tool", "content": f"out {t}.{k}\n{{\"json\": [1, 2]}}  <b>x</b>"} for k in range(n_calls)]
+            obs = [{"role": "tool", "content": f'out {t}.{k}\n{{"json": [1, 2]}}  <b>x</b>'} for k in range(n_calls)]
             if kind == 2:  # tool results followed by a user nudge in the same observation
                 obs.append({"role": "user", "content": "Also, hurry up."})
         steps.append((text, obs))
@@ -116,8 +129,7 @@ def test_stop_tokens_and_glue(qwen_tok, llama_tok):
 def test_prompt_ids_match_template_tokenization(qwen_tok):
     msgs = [{"role": "user", "content": "hello"}]
     r = ChatRenderer(qwen_tok, tools=TOOLS)
-    ref = qwen_tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True,
-                                       return_dict=False)
+    ref = qwen_tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert r.prompt_ids(msgs) == list(ref)
     text = qwen_tok.decode(r.prompt_ids(msgs), skip_special_tokens=False)
     assert '"name": "search"' in text and text.endswith("<|im_start|>assistant\n")
@@ -127,8 +139,10 @@ def test_observation_ids_do_not_render_history(qwen_tok):
     r = ChatRenderer(qwen_tok, tools=TOOLS)
     seen: list[int] = []
     original = r.render
-    r.render = lambda messages, add_generation_prompt=False: (seen.append(len(messages)),
-                                                              original(messages, add_generation_prompt))[1]
+    r.render = lambda messages, add_generation_prompt=False: (
+        seen.append(len(messages)),
+        original(messages, add_generation_prompt),
+    )[1]
     first, steps = _conversation(seed=2, turns=12)
     _rollout(r, qwen_tok, first, steps)
     assert max(seen) <= 2 + max(len(obs) for _, obs in steps)  # dummy pair + the new messages only
@@ -141,12 +155,13 @@ def test_observation_cache_is_not_poisoned(qwen_tok):
     a.append(-1)
     assert r.observation_ids(obs) == a[:-1]
     assert qwen_tok.decode(a[:-1], skip_special_tokens=False) == (
-        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_decode_keeps_tool_tags_and_drops_stop(qwen_tok):
     r = ChatRenderer(qwen_tok, tools=TOOLS)
-    text = 'Let me run it.\n' + _call("python", {"code": "print(1 + 1)"})
+    text = "Let me run it.\n" + _call("python", {"code": "print(1 + 1)"})
     ids = qwen_tok.encode(text, add_special_tokens=False) + list(r.stop_token_ids[:1])
     assert r.decode(ids) == text
     parsed = parse_hermes(r.decode(ids))
@@ -161,17 +176,21 @@ def test_close_ids(qwen_tok):
 
 def test_template_without_prefix_property_raises(qwen_tok):
     # Rewrites an assistant message once something follows it -> deltas would be wrong.
-    tmpl = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
-            "{%- if m.role == 'assistant' and not loop.last %}{{- ' (earlier)' }}{%- endif %}{{- '<|im_end|>\\n' }}"
-            "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    tmpl = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
+        "{%- if m.role == 'assistant' and not loop.last %}{{- ' (earlier)' }}{%- endif %}{{- '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
     tok = build_tokenizer(None, chat_template=tmpl)
     with pytest.raises(TemplateError, match="prefix property"):
         ChatRenderer(tok).observation_ids([{"role": "tool", "content": "x"}])
 
 
 def test_template_with_text_before_stop_token_raises():
-    tmpl = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '\\n<|im_end|>\\n' }}"
-            "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    tmpl = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '\\n<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
     tok = build_tokenizer(None, chat_template=tmpl)
     r = ChatRenderer(tok)
     assert r.end_of_turn_id is None and r.stop_token_ids == (tok.eos_token_id,)

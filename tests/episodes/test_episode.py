@@ -1,15 +1,14 @@
 """Episode manager tests on a FakeEngine (scripted policy) and real envs/templates."""
+
 import asyncio
 import json
 import re
 
-import pytest
-
-from agentrl.episodes.chat import ChatRenderer
 from agentrl.config.schema import RolloutConfig
 from agentrl.engine.fake import FakeEngine
 from agentrl.envs.base import ToolEnv
 from agentrl.envs.noop import NoopEnv
+from agentrl.episodes.chat import ChatRenderer
 from agentrl.episodes.manager import EpisodeManager, EpisodeSpec, make_specs
 from agentrl.errors import EngineError
 from agentrl.tools.base import Tool
@@ -100,9 +99,16 @@ def test_qwen_template_30_turns_token_exact(tiny_tokenizer):
 
 # ---------------------------------------------------------------------------- faults at scale
 FAULTS = ["exception", "exception", "timeout", "malformed", "unknown", "badreward"] + ["none"] * 14
-EXPECTED = {"exception": Outcome.ENV_ERROR, "timeout": Outcome.TOOL_TIMEOUT, "malformed": Outcome.OK,
-            "unknown": Outcome.OK, "badreward": Outcome.REWARD_ERROR, "none": Outcome.OK,
-            "engine": Outcome.ENGINE_ERROR, "engine_crash": Outcome.ENGINE_ERROR}
+EXPECTED = {
+    "exception": Outcome.ENV_ERROR,
+    "timeout": Outcome.TOOL_TIMEOUT,
+    "malformed": Outcome.OK,
+    "unknown": Outcome.OK,
+    "badreward": Outcome.REWARD_ERROR,
+    "none": Outcome.OK,
+    "engine": Outcome.ENGINE_ERROR,
+    "engine_crash": Outcome.ENGINE_ERROR,
+}
 
 
 class FaultEnv(ToolEnv):
@@ -262,6 +268,7 @@ def test_streams_in_completion_order_and_cancel(tiny_tokenizer):
         async def later():
             await asyncio.sleep(0.2)
             mgr.cancel()
+
         asyncio.get_running_loop().create_task(later())
         return await mgr.collect(make_specs(5, 2))
 
@@ -281,8 +288,9 @@ def test_make_specs_groups_share_task():
 
 def test_make_specs_rerun_attempt_keeps_the_tasks_and_draws_new_samples():
     first, rerun = make_specs(2, 4, seed=5, start=7), make_specs(2, 4, seed=5, start=7, attempt=1)
-    assert [(s.group_id, s.sample_index, s.task_seed) for s in rerun] == \
-        [(s.group_id, s.sample_index, s.task_seed) for s in first]
+    assert [(s.group_id, s.sample_index, s.task_seed) for s in rerun] == [
+        (s.group_id, s.sample_index, s.task_seed) for s in first
+    ]
     seeds = [s.sampling_seed for s in first]
     assert not {s.sampling_seed for s in rerun} & set(seeds)
     assert make_specs(2, 4, seed=5, start=7, attempt=2) not in (first, rerun)
@@ -305,6 +313,8 @@ def test_score_truncated_hands_the_cut_turn_to_the_env(tiny_tokenizer):
 
     pol = _fixed(tiny_tokenizer, "word " * 50, stop=False)
     for flag, reward in ((False, 0.0), (True, 0.25)):
-        mgr = EpisodeManager(FakeEngine(pol), Scored, tiny_tokenizer, RolloutConfig(max_new_tokens=10, score_truncated=flag))
+        mgr = EpisodeManager(
+            FakeEngine(pol), Scored, tiny_tokenizer, RolloutConfig(max_new_tokens=10, score_truncated=flag)
+        )
         t = asyncio.run(mgr.run_episode(EpisodeSpec("g", 0, 0)))
         assert t.outcome == Outcome.TRUNCATED_LENGTH and t.reward == reward

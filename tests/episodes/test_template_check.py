@@ -1,4 +1,5 @@
 """check_template: passes real token-exact templates, fails ones that rewrite earlier turns."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,10 @@ THINK_STRIPPING_TEMPLATE = """
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
 
-NO_TOOLS_TEMPLATE = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
-                     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+NO_TOOLS_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def _check(report, name):
@@ -81,8 +84,12 @@ def test_template_without_tool_support(tok):
 def test_custom_tools_and_warning_for_non_eos_end_of_turn(tok):
     t = build_tokenizer(None)
     t.eos_token = "<|endoftext|>"  # turns still end with <|im_end|>
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "d",
-                                               "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "description": "d", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     report = check_template(t, tools=tools)
     assert report.ok and "1 tool schema" in _check(report, "renders_tools")[1]
     assert any("not tokenizer.eos_token" in w for w in report.warnings)
@@ -90,9 +97,13 @@ def test_custom_tools_and_warning_for_non_eos_end_of_turn(tok):
 
 
 def test_render_error_is_reported_not_raised():
-    t = build_tokenizer(None, chat_template=NO_TOOLS_TEMPLATE.replace(
-        "{%- for m in messages %}",
-        "{%- for m in messages %}{%- if m.role == 'tool' %}{{ raise_exception('tool role unsupported') }}{%- endif %}"))
+    t = build_tokenizer(
+        None,
+        chat_template=NO_TOOLS_TEMPLATE.replace(
+            "{%- for m in messages %}",
+            "{%- for m in messages %}{%- if m.role == 'tool' %}{{ raise_exception('tool role unsupported') }}{%- endif %}",  # noqa: E501
+        ),
+    )
     report = check_template(t, tools=[])
     passed, detail = _check(report, "prefix")
     assert not report.ok and not passed and "tool role unsupported" in detail

@@ -9,9 +9,15 @@ from agentrl.trajectory import Outcome, Trajectory, TurnRecord, load, save
 def _traj(seed: int) -> Trajectory:
     rng = random.Random(seed)
     prompt = [rng.randrange(2000) for _ in range(rng.randint(3, 20))]
-    t = Trajectory(episode_id=f"e{seed}", group_id="g", env_id="code_exec", prompt_len=len(prompt),
-                   task={"id": seed, "answer": "42", "nested": {"ü": [1, 2.5]}},
-                   messages=[{"role": "user", "content": "héllo \x00 \u2603 \n"}], info={"tool_stats": {"calls": 2}})
+    t = Trajectory(
+        episode_id=f"e{seed}",
+        group_id="g",
+        env_id="code_exec",
+        prompt_len=len(prompt),
+        task={"id": seed, "answer": "42", "nested": {"ü": [1, 2.5]}},
+        messages=[{"role": "user", "content": "héllo \x00 \u2603 \n"}],
+        info={"tool_stats": {"calls": 2}},
+    )
     t.token_ids, t.loss_mask = list(prompt), [0] * len(prompt)
     t.logprobs, t.turn_ids, t.versions = [0.0] * len(prompt), [-1] * len(prompt), [-1] * len(prompt)
     for turn in range(3):
@@ -79,5 +85,5 @@ def test_lone_surrogates_are_written_as_valid_utf8(tmp_path):
     raw = path.read_bytes()
     raw.decode("utf-8")  # strict: every byte sequence valid
     back = load(path)
-    assert back[0].messages[0] == {"role": "tool", "name": "\ufffd", "content": "pair \U0001F600 lone \ufffd end"}
+    assert back[0].messages[0] == {"role": "tool", "name": "\ufffd", "content": "pair \U0001f600 lone \ufffd end"}
     assert "k\ufffd" in back[0].task and back[1].to_dict() == _traj(5).to_dict()

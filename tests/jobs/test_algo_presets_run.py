@@ -1,6 +1,7 @@
 """`agentrl run` end to end on the tiny model with the presets of issue #16 (dapo, gspo, cispo,
 reinforce_pp_baseline, and reinforce_pp with its KL in the reward), and DAPO's dynamic sampling
 keeping the prompt stream exactly once through a resume."""
+
 import asyncio
 import json
 import math
@@ -34,12 +35,29 @@ agentrl.register("test/EveryThirdConst-v0", entry_point=EveryThirdConstEnv, over
 
 
 def _cfg(model_dir, out, algo, steps, extra=()):
-    return load_config([], [
-        f"output_dir={out}", f"model.path={model_dir}", "env.id=test/EveryThirdConst-v0", "env.kwargs={}",
-        f"algo.name={algo}", "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
-        "rollout.group_size=4", "train.groups_per_step=3", f"train.steps={steps}", "train.max_staleness=0",
-        "train.checkpoint_every=2", "eval.num_tasks=0", "eval.env_kwargs={}", "trainer.lr=2e-2",
-        "logging.tensorboard=false", *extra])
+    return load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={model_dir}",
+            "env.id=test/EveryThirdConst-v0",
+            "env.kwargs={}",
+            f"algo.name={algo}",
+            "rollout.max_new_tokens=6",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            "rollout.group_size=4",
+            "train.groups_per_step=3",
+            f"train.steps={steps}",
+            "train.max_staleness=0",
+            "train.checkpoint_every=2",
+            "eval.num_tasks=0",
+            "eval.env_kwargs={}",
+            "trainer.lr=2e-2",
+            "logging.tensorboard=false",
+            *extra,
+        ],
+    )
 
 
 def _rows(out):
@@ -50,12 +68,15 @@ def _run(cfg):
     return asyncio.run(Runner(cfg, progress=False).run())
 
 
-@pytest.mark.parametrize("algo, needs", [
-    ("gspo", "train/clipfrac"),
-    ("cispo", "train/clipfrac"),
-    ("reinforce_pp_baseline", "train/loss"),
-    ("reinforce_pp", "credit/kl_in_reward/kl_mean"),
-])
+@pytest.mark.parametrize(
+    "algo, needs",
+    [
+        ("gspo", "train/clipfrac"),
+        ("cispo", "train/clipfrac"),
+        ("reinforce_pp_baseline", "train/loss"),
+        ("reinforce_pp", "credit/kl_in_reward/kl_mean"),
+    ],
+)
 def test_preset_runs_end_to_end(tiny_model_dir, tmp_path, algo, needs):
     out = tmp_path / algo
     summary = _run(_cfg(tiny_model_dir, out, algo, 2))

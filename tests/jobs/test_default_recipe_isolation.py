@@ -9,6 +9,7 @@ must end with 0 infrastructure failures and 0 tool timeouts in every rollout ste
 say at start which isolation it has. (Correctness never depends on the optional layers; this is
 what the README's first command does on a machine without bubblewrap or Docker.)
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,11 @@ MODES = {
     # name: (command prefix, sandbox options, words the isolation line must have)
     "bwrap": ([], {"bwrap": True}, "read-only /usr view"),
     "root-without-bwrap": ([], {"bwrap": False}, "private pid, network and mount namespaces"),
-    "not-root": (["unshare", "--user", "--map-user=1000", "--map-group=1000"], {"bwrap": False},
-                 "not root: programs run as you"),
+    "not-root": (
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000"],
+        {"bwrap": False},
+        "not root: programs run as you",
+    ),
 }
 
 
@@ -56,9 +60,27 @@ def test_shortened_default_recipe_has_no_infrastructure_failures(mode, tmp_path)
     out = tmp_path / "run"
     kwargs = json.dumps({"sandbox_backend": "local", "sandbox_options": options})
     agentrl = [sys.executable, "-c", "from agentrl.cli.main import main; main()"]
-    cmd = prefix + agentrl + ["run", "--env", "code_exec", "--algo", "grpo", "--steps", str(STEPS), "-o", str(out),
-                              "--set", f"env.kwargs={kwargs}", "--set", "eval.num_tasks=64",
-                              "--set", "logging.tensorboard=false"]
+    cmd = (
+        prefix
+        + agentrl
+        + [
+            "run",
+            "--env",
+            "code_exec",
+            "--algo",
+            "grpo",
+            "--steps",
+            str(STEPS),
+            "-o",
+            str(out),
+            "--set",
+            f"env.kwargs={kwargs}",
+            "--set",
+            "eval.num_tasks=64",
+            "--set",
+            "logging.tensorboard=false",
+        ]
+    )
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     printed = res.stdout + res.stderr
@@ -70,8 +92,11 @@ def test_shortened_default_recipe_has_no_infrastructure_failures(mode, tmp_path)
     evals = [r for r in rows if "eval/episodes" in r]
     assert len(steps) == STEPS and len(evals) >= 2
     assert all(r["rollout/episodes"] >= 256 for r in steps)  # the full default batch, every step
-    failures = {r["step"]: {k: v for k, v in r.items() if k.startswith(("rollout/outcome/", "eval/outcome/"))}
-                for r in steps + evals if r.get("rollout/infra_failures", 0) or r.get("eval/infra_failures", 0)}
+    failures = {
+        r["step"]: {k: v for k, v in r.items() if k.startswith(("rollout/outcome/", "eval/outcome/"))}
+        for r in steps + evals
+        if r.get("rollout/infra_failures", 0) or r.get("eval/infra_failures", 0)
+    }
     assert failures == {}, f"infrastructure failures in {mode}: {failures}"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rollout"]["outcomes"].get("tool_timeout", 0) == 0

@@ -5,6 +5,7 @@ per tick and stamps each with the version current at that tick, as the real engi
 LocalEngine tests show the same on the tiny model: an update mid-generation yields turns that span
 two versions, and through the drain wrapper none does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,16 +16,16 @@ import pytest
 
 from agentrl.config.schema import RolloutConfig, load_config
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.fake import FakeEngine
+from agentrl.errors import EngineError
+from agentrl.observe.run_log import rollout_extra, turn_versions
+from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 from agentrl.weights.drain import (
     DrainEngine,
     drained_together,
     weight_update_gate,
     with_partial_rollouts,
 )
-from agentrl.engine.fake import FakeEngine
-from agentrl.errors import EngineError
-from agentrl.observe.run_log import rollout_extra, turn_versions
-from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,8 +50,9 @@ class TickingFakeEngine(Engine):
     def policy_version(self) -> int:  # type: ignore[override]
         return self.version
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *,
-                       session: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
+    ) -> Generation:
         if self.closed:
             raise EngineError("fake engine closed")
         self.running += 1
@@ -88,6 +90,7 @@ async def until(cond, timeout_s: float = 30.0) -> None:
 
 
 # --- unit: the drain gate over a fake ----------------------------------------------------------
+
 
 async def test_fake_without_drain_spans_versions():
     """Control (partial rollouts): the fake really interrupts, so the drain tests below can fail."""
@@ -347,6 +350,7 @@ def test_config_field():
 
 
 # --- mixed_version_turns -----------------------------------------------------------------------
+
 
 def traj(turn_versions_: list[list[int]], obs: int = 2, prompt: int = 3, eid: str = "e") -> Trajectory:
     """A trajectory whose turn i samples len(turn_versions_[i]) tokens with those versions."""

@@ -3,6 +3,7 @@ model and a live SGLang server (an update mid-generation yields turns spanning t
 the drain wrapper none does), ``agentrl run`` with ``rollout.partial_rollouts=false`` in process and
 under Ray. The gate's unit tests over a fake are in ``test_partial_rollouts.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ from agentrl.engine.base import Generation, SamplingParams
 from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
 
 # --- real LocalEngine on the tiny model --------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def local_model(tiny_model_dir):
@@ -45,8 +47,10 @@ async def _update_mid_generation(engine, inner, weights) -> tuple[list[Generatio
 
     upd = asyncio.create_task(push())
     await asyncio.sleep(0)
-    later = [asyncio.create_task(engine.generate([9, 10], SamplingParams(max_new_tokens=20, stop_token_ids=NO_STOP)))
-             for _ in range(2)]
+    later = [
+        asyncio.create_task(engine.generate([9, 10], SamplingParams(max_new_tokens=20, stop_token_ids=NO_STOP)))
+        for _ in range(2)
+    ]
     await upd
     return list(await asyncio.gather(*first)), list(await asyncio.gather(*later))
 
@@ -84,6 +88,7 @@ async def test_local_engine_drained_never_spans(local_model):
 
 
 # --- real SGLang server --------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def drain_server(sglang_model_dir):
@@ -127,8 +132,9 @@ async def test_sglang_partial_spans_and_drained_does_not(drain_server, sglang_mo
 
             upd = asyncio.create_task(push())
             await asyncio.sleep(0.05)
-            later = [asyncio.create_task(engine.generate([9, 10, i], SamplingParams(max_new_tokens=8)))
-                     for i in range(2)]
+            later = [
+                asyncio.create_task(engine.generate([9, 10, i], SamplingParams(max_new_tokens=8))) for i in range(2)
+            ]
             await upd
             return list(await asyncio.gather(*first)), list(await asyncio.gather(*later)), running
         finally:
@@ -157,6 +163,7 @@ async def test_sglang_partial_spans_and_drained_does_not(drain_server, sglang_mo
 
 # --- the runner (needs the runner wiring of rollout.partial_rollouts) ----------------------------
 
+
 @pytest.mark.slow
 def test_runner_drains_weight_updates_when_partial_rollouts_is_false(tiny_model_dir, tmp_path):
     """`agentrl run` with overlapping rollouts (max_staleness=2) and long turns: partial_rollouts=false
@@ -170,15 +177,27 @@ def test_runner_drains_weight_updates_when_partial_rollouts_is_false(tiny_model_
 
     for partial in (True, False):
         out = tmp_path / f"run-{partial}"
-        cfg = _cfg(tiny_model_dir, out, 6, ["eval.num_tasks=0", "train.max_staleness=2", "rollout.max_new_tokens=256",
-                                            "train.checkpoint_every=0", f"rollout.partial_rollouts={str(partial).lower()}"])
+        cfg = _cfg(
+            tiny_model_dir,
+            out,
+            6,
+            [
+                "eval.num_tasks=0",
+                "train.max_staleness=2",
+                "rollout.max_new_tokens=256",
+                "train.checkpoint_every=0",
+                f"rollout.partial_rollouts={str(partial).lower()}",
+            ],
+        )
         assert asyncio.run(Runner(cfg, progress=False).run())["steps"] == 6
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in rows if "rollout/mixed_version_turns" in r]
         assert len(steps) == 6 and all("time/drain_wait_s" in r for r in steps)
         mixed = [r["rollout/mixed_version_turns"] for r in steps]
-        print(f"partial_rollouts={partial}: mixed_version_turns={mixed} "
-              f"drain_wait_s={[round(r['time/drain_wait_s'], 3) for r in steps]}")
+        print(
+            f"partial_rollouts={partial}: mixed_version_turns={mixed} "
+            f"drain_wait_s={[round(r['time/drain_wait_s'], 3) for r in steps]}"
+        )
         if not partial:
             assert mixed == [0.0] * 6
         else:
@@ -186,6 +205,7 @@ def test_runner_drains_weight_updates_when_partial_rollouts_is_false(tiny_model_
 
 
 # --- Ray (needs the runner wiring and the RolloutWorker/RayEpisodes gates) -----------------------
+
 
 @pytest.mark.ray
 @pytest.mark.slow

@@ -3,6 +3,7 @@ replay, and the crash tests — ``agentrl run`` SIGKILLed at random steps and in
 writes, then resumed: no prompt lost or trained twice, and with replayed rollouts the final
 parameters equal the uninterrupted run's bitwise. ``bench/bench_faults.py`` runs the full 20 kills.
 """
+
 import asyncio
 import json
 import os
@@ -12,9 +13,13 @@ import subprocess
 import sys
 
 import pytest
-from agentrl.envs.base import AgentEnv, join_messages, new_stats
 
 import agentrl
+from agentrl.batches.ledger import Ledger, read_ledger, rewind
+from agentrl.batches.prompt_stream import PromptStream
+from agentrl.batches.staleness import StalenessQueue
+from agentrl.envs.base import AgentEnv, join_messages, new_stats
+from agentrl.errors import ConfigError
 from agentrl.jobs.crash_harness import (
     final_checkpoint,
     ledger_check,
@@ -22,10 +27,6 @@ from agentrl.jobs.crash_harness import (
     same_weights,
     small_run_cmd,
 )
-from agentrl.errors import ConfigError
-from agentrl.batches.ledger import Ledger, read_ledger, rewind
-from agentrl.batches.prompt_stream import PromptStream
-from agentrl.batches.staleness import StalenessQueue
 from agentrl.trajectory import Trajectory
 
 KILLS = int(os.environ.get("AGENTRL_CI_KILLS", "4"))  # bench/bench_faults.py: 20
@@ -68,15 +69,24 @@ def test_prompt_stream_abandons_a_prompt_dropped_max_drops_times():
 
 
 def _traj(gid, version):
-    return Trajectory(episode_id=f"{gid}-0", group_id=gid, env_id="x", prompt_len=1, token_ids=[1, 2],
-                      loss_mask=[0, 1], logprobs=[0.0, -0.5], turn_ids=[-1, 0], versions=[-1, version])
+    return Trajectory(
+        episode_id=f"{gid}-0",
+        group_id=gid,
+        env_id="x",
+        prompt_len=1,
+        token_ids=[1, 2],
+        loss_mask=[0, 1],
+        logprobs=[0.0, -0.5],
+        turn_ids=[-1, 0],
+        versions=[-1, version],
+    )
 
 
 def test_staleness_queue_gives_dropped_positions_back_and_restores_a_snapshot():
     async def main():
         dropped = []
         q = StalenessQueue(1, 1, on_drop=dropped.append)
-        for i in range(2):
+        for _ in range(2):
             await q.admit()
         await q.put(1, [_traj("g1", 0)], position=11)
         await q.put(0, [_traj("g0", 0)], position=10)
@@ -100,6 +110,7 @@ def test_staleness_queue_gives_dropped_positions_back_and_restores_a_snapshot():
         assert not r.can_admit()
         groups, pos = await r.get_batch_with_positions()
         assert pos == [7]
+
     asyncio.run(main())
 
 
@@ -140,13 +151,25 @@ def test_a_resumed_run_hides_the_tensorboard_steps_after_its_checkpoint(tmp_path
 
 
 def test_fault_point_kills_the_process_at_the_nth_pass():
-    code = ("from agentrl.common.faults import fault_point\n"
-            "for i in range(5):\n    print(i, flush=True)\n    fault_point('x')\n")
-    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                       env={**os.environ, "AGENTRL_FAULT_KILL": "y:1,x:3"})
+    code = (
+        "from agentrl.common.faults import fault_point\n"
+        "for i in range(5):\n    print(i, flush=True)\n    fault_point('x')\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "AGENTRL_FAULT_KILL": "y:1,x:3"},
+    )
     assert p.returncode == -signal.SIGKILL and p.stdout.split() == ["0", "1", "2"]
-    p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                       env={**os.environ, "AGENTRL_FAULT_KILL": "x:zero"})
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "AGENTRL_FAULT_KILL": "x:zero"},
+    )
     assert p.returncode == 1 and "is not NAME:N" in p.stderr
 
 
@@ -218,11 +241,28 @@ def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tin
     out = tmp_path / "run"
 
     def cfg(steps, *extra):
-        return load_config([], [
-            f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=test/SlowOnce-v0", "env.kwargs={}",
-            "rollout.max_new_tokens=4", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=2",
-            "train.groups_per_step=2", f"train.steps={steps}", "train.max_staleness=1", "train.checkpoint_every=1",
-            "eval.num_tasks=0", "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false", *extra])
+        return load_config(
+            [],
+            [
+                f"output_dir={out}",
+                f"model.path={tiny_model_dir}",
+                "env.id=test/SlowOnce-v0",
+                "env.kwargs={}",
+                "rollout.max_new_tokens=4",
+                "rollout.max_turns=1",
+                "rollout.score_truncated=true",
+                "rollout.group_size=2",
+                "train.groups_per_step=2",
+                f"train.steps={steps}",
+                "train.max_staleness=1",
+                "train.checkpoint_every=1",
+                "eval.num_tasks=0",
+                "trainer.lr=1e-2",
+                "trainer.loss_agg=token-mean",
+                "logging.tensorboard=false",
+                *extra,
+            ],
+        )
 
     _SLOWED.clear()
     asyncio.run(Runner(cfg(10), progress=False).run())
@@ -232,9 +272,12 @@ def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tin
     assert first["duplicates"] == [] and first["lost"] == [], first
     # crash after step 5: later checkpoints never happened; the run resumes from step 5
     ckpts = sorted((out / "checkpoints").iterdir())
-    mid = next(c for c in ckpts[2:-1]
-               if json.loads((c / "trainer_state.json").read_text())["extra"]["stream"]["requeued"]
-               or (c / "rollouts.jsonl").read_text())
+    mid = next(
+        c
+        for c in ckpts[2:-1]
+        if json.loads((c / "trainer_state.json").read_text())["extra"]["stream"]["requeued"]
+        or (c / "rollouts.jsonl").read_text()
+    )
     for c in ckpts:
         if c.name > mid.name:
             shutil.rmtree(c)
@@ -255,11 +298,27 @@ def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_di
     from agentrl.jobs.run import Runner
 
     out = tmp_path / "run"
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=test/AlwaysSlow-v0", "env.kwargs={}",
-        "rollout.max_new_tokens=4", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=2",
-        "train.groups_per_step=2", "train.steps=40", "train.max_staleness=1", "train.max_prompt_drops=2",
-        "eval.num_tasks=0", "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={tiny_model_dir}",
+            "env.id=test/AlwaysSlow-v0",
+            "env.kwargs={}",
+            "rollout.max_new_tokens=4",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            "rollout.group_size=2",
+            "train.groups_per_step=2",
+            "train.steps=40",
+            "train.max_staleness=1",
+            "train.max_prompt_drops=2",
+            "eval.num_tasks=0",
+            "trainer.lr=1e-2",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+        ],
+    )
     runner = Runner(cfg, progress=False)
     _TRAINER_VERSION[0] = lambda: runner.trainer.version
     attempts = []  # (position, attempt) of every group the producer starts
@@ -288,7 +347,9 @@ def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_di
 def chk_outstanding(run_dir):
     last = final_checkpoint(run_dir)
     st = json.loads((last / "trainer_state.json").read_text())["extra"]["stream"]
-    return st["requeued"] + [json.loads(line)["position"] for line in (last / "rollouts.jsonl").read_text().splitlines()]
+    return st["requeued"] + [
+        json.loads(line)["position"] for line in (last / "rollouts.jsonl").read_text().splitlines()
+    ]
 
 
 # -- crash tests: the real command line, SIGKILLed ----------------------------------------------
@@ -320,12 +381,18 @@ def test_sigkilled_replayed_run_reproduces_the_parameters_bitwise(tiny_model_dir
     ref = tmp_path / "replay_ref"
     subprocess.run(small_run_cmd(tiny_model_dir, ref, steps, f"train.replay={rec}"), check=True, capture_output=True)
     killed = tmp_path / "replay_killed"
-    res = run_with_kills(small_run_cmd(tiny_model_dir, killed, steps, f"train.replay={rec}"), killed, kills=KILLS, seed=2)
+    res = run_with_kills(
+        small_run_cmd(tiny_model_dir, killed, steps, f"train.replay={rec}"), killed, kills=KILLS, seed=2
+    )
     assert len(res["kills"]) == KILLS, res
     assert same_weights(final_checkpoint(ref), final_checkpoint(killed)) == []
     import torch
     from safetensors.torch import load_file
-    start, end = load_file(str(tiny_model_dir / "model.safetensors")), load_file(str(final_checkpoint(ref) / "model.safetensors"))
+
+    start, end = (
+        load_file(str(tiny_model_dir / "model.safetensors")),
+        load_file(str(final_checkpoint(ref) / "model.safetensors")),
+    )
     assert any(not torch.equal(start[k], end[k]) for k in end), "training did not change the weights: nothing compared"
     # replay reproduces the recorded live run itself, too (the trajectories round-trip exactly)
     assert same_weights(final_checkpoint(rec), final_checkpoint(ref)) == []
@@ -338,10 +405,23 @@ def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir,
     from agentrl.jobs.run import Runner
 
     out = tmp_path / "run"
-    sets = [f"output_dir={out}", f"model.path={tiny_model_dir}", "env.id=concise", "env.kwargs={n_turns: 1}",
-            "rollout.max_new_tokens=4", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=2",
-            "train.groups_per_step=2", "train.steps=6", "train.max_staleness=2", "eval.num_tasks=0",
-            "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false"]
+    sets = [
+        f"output_dir={out}",
+        f"model.path={tiny_model_dir}",
+        "env.id=concise",
+        "env.kwargs={n_turns: 1}",
+        "rollout.max_new_tokens=4",
+        "rollout.max_turns=1",
+        "rollout.score_truncated=true",
+        "rollout.group_size=2",
+        "train.groups_per_step=2",
+        "train.steps=6",
+        "train.max_staleness=2",
+        "eval.num_tasks=0",
+        "trainer.lr=1e-2",
+        "trainer.loss_agg=token-mean",
+        "logging.tensorboard=false",
+    ]
     runner = Runner(load_config([], sets), progress=False)
 
     async def main():
@@ -350,6 +430,7 @@ def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir,
             await asyncio.sleep(0.01)
         runner.request_stop("test")
         return await task
+
     summary = asyncio.run(main())
     assert summary["stopped"]["reason"] == "test" and 2 <= summary["steps"] < 6
     assert (out / "checkpoints" / f"step_{summary['steps']:06d}" / "COMPLETE").exists()
@@ -384,8 +465,11 @@ def test_sigterm_stops_agentrl_run_with_a_checkpoint_and_exit_143(tiny_model_dir
     summary = json.loads((out / "summary.json").read_text())
     step = summary["stopped"]["step"]
     assert summary["stopped"]["reason"] == "SIGTERM" and (final_checkpoint(out).name == f"step_{step:06d}")
-    subprocess.run(small_run_cmd(tiny_model_dir, out, step + 2, "train.checkpoint_every=0") + ["--resume"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        small_run_cmd(tiny_model_dir, out, step + 2, "train.checkpoint_every=0") + ["--resume"],
+        check=True,
+        capture_output=True,
+    )
     chk = ledger_check(out)
     assert chk["steps"] == list(range(1, step + 3)) and chk["duplicates"] == [] and chk["lost"] == [], chk
 
@@ -408,11 +492,15 @@ def test_no_launched_sglang_server_outlives_its_run(sglang_model_dir, tmp_path, 
     shutil.copytree(sglang_model_dir, model)  # a path no other test's server has on its command line
 
     def servers():
-        p = subprocess.run(["pgrep", "-f", f"sglang.launch_server --model-path {model}"], capture_output=True, text=True)
+        p = subprocess.run(
+            ["pgrep", "-f", f"sglang.launch_server --model-path {model}"], capture_output=True, text=True
+        )
         return {int(x) for x in p.stdout.split()}
+
     out = tmp_path / "run"
-    cmd = small_run_cmd(model, out, 40, "engine.kind=sglang", "train.checkpoint_every=0",
-                        "engine.max_total_tokens=4096")
+    cmd = small_run_cmd(
+        model, out, 40, "engine.kind=sglang", "train.checkpoint_every=0", "engine.max_total_tokens=4096"
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         rc = _sigterm_when(proc, out, 1, timeout_s=600, sig=sig)

@@ -1,6 +1,7 @@
 """`agentrl rollout` drives the engine `engine.kind` names (it used to run the local engine whatever the
 config said): with a recording stand-in for SGLangEngine here, and against a live SGLang server where
 SGLang is installed (skips saying why elsewhere)."""
+
 import json
 
 import pytest
@@ -44,14 +45,24 @@ def recording(monkeypatch):
 
 
 def test_rollout_honours_engine_kind_sglang(recording, tiny_model_dir, tmp_path):
-    trajs = _rollout(tiny_model_dir, tmp_path / "attach", "engine.kind=sglang", 'engine.urls=["http://10.0.0.1:30000"]',
-                     "rollout.max_context=2048")
+    trajs = _rollout(
+        tiny_model_dir,
+        tmp_path / "attach",
+        "engine.kind=sglang",
+        'engine.urls=["http://10.0.0.1:30000"]',
+        "rollout.max_context=2048",
+    )
     assert recording.built == [{"urls": ["http://10.0.0.1:30000"], "max_context": 2048}]
     assert len(trajs) == 4
     assert all(sum(t["loss_mask"]) == 2 for t in trajs)  # every turn came from the stand-in: one token + stop
 
-    _rollout(tiny_model_dir, tmp_path / "launch", "engine.kind=sglang", "engine.num_servers=2",
-             "engine.max_total_tokens=4096")
+    _rollout(
+        tiny_model_dir,
+        tmp_path / "launch",
+        "engine.kind=sglang",
+        "engine.num_servers=2",
+        "engine.max_total_tokens=4096",
+    )
     launched = recording.built[-1]
     assert launched["launched"] == str(tiny_model_dir) and launched["num_servers"] == 2
     assert (launched["device"], launched["max_total_tokens"]) == ("cpu", 4096)

@@ -13,6 +13,7 @@ Real pieces throughout (Runner, trainer, EpisodeManager, env, sandbox, engine); 
 are injected, from a background thread, without touching agentrl code. Each test skips, saying
 why, where docker or SGLang cannot run here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,13 +25,12 @@ import threading
 import time
 from urllib.parse import urlparse
 
-import pytest
-
 import leak_probe
+import pytest
+import test_runner  # noqa: F401  (registers test/Short-v0)
+
 from agentrl.config.schema import load_config
 from agentrl.jobs.run import Runner
-
-import test_runner  # noqa: F401  (registers test/Short-v0)
 
 
 def _rows(out) -> list[dict]:
@@ -75,12 +75,24 @@ def test_docker_containers_killed_during_run(tmp_path):
     opts = {"pool_size": 1, "max_concurrency": 8}
     G, groups, steps = 4, 2, 3
     out = tmp_path / "run"
-    cfg = load_config([], [
-        f"output_dir={out}", "env.id=code_exec",
-        "env.kwargs={sandbox_backend: docker, sandbox_options: {pool_size: 1, max_concurrency: 8}, code_timeout_s: 10}",
-        "rollout.max_turns=3", "rollout.max_new_tokens=96", f"rollout.group_size={G}", "rollout.turn_timeout_s=120",
-        f"train.groups_per_step={groups}", f"train.steps={steps}", "train.max_staleness=0", "train.checkpoint_every=0",
-        "eval.num_tasks=0", "logging.tensorboard=false"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            "env.id=code_exec",
+            "env.kwargs={sandbox_backend: docker, sandbox_options: {pool_size: 1, max_concurrency: 8}, code_timeout_s: 10}",  # noqa: E501
+            "rollout.max_turns=3",
+            "rollout.max_new_tokens=96",
+            f"rollout.group_size={G}",
+            "rollout.turn_timeout_s=120",
+            f"train.groups_per_step={groups}",
+            f"train.steps={steps}",
+            "train.max_staleness=0",
+            "train.checkpoint_every=0",
+            "eval.num_tasks=0",
+            "logging.tensorboard=false",
+        ],
+    )
     runner = Runner(cfg, progress=False)
     gc.collect()
     fds0, kids0 = leak_probe.fds(), leak_probe.children()
@@ -125,7 +137,11 @@ def _server_pgids(port: int) -> set[int]:
             continue
         try:
             cmd = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            if b"sglang.launch_server" in cmd and b"--port" in cmd and cmd[cmd.index(b"--port") + 1] == str(port).encode():
+            if (
+                b"sglang.launch_server" in cmd
+                and b"--port" in cmd
+                and cmd[cmd.index(b"--port") + 1] == str(port).encode()
+            ):
                 out.add(os.getpgid(int(name)))
         except (OSError, ValueError, IndexError):
             continue
@@ -149,12 +165,29 @@ def test_sglang_server_killed_during_run(sglang_model_dir, tmp_path):
         pytest.skip(reason)
     G, groups, steps = 4, 2, 8
     out = tmp_path / "run"
-    cfg = load_config([], [
-        f"output_dir={out}", f"model.path={sglang_model_dir}", "env.id=test/Short-v0", "env.kwargs={}",
-        "engine.kind=sglang", "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
-        f"rollout.group_size={G}", "rollout.turn_timeout_s=8", f"train.groups_per_step={groups}",
-        f"train.steps={steps}", "train.max_staleness=0", "train.checkpoint_every=0", "eval.num_tasks=0",
-        "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false"])
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={sglang_model_dir}",
+            "env.id=test/Short-v0",
+            "env.kwargs={}",
+            "engine.kind=sglang",
+            "rollout.max_new_tokens=6",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            f"rollout.group_size={G}",
+            "rollout.turn_timeout_s=8",
+            f"train.groups_per_step={groups}",
+            f"train.steps={steps}",
+            "train.max_staleness=0",
+            "train.checkpoint_every=0",
+            "eval.num_tasks=0",
+            "trainer.lr=1e-2",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+        ],
+    )
     runner = Runner(cfg, progress=False)
     gc.collect()
     fds0, kids0 = leak_probe.fds(), leak_probe.children()
@@ -234,6 +267,7 @@ def _assert_no_new_children_or_fds(kids0: set[int], fds0: dict[str, str]) -> Non
     while leak_probe.children() - kids0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leak_probe.children() - kids0 == set(), "child processes outlived the run"
+
     # Known, fault-independent: matplotlib keeps the fonts of the curve plot open (its font cache),
     # and every Runner.run leaves the trainer's gloo process group's epoll + pipe pair + socket
     # open (also without faults: measured on a plain run). Anything beyond that is a leak here.

@@ -1,4 +1,5 @@
 """The main job end to end on a tiny model: the loop learns, logs, checkpoints and resumes."""
+
 import asyncio
 import json
 
@@ -47,12 +48,31 @@ agentrl.register("test/BrokenSandbox-v0", entry_point=BrokenSandboxEnv, override
 
 
 def _cfg(model_dir, out, steps, extra=()):
-    return load_config([], [
-        f"output_dir={out}", f"model.path={model_dir}", "env.id=test/Short-v0", "env.kwargs={}",
-        "rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=8", "rollout.temperature=1.0",
-        "train.groups_per_step=4", f"train.steps={steps}", "train.max_staleness=0", "train.checkpoint_every=2",
-        "eval.num_tasks=16", "eval.every=0", "eval.env_kwargs={}", "trainer.lr=2e-2", "trainer.loss_agg=token-mean",
-        "logging.tensorboard=false", *extra])
+    return load_config(
+        [],
+        [
+            f"output_dir={out}",
+            f"model.path={model_dir}",
+            "env.id=test/Short-v0",
+            "env.kwargs={}",
+            "rollout.max_new_tokens=6",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            "rollout.group_size=8",
+            "rollout.temperature=1.0",
+            "train.groups_per_step=4",
+            f"train.steps={steps}",
+            "train.max_staleness=0",
+            "train.checkpoint_every=2",
+            "eval.num_tasks=16",
+            "eval.every=0",
+            "eval.env_kwargs={}",
+            "trainer.lr=2e-2",
+            "trainer.loss_agg=token-mean",
+            "logging.tensorboard=false",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -95,8 +115,8 @@ def test_null_trainer_fields_are_resolved_per_run():
     the run: by model (built-in or --model), the run's steps, and the algo preset's aggregation
     (dr_grpo's constant-length normaliser included); explicit values are kept."""
     from agentrl.config.plan import resolve
-    from agentrl.warmstart.default_model import BUILTIN_RL
     from agentrl.trainer.config import AUTO, TrainerConfig
+    from agentrl.warmstart.default_model import BUILTIN_RL
 
     def trainer(*sets):
         return resolve(load_config([], list(sets))).cfg.trainer
@@ -107,10 +127,21 @@ def test_null_trainer_fields_are_resolved_per_run():
     user = trainer("model.path=/m", "algo.name=dr_grpo", "rollout.max_new_tokens=100", "rollout.max_turns=3")
     assert user.lr == AUTO["lr"] and user.loss_agg == "seq-mean-token-sum-norm" and user.loss_norm_len == 300
     assert (user.norm_lr_scale, user.lr_schedule, user.min_lr_ratio, user.total_steps) == (1.0, "constant", 0.0, 120)
-    kept = trainer("trainer.lr=3e-5", "trainer.loss_agg=token-mean", "trainer.total_steps=7", "trainer.norm_lr_scale=3",
-                   "trainer.lr_schedule=constant")
-    assert (kept.lr, kept.loss_agg, kept.norm_lr_scale, kept.lr_schedule, kept.total_steps, kept.min_lr_ratio) == \
-        (3e-5, "token-mean", 3.0, "constant", 7, 0.1)
+    kept = trainer(
+        "trainer.lr=3e-5",
+        "trainer.loss_agg=token-mean",
+        "trainer.total_steps=7",
+        "trainer.norm_lr_scale=3",
+        "trainer.lr_schedule=constant",
+    )
+    assert (kept.lr, kept.loss_agg, kept.norm_lr_scale, kept.lr_schedule, kept.total_steps, kept.min_lr_ratio) == (
+        3e-5,
+        "token-mean",
+        3.0,
+        "constant",
+        7,
+        0.1,
+    )
     api = TrainerConfig().resolved()
     assert {k: getattr(api, k) for k in AUTO} == AUTO
 
@@ -120,8 +151,11 @@ def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_m
     from agentrl.trajectory import read_jsonl
 
     out = tmp_path / "run"
-    asyncio.run(Runner(_cfg(tiny_model_dir, out, 2, ["eval.num_tasks=0", "logging.trajectories_per_step=5"]),
-                       progress=False).run())
+    asyncio.run(
+        Runner(
+            _cfg(tiny_model_dir, out, 2, ["eval.num_tasks=0", "logging.trajectories_per_step=5"]), progress=False
+        ).run()
+    )
     saved = list(read_jsonl(out / "trajectories" / "step_000002.jsonl"))
     assert len(saved) == 5
     for t in saved:
@@ -130,8 +164,11 @@ def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_m
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "rollout/reward_mean" in r]
     assert len(rows) == 2 and all(r["rollout/tokens_per_episode"] > 0 and "rollout/distinct_frac" in r for r in rows)
-    assert sum(r.get("rollout/outcome/ok", 0) for r in rows) + sum(r.get("rollout/outcome/truncated_length", 0)
-                                                                   for r in rows) == 2 * 4 * 8
+    assert (
+        sum(r.get("rollout/outcome/ok", 0) for r in rows)
+        + sum(r.get("rollout/outcome/truncated_length", 0) for r in rows)
+        == 2 * 4 * 8
+    )
     page = render(load_run(out))
     assert page.count('class="traj"') == 10 and "advantage" in page and "⟨" not in page  # token text decoded
 
@@ -141,11 +178,15 @@ def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_p
     from agentrl.observe.monitors import Alert
 
     # fake monitor (the checks themselves are tested in test_monitors.py): fires at step 2
-    monkeypatch.setattr(runner_mod, "new_alerts", lambda history, cfg: (
-        [Alert(2, "kl_spike", "planted")] if history[-1]["step"] == 2 else []))
+    monkeypatch.setattr(
+        runner_mod,
+        "new_alerts",
+        lambda history, cfg: [Alert(2, "kl_spike", "planted")] if history[-1]["step"] == 2 else [],
+    )
     out = tmp_path / "run"
-    summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 5, ["eval.num_tasks=0", "monitor.pause_on=[kl_spike]"]),
-                                 progress=False).run())
+    summary = asyncio.run(
+        Runner(_cfg(tiny_model_dir, out, 5, ["eval.num_tasks=0", "monitor.pause_on=[kl_spike]"]), progress=False).run()
+    )
     assert summary["steps"] == 2 and summary["paused"]["kind"] == "kl_spike"
     assert (out / "checkpoints" / "step_000002" / "COMPLETE").exists()
     assert json.loads((out / "alerts.jsonl").read_text())["message"] == "planted"
@@ -156,8 +197,13 @@ def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp
     from agentrl.observe.monitors import Alert
 
     firing = {2, 3, 4, 6}  # diversity_collapse on steps 2-4, then again at 6
-    monkeypatch.setattr(runner_mod, "new_alerts", lambda history, cfg: (
-        [Alert(history[-1]["step"], "diversity_collapse", "low")] if history[-1]["step"] in firing else []))
+    monkeypatch.setattr(
+        runner_mod,
+        "new_alerts",
+        lambda history, cfg: (
+            [Alert(history[-1]["step"], "diversity_collapse", "low")] if history[-1]["step"] in firing else []
+        ),
+    )
     r = Runner(_cfg(tiny_model_dir, tmp_path, 7), progress=False)
     notes = []
     display = type("D", (), {"note": lambda self, m: notes.append(m)})()
@@ -175,8 +221,9 @@ def test_unknown_pause_on_kind_is_a_config_error(tiny_model_dir, tmp_path):
         Runner(_cfg(tiny_model_dir, tmp_path / "r", 1, ["monitor.pause_on=[kl_spik]"]), progress=False)
 
 
-def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_them(tiny_model_dir, tmp_path,
-                                                                                      monkeypatch):
+def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_them(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     import torch
 
     from agentrl.config.plan import resolve
@@ -223,14 +270,21 @@ def test_infra_failures_count_as_unsolved_and_alert(tiny_model_dir, tmp_path):
     assert len(infra) == len(set(infra))  # the final eval's row does not repeat step 2's alerts
     ro = summary["rollout"]  # every training episode the run generated (a group in flight at the end too)
     assert ro["infra_failures"] >= sum(r["rollout/infra_failures"] for r in steps) > 0
-    assert ro["infra_failure_rate"] == ro["infra_failures"] / ro["episodes"] == ro["outcomes"]["sandbox_error"] / ro["episodes"]
+    assert (
+        ro["infra_failure_rate"]
+        == ro["infra_failures"] / ro["episodes"]
+        == ro["outcomes"]["sandbox_error"] / ro["episodes"]
+    )
 
 
 def test_pause_on_infra_failures_stops_before_training_when_the_first_eval_fails(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 3, ["env.id=test/BrokenSandbox-v0",
-                                                                "monitor.pause_on=[infra_failures]"]),
-                                 progress=False).run())
+    summary = asyncio.run(
+        Runner(
+            _cfg(tiny_model_dir, out, 3, ["env.id=test/BrokenSandbox-v0", "monitor.pause_on=[infra_failures]"]),
+            progress=False,
+        ).run()
+    )
     assert summary["steps"] == 0 and summary["paused"]["kind"] == "infra_failures"
     assert summary["paused"]["message"].startswith("eval: 4 of 16 episodes (25.0%)")
 
@@ -241,8 +295,9 @@ def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_d
 
     def fake(history, cfg):
         step = history[-1]["step"]
-        return ([Alert(step, "infra_failures", "rollout: x", about="rollout")] if step <= 3 else []) + \
-               ([Alert(step, "infra_failures", "eval: y", about="eval")] if step == 2 else [])
+        return ([Alert(step, "infra_failures", "rollout: x", about="rollout")] if step <= 3 else []) + (
+            [Alert(step, "infra_failures", "eval: y", about="eval")] if step == 2 else []
+        )
 
     monkeypatch.setattr(runner_mod, "new_alerts", fake)
     r = Runner(_cfg(tiny_model_dir, tmp_path, 4), progress=False)
@@ -260,15 +315,46 @@ def test_cli_run_summary_shows_infra_failure_rates_beside_solve_rates(tiny_model
 
     from agentrl.cli.main import app
 
-    sets = [a for kv in ["rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true",
-                         "rollout.group_size=4",
-                         "train.groups_per_step=2", "train.max_staleness=0", "eval.num_tasks=8", "eval.env_kwargs={}",
-                         "env.kwargs={}", "logging.tensorboard=false", "train.checkpoint_every=0"] for a in ("--set", kv)]
-    res = CliRunner().invoke(app, ["run", "--env", "test/BrokenSandbox-v0", "--model", str(tiny_model_dir), "--steps",
-                                   "1", "-o", str(tmp_path / "run"), "-q", *sets])
+    sets = [
+        a
+        for kv in [
+            "rollout.max_new_tokens=6",
+            "rollout.max_turns=1",
+            "rollout.score_truncated=true",
+            "rollout.group_size=4",
+            "train.groups_per_step=2",
+            "train.max_staleness=0",
+            "eval.num_tasks=8",
+            "eval.env_kwargs={}",
+            "env.kwargs={}",
+            "logging.tensorboard=false",
+            "train.checkpoint_every=0",
+        ]
+        for a in ("--set", kv)
+    ]
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--env",
+            "test/BrokenSandbox-v0",
+            "--model",
+            str(tiny_model_dir),
+            "--steps",
+            "1",
+            "-o",
+            str(tmp_path / "run"),
+            "-q",
+            *sets,
+        ],
+    )
     assert res.exit_code == 0, res.output
     broken = sum((10_000_019 + i) % 4 == 0 for i in range(8))
     assert broken == 2
-    lines = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in res.output.splitlines() if line.count("│") == 3}
+    lines = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in res.output.splitlines()
+        if line.count("│") == 3
+    }
     assert lines["eval_infra_failure_rate_start"] == lines["eval_infra_failure_rate_end"] == "0.250"
     assert float(lines["eval_solve_rate_end"]) <= 0.75 and "rollout_infra_failure_rate" in lines

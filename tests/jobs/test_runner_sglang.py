@@ -1,29 +1,44 @@
 """``agentrl run`` with ``engine.kind=sglang``: a shortened run on a real SGLang server that the run
 launches (and stops), with weights pushed after every step. Skips, saying why, where SGLang cannot
 run; engine config errors are checked without a server."""
+
 import json
 
 import pytest
-import test_runner  # registers test/Short-v0 (its ShortEnv)
 from typer.testing import CliRunner
 
 from agentrl.cli.main import app
+from agentrl.config.plan import resolve
 from agentrl.config.schema import load_config
 from agentrl.errors import ConfigError
-from agentrl.config.plan import resolve
 
-SHORT = ["rollout.max_new_tokens=6", "rollout.max_turns=1", "rollout.score_truncated=true", "rollout.group_size=4",
-         "train.groups_per_step=2", "train.max_staleness=1", "eval.num_tasks=4", "eval.every=0", "eval.env_kwargs={}",
-         "env.kwargs={}", "trainer.lr=1e-2", "trainer.loss_agg=token-mean", "logging.tensorboard=false"]
+SHORT = [
+    "rollout.max_new_tokens=6",
+    "rollout.max_turns=1",
+    "rollout.score_truncated=true",
+    "rollout.group_size=4",
+    "train.groups_per_step=2",
+    "train.max_staleness=1",
+    "eval.num_tasks=4",
+    "eval.every=0",
+    "eval.env_kwargs={}",
+    "env.kwargs={}",
+    "trainer.lr=1e-2",
+    "trainer.loss_agg=token-mean",
+    "logging.tensorboard=false",
+]
 
 
-@pytest.mark.parametrize("sets, match", [
-    (["engine.kind=sglang", "engine.weight_sync=inprocess"], "engine.weight_sync: 'inprocess'.*kind='sglang'"),
-    (["engine.weight_sync=disk"], "engine.weight_sync: 'disk'.*kind='local'"),
-    (["engine.urls=[\"http://127.0.0.1:1\"]"], "engine.urls: .* needs engine.kind=sglang"),
-    (["engine.kind=sglang", "engine.urls=[\"localhost:30000\"]"], "'localhost:30000' is not an http"),
-    (["engine.kind=sglang", "engine.weight_sync=distributed"], "'nccl' needs GPUs"),
-])
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        (["engine.kind=sglang", "engine.weight_sync=inprocess"], "engine.weight_sync: 'inprocess'.*kind='sglang'"),
+        (["engine.weight_sync=disk"], "engine.weight_sync: 'disk'.*kind='local'"),
+        (['engine.urls=["http://127.0.0.1:1"]'], "engine.urls: .* needs engine.kind=sglang"),
+        (["engine.kind=sglang", 'engine.urls=["localhost:30000"]'], "'localhost:30000' is not an http"),
+        (["engine.kind=sglang", "engine.weight_sync=distributed"], "'nccl' needs GPUs"),
+    ],
+)
 def test_engine_config_errors_name_the_bad_value(sets, match):
     with pytest.raises(ConfigError, match=match):
         resolve(load_config([], ["model.device=cpu", *sets]))
@@ -50,8 +65,22 @@ def test_agentrl_run_on_sglang_syncs_weights(sglang_model_dir, tmp_path):
         pytest.skip(reason)
     out = tmp_path / "run"
     sets = [x for s in ["engine.kind=sglang", *SHORT] for x in ("--set", s)]
-    res = CliRunner().invoke(app, ["run", "--env", "test/Short-v0", "--model", str(sglang_model_dir), "--steps", "2",
-                                   "-o", str(out), "-q", *sets])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--env",
+            "test/Short-v0",
+            "--model",
+            str(sglang_model_dir),
+            "--steps",
+            "2",
+            "-o",
+            str(out),
+            "-q",
+            *sets,
+        ],
+    )
     assert res.exit_code == 0, res.output + repr(res.exception)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     syncs = [r for r in rows if "time/weight_sync_s" in r]

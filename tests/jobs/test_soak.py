@@ -7,6 +7,7 @@ and RSS does not climb. The full 10k-episode count is the bench script's.
 
 The docker case skips, with the reason, where no daemon or sandbox image answers.
 """
+
 import json
 import subprocess
 import sys
@@ -29,9 +30,26 @@ def _soak_in_fresh_process(backend: str, tmp_path: Path) -> dict:
     count as its leak (seen once in CI)."""
     out = tmp_path / "soak.json"
     script = Path(bench_soak.__file__)
-    p = subprocess.run([sys.executable, str(script), "--episodes", str(N), "--backends", backend,
-                        "--concurrency", "16", "--sample-every", "25", "--out", str(out)],
-                       capture_output=True, text=True, timeout=840, cwd=script.parent.parent)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--episodes",
+            str(N),
+            "--backends",
+            backend,
+            "--concurrency",
+            "16",
+            "--sample-every",
+            "25",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        cwd=script.parent.parent,
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     return json.loads(out.read_text())["reports"][0]
 
@@ -64,4 +82,4 @@ def test_soak_leaves_nothing_behind(backend, tmp_path):
     assert r["leaked_fds"] == {}, r["leaked_fds"]
     rss = [s["rss_mb"] for s in r["samples"]]
     # bounded memory: the second half of the run stays within 64 MB of where the first sample was
-    assert max(rss[len(rss) // 2:]) - rss[0] < 64, rss
+    assert max(rss[len(rss) // 2 :]) - rss[0] < 64, rss

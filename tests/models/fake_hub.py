@@ -7,6 +7,7 @@ and each file (HEAD/GET ``/{id}/resolve/{rev}/{file}`` with ``X-Repo-Commit``, `
 GatedRepo``) unless the request carries ``Authorization: Bearer <its token>``; an unknown id answers
 404 (``RepoNotFound``). Every request's path and Authorization header is recorded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,7 +52,7 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         self.thread.start()
         return self
 
@@ -72,8 +73,13 @@ class FakeHub:
             h.wfile.write(payload)
 
     def _error(self, h, status: int, code: str, body: bool) -> None:
-        self._send(h, status, json.dumps({"error": code}).encode(), {"X-Error-Code": code,
-                                                                      "Content-Type": "application/json"}, body)
+        self._send(
+            h,
+            status,
+            json.dumps({"error": code}).encode(),
+            {"X-Error-Code": code, "Content-Type": "application/json"},
+            body,
+        )
 
     def _answer(self, h, body: bool) -> None:
         auth = h.headers.get("Authorization")
@@ -92,8 +98,10 @@ class FakeHub:
             info = {"id": repo, "sha": self.commit, "siblings": [{"rfilename": n} for n in files]}
             return self._send(h, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
         if api and rest[0] == "tree":
-            tree = [{"type": "file", "path": n, "size": f.stat().st_size,
-                     "oid": hashlib.sha1(f.read_bytes()).hexdigest()} for n, f in files.items()]
+            tree = [
+                {"type": "file", "path": n, "size": f.stat().st_size, "oid": hashlib.sha1(f.read_bytes()).hexdigest()}
+                for n, f in files.items()
+            ]
             return self._send(h, 200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, body)
         if not api and len(rest) >= 3 and rest[0] == "resolve":
             name = "/".join(rest[2:])
@@ -101,6 +109,11 @@ class FakeHub:
                 return self._error(h, 404, "EntryNotFound", body)
             data = files[name].read_bytes()
             etag = hashlib.sha256(data).hexdigest()
-            return self._send(h, 200, data, {"X-Repo-Commit": self.commit, "ETag": f'"{etag}"',
-                                             "Content-Type": "application/octet-stream"}, body)
+            return self._send(
+                h,
+                200,
+                data,
+                {"X-Repo-Commit": self.commit, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"},
+                body,
+            )
         return self._error(h, 404, "EntryNotFound", body)

@@ -1,5 +1,6 @@
 """``auto`` device/dtype: cuda + bfloat16 where CUDA is visible (mocked here), cpu + float32 on this
 CPU machine, for the engine and the trainer alike; and `agentrl run` under torchrun refuses cleanly."""
+
 import os
 import subprocess
 import sys
@@ -119,11 +120,23 @@ def test_refuse_launcher():
 
 
 def test_agentrl_run_under_torchrun_env_refuses_before_building_anything(tmp_path):
-    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29511", "AGENTRL_CACHE": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29511",
+        "AGENTRL_CACHE": str(tmp_path / "cache"),
+    }
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "agentrl", "run", "--steps", "1", "-o", str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl", "run", "--steps", "1", "-o", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "WORLD_SIZE=2" in text and "distributed: ray" in text

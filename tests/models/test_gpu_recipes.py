@@ -1,4 +1,5 @@
 """The GPU recipes in configs/ resolve, on a (described) 8-GPU machine, to the layout they promise."""
+
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,14 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GPUS = Accelerators(True, 8, ("NVIDIA H100 80GB HBM3",) * 8)
 
 
-@pytest.mark.parametrize("name, engine, sync, gpus", [
-    ("gpu_1x_colocated.yaml", "local", "inprocess", 1),
-    ("gpu_1node_8x_sglang.yaml", "sglang", "distributed", 8),
-    ("gpu_multinode_ray.yaml", "sglang", "object_store", 16),
-])
+@pytest.mark.parametrize(
+    "name, engine, sync, gpus",
+    [
+        ("gpu_1x_colocated.yaml", "local", "inprocess", 1),
+        ("gpu_1node_8x_sglang.yaml", "sglang", "distributed", 8),
+        ("gpu_multinode_ray.yaml", "sglang", "object_store", 16),
+    ],
+)
 def test_gpu_recipe_resolves_to_cuda_bf16(name, engine, sync, gpus):
     from agentrl.config.plan import resolve
 

@@ -1,6 +1,7 @@
 """Hub ids resolve to local model directories, all offline: a Hub-layout cache built here from the
 built-in tiny model (HF_HUB_OFFLINE=1), and a local HTTP server standing in for the Hub (HF_ENDPOINT)
 for downloads, 404s, gated repos and a Hub that is down. The token never shows up anywhere."""
+
 import logging
 import socket
 
@@ -136,8 +137,25 @@ def test_cli_rollout_with_a_hub_id_from_the_offline_cache(tiny_model_dir, hf_env
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_TOKEN", TOKEN)  # set, unused offline, and never written anywhere
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["rollout", "--model", "org/tiny", "-n", "1", "-g", "2", "-o", str(out),
-                                   "--set", "rollout.max_new_tokens=8", "--set", "rollout.max_turns=1", "-q"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "rollout",
+            "--model",
+            "org/tiny",
+            "-n",
+            "1",
+            "-g",
+            "2",
+            "-o",
+            str(out),
+            "--set",
+            "rollout.max_new_tokens=8",
+            "--set",
+            "rollout.max_turns=1",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "device: cpu, dtype float32" in res.output
     written = (out / "config.yaml").read_text()

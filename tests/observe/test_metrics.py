@@ -1,5 +1,6 @@
 """Rollout metrics count failures: every task is in a solve rate's denominator, infrastructure failures
 are counted beside it, and the run summary's tool counters agree with its outcomes."""
+
 import asyncio
 import json
 
@@ -22,8 +23,11 @@ def traj(i, outcome=Outcome.OK, reward=0.0, calls=1):
 
 def _eval_run():
     """The issue's held-out eval: 500 tasks, 279 solved, 110 ended tool_timeout, 111 answered wrongly."""
-    return ([traj(i, reward=1.0) for i in range(279)] + [traj(i, Outcome.TOOL_TIMEOUT, calls=0) for i in range(110)]
-            + [traj(i) for i in range(111)])
+    return (
+        [traj(i, reward=1.0) for i in range(279)]
+        + [traj(i, Outcome.TOOL_TIMEOUT, calls=0) for i in range(110)]
+        + [traj(i) for i in range(111)]
+    )
 
 
 def test_solve_rate_counts_every_task_and_infra_failures_stand_beside_it():
@@ -35,8 +39,12 @@ def test_solve_rate_counts_every_task_and_infra_failures_stand_beside_it():
 
 
 def test_rollout_stats_reward_is_over_trainable_episodes_and_missing_when_none():
-    g = [traj(0, reward=1.0), traj(1, Outcome.TRUNCATED_LENGTH, reward=0.5), traj(2, Outcome.SANDBOX_ERROR),
-         traj(3, Outcome.ENGINE_ERROR)]
+    g = [
+        traj(0, reward=1.0),
+        traj(1, Outcome.TRUNCATED_LENGTH, reward=0.5),
+        traj(2, Outcome.SANDBOX_ERROR),
+        traj(3, Outcome.ENGINE_ERROR),
+    ]
     s = rollout_stats([g[:2], g[2:]])
     assert s["solve_rate"] == 2 / 4 and s["infra_failure_rate"] == 0.5 and s["infra_failures"] == 2
     assert s["reward_mean"] == 0.75  # (1.0 + 0.5) / 2 trainable episodes
@@ -92,7 +100,11 @@ def test_summary_tool_timeouts_agree_with_tool_timeout_outcomes(tiny_tokenizer):
 
     def policy(prompt_ids, params, ctx):
         first = tok.decode(prompt_ids).count("<|im_start|>assistant") == 1
-        text = "<tool_call>\n" + json.dumps({"name": "wait", "arguments": {"x": 1}}) + "\n</tool_call>" if first else "done"
+        text = (
+            "<tool_call>\n" + json.dumps({"name": "wait", "arguments": {"x": 1}}) + "\n</tool_call>"
+            if first
+            else "done"
+        )
         return tok.encode(text, add_special_tokens=False) + [im_end]
 
     mgr = EpisodeManager(FakeEngine(policy), SlowEnv, tok, RolloutConfig(max_turns=3, turn_timeout_s=20), env_id="slow")

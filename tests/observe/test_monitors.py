@@ -1,4 +1,5 @@
 """Reward-hacking monitors on hand-made metric histories: each fires on its pattern and stays quiet on noise."""
+
 import random
 
 from agentrl.observe.monitors import (
@@ -30,8 +31,12 @@ def test_kl_spike_fires_only_when_reward_rises_with_it():
 
 
 def test_kl_spike_prefers_reference_kl_and_ignores_tiny_values():
-    h = rows(12, train__kl=[1e-5] * 8 + [5e-4] + [1e-5] * 3, train__ppo_kl=[0.01] * 12,
-             rollout__reward_mean=[0.1 * i for i in range(12)])
+    h = rows(
+        12,
+        train__kl=[1e-5] * 8 + [5e-4] + [1e-5] * 3,
+        train__ppo_kl=[0.01] * 12,
+        rollout__reward_mean=[0.1 * i for i in range(12)],
+    )
     assert kl_spike(h, CFG) == []  # 50x but below kl_min; ppo_kl is flat and not consulted
 
 
@@ -64,8 +69,8 @@ def _sharpening(n=120, seed=0):
     of their early level (groups that all solve with the same program)."""
     rng = random.Random(seed)
     reward = [min(0.8, 0.55 + 0.01 * i) + rng.gauss(0, 0.03) for i in range(n)]
-    ent = [max(0.05, 1.0 * 0.97 ** i) + abs(rng.gauss(0, 0.02)) for i in range(n)]
-    distinct = [max(1 / 8, 0.9 * 0.96 ** i) + abs(rng.gauss(0, 0.04)) for i in range(n)]
+    ent = [max(0.05, 1.0 * 0.97**i) + abs(rng.gauss(0, 0.02)) for i in range(n)]
+    distinct = [max(1 / 8, 0.9 * 0.96**i) + abs(rng.gauss(0, 0.04)) for i in range(n)]
     return reward, ent, distinct
 
 
@@ -87,7 +92,9 @@ def test_collapse_with_flat_or_falling_reward_alerts_once():
     # the scale-400 collapse of BENCHMARKS P7: all 8 samples of a group alike, reward falling to 0
     falling = [0.5] * 20 + [max(0.0, 0.5 - 0.05 * i) for i in range(40)]
     distinct = [0.9] * 20 + [1 / 8] * 40
-    alerts = diversity_collapse(rows(60, rollout__reward_mean=falling, rollout__distinct_frac=distinct), MonitorConfig())
+    alerts = diversity_collapse(
+        rows(60, rollout__reward_mean=falling, rollout__distinct_frac=distinct), MonitorConfig()
+    )
     assert [a.step for a in alerts] == [25]  # 21..25: the reward's 10-step mean already below 0.5 + 0.05
 
 
@@ -110,16 +117,32 @@ def test_entropy_floor_fires_whatever_the_reward_and_alerts_rearm():
 
 
 def test_infra_failures_above_one_percent_of_a_step():
-    h = [{"step": 1, "rollout/infra_failure_rate": 0.01, "rollout/infra_failures": 1.0, "rollout/episodes": 100.0},
-         {"step": 2, "rollout/infra_failure_rate": 3 / 256, "rollout/infra_failures": 3.0, "rollout/episodes": 256.0,
-          "rollout/outcome/ok": 250.0, "rollout/outcome/tool_timeout": 2.0, "rollout/outcome/sandbox_error": 1.0,
-          "rollout/outcome/truncated_length": 3.0},
-         {"step": 3, "rollout/infra_failure_rate": 0.0, "eval/infra_failure_rate": 110 / 500,
-          "eval/infra_failures": 110.0, "eval/episodes": 500.0}]
+    h = [
+        {"step": 1, "rollout/infra_failure_rate": 0.01, "rollout/infra_failures": 1.0, "rollout/episodes": 100.0},
+        {
+            "step": 2,
+            "rollout/infra_failure_rate": 3 / 256,
+            "rollout/infra_failures": 3.0,
+            "rollout/episodes": 256.0,
+            "rollout/outcome/ok": 250.0,
+            "rollout/outcome/tool_timeout": 2.0,
+            "rollout/outcome/sandbox_error": 1.0,
+            "rollout/outcome/truncated_length": 3.0,
+        },
+        {
+            "step": 3,
+            "rollout/infra_failure_rate": 0.0,
+            "eval/infra_failure_rate": 110 / 500,
+            "eval/infra_failures": 110.0,
+            "eval/episodes": 500.0,
+        },
+    ]
     alerts = infra_failures(h, MonitorConfig())
     assert [(a.step, a.kind) for a in alerts] == [(2, "infra_failures"), (3, "infra_failures")]
-    assert alerts[0].message == ("rollout: 3 of 256 episodes (1.2%) ended with an infrastructure failure, above "
-                                 "infra_failure_max=0.01: sandbox_error=1, tool_timeout=2")
+    assert alerts[0].message == (
+        "rollout: 3 of 256 episodes (1.2%) ended with an infrastructure failure, above "
+        "infra_failure_max=0.01: sandbox_error=1, tool_timeout=2"
+    )
     assert alerts[1].message.startswith("eval: 110 of 500 episodes (22.0%)")
     assert [a.step for a in new_alerts(h[:2], CFG)] == [2] and "infra_failures" in MONITORS
 

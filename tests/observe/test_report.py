@@ -1,6 +1,6 @@
 """`agentrl report`: the HTML page from a run directory, and a real headless-Chromium screenshot of it."""
+
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -16,11 +16,20 @@ from agentrl.trajectory import Outcome, Trajectory, TurnRecord, write_jsonl
 def _traj(i, outcome=Outcome.OK, system=()):
     # prompt: the system tokens + 3 tokens, a 2-token sampled turn, a 2-token observation, a 1-token sampled turn
     k = len(system)
-    t = Trajectory(episode_id=f"g{i}-0", group_id=f"g{i}", env_id="code_exec", prompt_len=k + 3,
-                   token_ids=[*system, 5 + i, 6, 7, 20, 21, 8, 9, 22], loss_mask=[0] * k + [0, 0, 0, 1, 1, 0, 0, 1],
-                   logprobs=[0] * k + [0, 0, 0, -0.25, -1.5, 0, 0, -0.125], turn_ids=[-1] * k + [-1, -1, -1, 0, 0, 0, 0, 1],
-                   versions=[-1] * k + [-1, -1, -1, 3, 3, -1, -1, 4], reward=1.0, outcome=outcome,
-                   turns=[TurnRecord(0, k + 3, 2, 2, "stop"), TurnRecord(1, k + 7, 1, 0, "stop")])
+    t = Trajectory(
+        episode_id=f"g{i}-0",
+        group_id=f"g{i}",
+        env_id="code_exec",
+        prompt_len=k + 3,
+        token_ids=[*system, 5 + i, 6, 7, 20, 21, 8, 9, 22],
+        loss_mask=[0] * k + [0, 0, 0, 1, 1, 0, 0, 1],
+        logprobs=[0] * k + [0, 0, 0, -0.25, -1.5, 0, 0, -0.125],
+        turn_ids=[-1] * k + [-1, -1, -1, 0, 0, 0, 0, 1],
+        versions=[-1] * k + [-1, -1, -1, 3, 3, -1, -1, 4],
+        reward=1.0,
+        outcome=outcome,
+        turns=[TurnRecord(0, k + 3, 2, 2, "stop"), TurnRecord(1, k + 7, 1, 0, "stop")],
+    )
     t.info["advantages"] = [0] * k + [0, 0, 0, 0.75, 0.75, 0, 0, -0.5]
     t.validate()
     return t
@@ -32,9 +41,18 @@ def run_dir(tmp_path):
     (d / "trajectories").mkdir(parents=True)
     rows = [{"step": 0, "eval/solve_rate": 0.5}]
     for s in range(1, 31):
-        rows.append({"step": s, "rollout/reward_mean": 0.5 + s / 100, "rollout/solve_rate": 0.5 + s / 100,
-                     "train/ppo_kl": 0.01 if s != 25 else 0.5, "train/entropy": 1.0,
-                     "rollout/tokens_per_episode": 100.0 + (s % 3), "rollout/sampled_tokens": 1000.0, "time/step_s": 2.0})
+        rows.append(
+            {
+                "step": s,
+                "rollout/reward_mean": 0.5 + s / 100,
+                "rollout/solve_rate": 0.5 + s / 100,
+                "train/ppo_kl": 0.01 if s != 25 else 0.5,
+                "train/entropy": 1.0,
+                "rollout/tokens_per_episode": 100.0 + (s % 3),
+                "rollout/sampled_tokens": 1000.0,
+                "time/step_s": 2.0,
+            }
+        )
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{torn line")
     (d / "config.yaml").write_text("env: {id: code_exec}\nalgo: {name: grpo}\nmodel: {path: null}\n")
     (d / "summary.json").write_text(json.dumps({"steps": 30, "eval_solve_rate_end": 0.8}))
@@ -91,13 +109,18 @@ def test_headless_chromium_screenshot(run_dir, tmp_path):
 
 def _chart_of(page, title):
     start = page.index(f'aria-label="{title}"')
-    return page[start:page.index("</svg>", start)]
+    return page[start : page.index("</svg>", start)]
 
 
 def test_page_opens_with_headline_rates_then_curves(run_dir):
-    summary = {"steps": 30, "eval_solve_rate_start": 0.5, "eval_solve_rate_end": 0.558,
-               "eval_infra_failure_rate_start": 0.0, "eval_infra_failure_rate_end": 0.22,
-               "rollout": {"solve_rate": 0.6, "infra_failure_rate": 0.485, "episodes": 31008, "infra_failures": 15041}}
+    summary = {
+        "steps": 30,
+        "eval_solve_rate_start": 0.5,
+        "eval_solve_rate_end": 0.558,
+        "eval_infra_failure_rate_start": 0.0,
+        "eval_infra_failure_rate_end": 0.22,
+        "rollout": {"solve_rate": 0.6, "infra_failure_rate": 0.485, "episodes": 31008, "infra_failures": 15041},
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary))
     page = render(load_run(run_dir))
     assert page.index("<svg") < page.index("<h2>Monitors") < page.index("<h2>Outcomes") < page.index("Full summary")
@@ -118,9 +141,16 @@ def test_alerts_fold_into_one_line_per_kind(run_dir):
 
 
 def test_rates_and_counts_are_on_separate_axes_and_missing_steps_are_gaps(run_dir):
-    rows = [{"step": s, "rollout/episodes": 256.0, "rollout/infra_failures": 200.0 if s == 2 else 0.0,
-             "rollout/infra_failure_rate": 200 / 256 if s == 2 else 0.0, "rollout/solve_rate": 0.5}
-            for s in range(1, 5)]
+    rows = [
+        {
+            "step": s,
+            "rollout/episodes": 256.0,
+            "rollout/infra_failures": 200.0 if s == 2 else 0.0,
+            "rollout/infra_failure_rate": 200 / 256 if s == 2 else 0.0,
+            "rollout/solve_rate": 0.5,
+        }
+        for s in range(1, 5)
+    ]
     for r in rows:
         if r["step"] != 3:  # step 3: every episode failed, nothing trainable: no reward, no tool use
             r.update({"rollout/reward_mean": 0.6, "rollout/tool_use_rate": 0.9})

@@ -1,5 +1,6 @@
 """The trajectory viewer's per-turn table: each turn's reward, advantage and state key (GiGPO's
 anchor state), with how many shown turns of the same task start from that state."""
+
 from agentrl.observe.report import anchor_sizes, render, trajectory_html, turn_advantages, turns_html
 from agentrl.trajectory import Trajectory, TurnRecord
 
@@ -11,11 +12,22 @@ def _traj(i, group, keys, adv_turns, rewards):
         tids += [k, k, k]
         mask += [1, 1, 0]
         adv += [a, a, 0.0]
-    turns = [TurnRecord(k, 2 + 3 * k, 2, 1, "stop", reward=r, state_key=key)
-             for k, (key, r) in enumerate(zip(keys, rewards))]
-    t = Trajectory(episode_id=f"{group}-{i}", group_id=group, env_id="textworld", prompt_len=2,
-                   token_ids=list(range(len(tids))), loss_mask=mask, logprobs=[-0.5 if m else 0.0 for m in mask],
-                   turn_ids=tids, versions=[1 if m else -1 for m in mask], turns=turns, reward=rewards[-1])
+    turns = [
+        TurnRecord(k, 2 + 3 * k, 2, 1, "stop", reward=r, state_key=key) for k, (key, r) in enumerate(zip(keys, rewards))
+    ]
+    t = Trajectory(
+        episode_id=f"{group}-{i}",
+        group_id=group,
+        env_id="textworld",
+        prompt_len=2,
+        token_ids=list(range(len(tids))),
+        loss_mask=mask,
+        logprobs=[-0.5 if m else 0.0 for m in mask],
+        turn_ids=tids,
+        versions=[1 if m else -1 for m in mask],
+        turns=turns,
+        reward=rewards[-1],
+    )
     t.info["advantages"] = adv
     t.validate()
     return t
@@ -49,7 +61,9 @@ def test_run_page_includes_the_turn_tables(tmp_path):
     from agentrl.observe.report import RunData
 
     run = RunData(run_dir=tmp_path)
-    run.trajectories = [_traj(0, "g", ["k0", "k1"], [0.5, 0.5], [0.0, 1.0]), _traj(1, "g", ["k0", "k2"], [-0.5, -0.5],
-                                                                                   [0.0, 0.0])]
+    run.trajectories = [
+        _traj(0, "g", ["k0", "k1"], [0.5, 0.5], [0.0, 1.0]),
+        _traj(1, "g", ["k0", "k2"], [-0.5, -0.5], [0.0, 0.0]),
+    ]
     page = render(run)
     assert page.count("per-turn rewards, advantages and states") == 2 and "<code>k0</code>" in page

@@ -1,4 +1,5 @@
 """Per-step rollout statistics and the trajectory log the report reads."""
+
 import pytest
 
 from agentrl.observe.run_log import TrajectoryLog, rollout_extra
@@ -7,10 +8,19 @@ from agentrl.trajectory import Outcome, Trajectory, TurnRecord, read_jsonl
 
 def traj(ep, group, sampled, outcome=Outcome.OK):
     ids = [1, 2] + sampled
-    t = Trajectory(episode_id=ep, group_id=group, env_id="x", prompt_len=2, token_ids=ids,
-                   loss_mask=[0, 0] + [1] * len(sampled), logprobs=[0.0] * len(ids),
-                   turn_ids=[-1, -1] + [0] * len(sampled), versions=[-1, -1] + [1] * len(sampled),
-                   turns=[TurnRecord(0, 2, len(sampled), 0, "stop")], outcome=outcome)
+    t = Trajectory(
+        episode_id=ep,
+        group_id=group,
+        env_id="x",
+        prompt_len=2,
+        token_ids=ids,
+        loss_mask=[0, 0] + [1] * len(sampled),
+        logprobs=[0.0] * len(ids),
+        turn_ids=[-1, -1] + [0] * len(sampled),
+        versions=[-1, -1] + [1] * len(sampled),
+        turns=[TurnRecord(0, 2, len(sampled), 0, "stop")],
+        outcome=outcome,
+    )
     t.validate()
     return t
 
@@ -33,7 +43,9 @@ def test_trajectory_log_writes_trained_first_with_advantages(tmp_path):
     assert path.name == "step_000003.jsonl" and [t.episode_id for t in back] == ["a0", "a2", "a1"]
     assert back[0].info["advantages"] == [0, 0, 0.5, 0.5] and "advantages" not in back[2].info
     assert not list(tmp_path.glob("trajectories/*.tmp"))
-    assert [t.episode_id for t in read_jsonl(TrajectoryLog(tmp_path, 1).write(4, [g], [g[0]], [[0, 0, 1, 1]]))] == ["a0"]
+    assert [t.episode_id for t in read_jsonl(TrajectoryLog(tmp_path, 1).write(4, [g], [g[0]], [[0, 0, 1, 1]]))] == [
+        "a0"
+    ]
     assert TrajectoryLog(tmp_path, 0).write(5, [g], [], []) is None
 
 

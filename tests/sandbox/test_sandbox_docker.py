@@ -3,6 +3,7 @@
 Every test here starts real containers. Without a daemon and the image (``agentrl sandbox build``)
 the module is skipped with the reason printed (``pytest -ra``); it never passes silently.
 """
+
 import asyncio
 import os
 import time
@@ -14,8 +15,10 @@ from agentrl.sandbox import STATUSES, Limits
 from agentrl.sandbox.docker import unavailable_reason
 
 REASON = unavailable_reason()
-pytestmark = [pytest.mark.docker,
-              pytest.mark.skipif(REASON is not None, reason=f"docker sandbox unavailable: {REASON}")]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(REASON is not None, reason=f"docker sandbox unavailable: {REASON}"),
+]
 
 GRACE_S = 2.0  # a run returns within its deadline plus this (container work + a loaded 2-core machine)
 # processes in the container as the program sees them: pid 1 (the executor) + this python = 2
@@ -63,11 +66,29 @@ async def test_missing_program_is_sandbox_error(sb):
 
 
 async def test_files_in_and_out_with_escape_refusal(sb):
-    script = ("cat in/a.txt > out.txt; mkdir -p d; echo deep > d/e.txt; ln -s /etc/passwd abs; ln -s ../../etc/passwd up; "
-              "ln -s d/e.txt inner; ln -s / root; mkfifo fifo; ln out.txt hard")
-    r = await sb.run(["sh", "-c", script], files={"in/a.txt": b"hello\x00world"}, timeout_s=10,
-                     collect=["out.txt", "d/e.txt", "inner", "abs", "up", "root/etc/passwd", "fifo", "hard", "../x",
-                              "/etc/passwd", "missing", "d"])
+    script = (
+        "cat in/a.txt > out.txt; mkdir -p d; echo deep > d/e.txt; ln -s /etc/passwd abs; ln -s ../../etc/passwd up; "
+        "ln -s d/e.txt inner; ln -s / root; mkfifo fifo; ln out.txt hard"
+    )
+    r = await sb.run(
+        ["sh", "-c", script],
+        files={"in/a.txt": b"hello\x00world"},
+        timeout_s=10,
+        collect=[
+            "out.txt",
+            "d/e.txt",
+            "inner",
+            "abs",
+            "up",
+            "root/etc/passwd",
+            "fifo",
+            "hard",
+            "../x",
+            "/etc/passwd",
+            "missing",
+            "d",
+        ],
+    )
     assert r.ok, r
     assert r.files["d/e.txt"] == b"deep\n" and r.files["inner"] == b"deep\n"  # a symlink inside stays allowed
     assert set(r.files) == {"d/e.txt", "inner"}  # out.txt has a second (hard) link: refused, like the rest
@@ -83,29 +104,42 @@ async def test_environment_is_empty(sb, monkeypatch):
     env = json.loads(r.stdout)
     assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}, env
     assert env["HOME"] == "/work" and "canary-7f3a" not in r.stdout
-    r = await sb.run(["sh", "-c", "cat /proc/1/environ; grep -r canary-7f3a /proc/*/environ 2>/dev/null; echo done"],
-                     timeout_s=10)
+    r = await sb.run(
+        ["sh", "-c", "cat /proc/1/environ; grep -r canary-7f3a /proc/*/environ 2>/dev/null; echo done"], timeout_s=10
+    )
     assert "canary-7f3a" not in r.stdout and r.stdout.endswith("done\n")
 
 
 async def test_network_is_off(sb):
-    code = ("import socket\n"
-            "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('CONNECTED')\n"
-            "except OSError as e: print('refused', e.errno)\n"
-            "import os; print(sorted(os.listdir('/sys/class/net')))\n")
+    code = (
+        "import socket\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('CONNECTED')\n"
+        "except OSError as e: print('refused', e.errno)\n"
+        "import os; print(sorted(os.listdir('/sys/class/net')))\n"
+    )
     r = await sb.run(["python3", "-c", code], timeout_s=10)
     assert r.ok and "CONNECTED" not in r.stdout and "['lo']" in r.stdout, r
 
 
 async def test_read_only_root_non_root_user_no_caps(sb):
-    r = await sb.run(["sh", "-c", "id -u; id -g; grep -E '^(CapEff|CapBnd|CapPrm|NoNewPrivs)' /proc/self/status; "
-                                  "touch /usr/x /etc/x /x /tmp/x 2>&1 | wc -l; touch /work/ok && echo writable"],
-                     timeout_s=10)
+    r = await sb.run(
+        [
+            "sh",
+            "-c",
+            "id -u; id -g; grep -E '^(CapEff|CapBnd|CapPrm|NoNewPrivs)' /proc/self/status; "
+            "touch /usr/x /etc/x /x /tmp/x 2>&1 | wc -l; touch /work/ok && echo writable",
+        ],
+        timeout_s=10,
+    )
     lines = r.stdout.splitlines()
     assert lines[:2] == ["1000", "1000"], r
     status = dict(ln.split(":\t") for ln in lines[2:6])
-    assert status == {"CapPrm": "0000000000000000", "CapEff": "0000000000000000",
-                      "CapBnd": "0000000000000000", "NoNewPrivs": "1"}, status
+    assert status == {
+        "CapPrm": "0000000000000000",
+        "CapEff": "0000000000000000",
+        "CapBnd": "0000000000000000",
+        "NoNewPrivs": "1",
+    }, status
     assert lines[6] == "4" and lines[7] == "writable"  # four refusals, the work dir writable
     r = await sb.run(["sh", "-c", "find / -xdev -perm /6000 -type f 2>/dev/null | wc -l"], timeout_s=20)
     assert r.stdout.strip() == "0"  # no setuid/setgid binaries in the image
@@ -114,19 +148,22 @@ async def test_read_only_root_non_root_user_no_caps(sb):
 async def test_memory_limit_is_oom(sb):
     r = await sb.run(["python3", "-c", "a = bytearray(10 * 2**30)"], timeout_s=20, limits=Limits(memory_mb=128))
     assert r.status == "oom", r
-    r = await sb.run(["python3", "-c", "x = []\nwhile True: x.append(bytearray(2**24))"], timeout_s=20,
-                     limits=Limits(memory_mb=128))
+    r = await sb.run(
+        ["python3", "-c", "x = []\nwhile True: x.append(bytearray(2**24))"], timeout_s=20, limits=Limits(memory_mb=128)
+    )
     assert r.status == "oom" and r.exit_code == -9 and "OOM" in r.detail, r
     # the container survives and is reused (its own executor was not the victim)
     assert (await sb.run(["true"], timeout_s=10, limits=Limits(memory_mb=128))).ok
 
 
 async def test_pids_limit(sb):
-    code = ("import subprocess\nprocs, failed = [], 0\n"
-            "for _ in range(200):\n"
-            "    try: procs.append(subprocess.Popen(['sleep', '30']))\n"
-            "    except OSError: failed += 1\n"
-            "print(len(procs), failed)\n")
+    code = (
+        "import subprocess\nprocs, failed = [], 0\n"
+        "for _ in range(200):\n"
+        "    try: procs.append(subprocess.Popen(['sleep', '30']))\n"
+        "    except OSError: failed += 1\n"
+        "print(len(procs), failed)\n"
+    )
     r = await sb.run(["python3", "-c", code], timeout_s=20, limits=Limits(pids=32))
     started, failed = map(int, r.stdout.split())
     assert r.ok and started < 32 and failed > 0, r
@@ -142,8 +179,11 @@ async def test_fork_bomb_times_out_and_container_recovers(sb):
 
 
 async def test_timeout_within_deadline(sb):
-    for argv in (["sleep", "100"], ["python3", "-c", "while True: pass"],
-                 ["sh", "-c", "trap '' TERM INT; setsid sleep 100 & sleep 100"]):
+    for argv in (
+        ["sleep", "100"],
+        ["python3", "-c", "while True: pass"],
+        ["sh", "-c", "trap '' TERM INT; setsid sleep 100 & sleep 100"],
+    ):
         t0 = time.monotonic()
         r = await sb.run(argv, timeout_s=1.5)
         took = time.monotonic() - t0
@@ -154,8 +194,11 @@ async def test_timeout_within_deadline(sb):
 
 async def test_output_limit(sb):
     t0 = time.monotonic()
-    r = await sb.run(["python3", "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"], timeout_s=20,
-                     limits=Limits(max_output_bytes=10_000))
+    r = await sb.run(
+        ["python3", "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"],
+        timeout_s=20,
+        limits=Limits(max_output_bytes=10_000),
+    )
     assert r.status == "output_limit" and r.truncated and len(r.stdout) == 10_000 and r.exit_code is None, r
     assert time.monotonic() - t0 < 10
     r = await sb.run(["python3", "-c", "print('a' * 100)"], timeout_s=10, limits=Limits(max_output_bytes=10_000))
@@ -167,11 +210,15 @@ async def test_signals_fsize_and_disk_full(sb):
     assert (r.status, r.exit_code) == ("killed", -11), r
     r = await sb.run(["dd", "if=/dev/zero", "of=big", "bs=1M", "count=8"], timeout_s=10, limits=Limits(fsize_mb=4))
     assert r.status == "killed" and r.exit_code == -25 and "RLIMIT_FSIZE" in r.detail, r
-    r = await sb.run(["python3", "-c", "open('big', 'wb').write(b'x' * (8 * 2**20))"], timeout_s=10,
-                     limits=Limits(fsize_mb=4))  # Python ignores SIGXFSZ: it sees EFBIG instead
+    r = await sb.run(
+        ["python3", "-c", "open('big', 'wb').write(b'x' * (8 * 2**20))"], timeout_s=10, limits=Limits(fsize_mb=4)
+    )  # Python ignores SIGXFSZ: it sees EFBIG instead
     assert r.status == "ok" and r.exit_code == 1 and "File too large" in r.stderr, r
-    r = await sb.run(["sh", "-c", "dd if=/dev/zero of=fill bs=1M count=64 2>&1; stat -c %s fill"],
-                     timeout_s=20, limits=Limits(disk_mb=16, fsize_mb=64))
+    r = await sb.run(
+        ["sh", "-c", "dd if=/dev/zero of=fill bs=1M count=64 2>&1; stat -c %s fill"],
+        timeout_s=20,
+        limits=Limits(disk_mb=16, fsize_mb=64),
+    )
     assert r.status == "ok" and "No space left" in r.stdout and r.stdout.split()[-1] == str(16 * 2**20), r
 
 
@@ -185,10 +232,19 @@ async def test_kill_everything_cannot_break_the_sandbox(sb):
 
 async def test_session_keeps_files_not_processes(sb):
     async with await sb.session() as s:
-        r1 = await s.run(["sh", "-c", "echo 1 > state; (sleep 300 &); cat /proc/self/cgroup | tail -1"], timeout_s=10,
-                         files={"lib/helper.py": b"X = 41\n"})
-        r2 = await s.run(["python3", "-c", "import sys; sys.path.insert(0, 'lib'); import helper; "
-                                           "print(helper.X + int(open('state').read()))"], timeout_s=10)
+        r1 = await s.run(
+            ["sh", "-c", "echo 1 > state; (sleep 300 &); cat /proc/self/cgroup | tail -1"],
+            timeout_s=10,
+            files={"lib/helper.py": b"X = 41\n"},
+        )
+        r2 = await s.run(
+            [
+                "python3",
+                "-c",
+                "import sys; sys.path.insert(0, 'lib'); import helper; print(helper.X + int(open('state').read()))",
+            ],
+            timeout_s=10,
+        )
         r3 = await s.run(NPROC, timeout_s=10)
         r4 = await s.run(["sh", "-c", "cat /proc/self/cgroup | tail -1"], timeout_s=10)
         assert r1.ok and r2.stdout == "42\n", (r1, r2)
@@ -198,9 +254,11 @@ async def test_session_keeps_files_not_processes(sb):
 
 
 async def test_reset_mode_cleans_between_uses(sb):
-    dirty = ("echo secret > note; mkdir -p sub/deep; chmod 000 sub; echo x > /dev/shm/leak; "
-             "python3 -c \"import os; os.setsid(); os.fork() or __import__('time').sleep(300)\" & "
-             "cat /proc/self/cgroup | tail -1")
+    dirty = (
+        "echo secret > note; mkdir -p sub/deep; chmod 000 sub; echo x > /dev/shm/leak; "
+        "python3 -c \"import os; os.setsid(); os.fork() or __import__('time').sleep(300)\" & "
+        "cat /proc/self/cgroup | tail -1"
+    )
     r1 = await sb.run(["sh", "-c", dirty], timeout_s=10)
     r2 = await sb.run(["sh", "-c", "ls -A /work /dev/shm; cat /proc/self/cgroup | tail -1"], timeout_s=10)
     r3 = await sb.run(NPROC, timeout_s=10)
@@ -251,10 +309,20 @@ async def test_leaked_containers_removed_by_label_at_start():
 
     client = docker.from_env()
     host = __import__("socket").gethostname()
-    leaked = client.containers.run(DEFAULT_TAG, ["sleep", "300"], detach=True, network_mode="none",
-                                   labels={LABEL: "1", LABEL_OWNER: f"{host}:999999999:0", LABEL_RUN: "leaked-test"})
-    alive = client.containers.run(DEFAULT_TAG, ["sleep", "300"], detach=True, network_mode="none",
-                                  labels={LABEL: "1", LABEL_OWNER: f"other-host:{os.getpid()}:0", LABEL_RUN: "other-test"})
+    leaked = client.containers.run(
+        DEFAULT_TAG,
+        ["sleep", "300"],
+        detach=True,
+        network_mode="none",
+        labels={LABEL: "1", LABEL_OWNER: f"{host}:999999999:0", LABEL_RUN: "leaked-test"},
+    )
+    alive = client.containers.run(
+        DEFAULT_TAG,
+        ["sleep", "300"],
+        detach=True,
+        network_mode="none",
+        labels={LABEL: "1", LABEL_OWNER: f"other-host:{os.getpid()}:0", LABEL_RUN: "other-test"},
+    )
     try:
         s = DockerSandbox(pool_size=0)
         await s.aclose()
@@ -290,8 +358,14 @@ def test_container_spec_hardening():
     from agentrl.sandbox.docker_daemon import container_spec
 
     client = docker.from_env()
-    spec = container_spec(client.api, "agentrl-sandbox:latest", Limits(memory_mb=256, cpus=0.5, pids=40),
-                          labels={"agentrl.sandbox": "1", "agentrl.sandbox.run": "spec-test"}, runtime=None, ncpu=2)
+    spec = container_spec(
+        client.api,
+        "agentrl-sandbox:latest",
+        Limits(memory_mb=256, cpus=0.5, pids=40),
+        labels={"agentrl.sandbox": "1", "agentrl.sandbox.run": "spec-test"},
+        runtime=None,
+        ncpu=2,
+    )
     cid = client.api.create_container(**spec)["Id"]
     try:
         info = client.api.inspect_container(cid)
@@ -302,8 +376,14 @@ def test_container_spec_hardening():
         assert {u["Name"] for u in hc["Ulimits"]} == {"nofile", "fsize", "core"}
         assert hc["LogConfig"]["Type"] == "none" and hc["AutoRemove"] and "size=128m" in hc["Tmpfs"]["/work"]
         assert cfg["User"] == "1000:1000" and not hc.get("Privileged")
-        assert {e.split("=")[0] for e in cfg["Env"]} <= {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONDONTWRITEBYTECODE",
-                                                         "PYTHONUNBUFFERED"}
+        assert {e.split("=")[0] for e in cfg["Env"]} <= {
+            "PATH",
+            "HOME",
+            "LANG",
+            "TMPDIR",
+            "PYTHONDONTWRITEBYTECODE",
+            "PYTHONUNBUFFERED",
+        }
     finally:
         client.api.remove_container(cid, force=True)
 
@@ -331,7 +411,7 @@ def _runsc_reason():
     import docker
 
     client = docker.from_env()
-    runtimes = sorted((client.info().get("Runtimes") or {}))
+    runtimes = sorted(client.info().get("Runtimes") or {})
     if "runsc" not in runtimes:
         return f"gVisor (runsc) is not registered with the Docker daemon (it has {runtimes})"
     try:  # registered but unable to run on this machine (no ptrace/KVM platform): not our code's fault
@@ -355,18 +435,24 @@ async def test_gvisor_runtime():
         t0 = time.monotonic()
         r = await s.run(["sleep", "100"], timeout_s=1.5)
         assert r.status == "timeout" and time.monotonic() - t0 < 1.5 + GRACE_S
-        code = ("import subprocess\nok = fail = 0\nfor _ in range(60):\n"
-                "    try: subprocess.Popen(['sleep', '30']); ok += 1\n    except OSError: fail += 1\nprint(ok, fail)")
+        code = (
+            "import subprocess\nok = fail = 0\nfor _ in range(60):\n"
+            "    try: subprocess.Popen(['sleep', '30']); ok += 1\n    except OSError: fail += 1\nprint(ok, fail)"
+        )
         r = await s.run(["python3", "-c", code], timeout_s=30, limits=Limits(pids=16))
         started, failed = map(int, r.stdout.split())
         assert started < 16 and failed > 0, r  # RLIMIT_NPROC inside gVisor (see container_spec)
-        r = await s.run(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"],
-                        timeout_s=20)
+        r = await s.run(
+            ["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)"], timeout_s=20
+        )
         assert r.exit_code == 1 and "Error" in r.stderr, r
         r = await s.run(["sh", "-c", "kill -TERM 1; kill -INT 1; kill -HUP 1; echo alive"], timeout_s=20)
         assert r.stdout == "alive\n", r
-        r = await s.run(["python3", "-c", "x = []\nwhile True: x.append(bytearray(2**24))"], timeout_s=30,
-                        limits=Limits(memory_mb=128))
+        r = await s.run(
+            ["python3", "-c", "x = []\nwhile True: x.append(bytearray(2**24))"],
+            timeout_s=30,
+            limits=Limits(memory_mb=128),
+        )
         assert r.status == "oom", r  # gVisor as a whole hits the cgroup: the container is replaced
     finally:
         await s.aclose()

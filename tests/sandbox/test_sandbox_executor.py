@@ -2,6 +2,7 @@
 single-threaded executor process, never by the trainer; the warm ``python3 -`` path behaves as a cold
 interpreter; the executor's death is an infrastructure failure and it comes back; it dies with its
 client. Runs in every isolation mode this machine has (bubblewrap, root without it)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,9 @@ def sb(request):
 
 
 def run(sb, code: str, **kw):
-    return asyncio.run(sb.run(["python3", "-"], stdin=textwrap.dedent(code).encode(), timeout_s=kw.pop("timeout_s", 10),
-                              **kw))
+    return asyncio.run(
+        sb.run(["python3", "-"], stdin=textwrap.dedent(code).encode(), timeout_s=kw.pop("timeout_s", 10), **kw)
+    )
 
 
 def test_the_trainer_process_never_forks(sb):
@@ -55,12 +57,14 @@ SAME = {
     "syntax_error": "def (:",
     "stdin_eof": "try:\n    input()\nexcept EOFError:\n    print('eof')",
     "environ": "import os; print(sorted(k for k in os.environ if k != 'PWD'))",
-    "atexit_and_threads": ("import atexit, threading, time\natexit.register(lambda: print('atexit'))\n"
-                           "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\nprint('main')"),
+    "atexit_and_threads": (
+        "import atexit, threading, time\natexit.register(lambda: print('atexit'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\nprint('main')"
+    ),
     "unicode_out": "print('h\\u00e9llo \\u2603'); import sys; sys.stderr.write('\\udcff\\n')",
     "keyboard_interrupt": "raise KeyboardInterrupt",
     "file_too_large": "import resource\nopen('big', 'wb').write(b'x' * (1 << 21))\nprint('not reached')",
-    "broken_pipe": "import os\nr, w = os.pipe()\nos.close(r)\ntry:\n    os.write(w, b'x')\nexcept BrokenPipeError:\n    print('EPIPE')",
+    "broken_pipe": "import os\nr, w = os.pipe()\nos.close(r)\ntry:\n    os.write(w, b'x')\nexcept BrokenPipeError:\n    print('EPIPE')",  # noqa: E501
 }
 
 
@@ -95,7 +99,9 @@ def test_a_program_sees_only_its_own_descriptors(sb):
     assert r.ok, r
     fds = eval(r.stdout)
     assert set(fds) - {0, 1, 2} <= {3, 4}  # the listdir's own fd (and bwrap's status fd under bwrap)
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os, socket
         for fd in range(3, 256):
             try:
@@ -103,7 +109,8 @@ def test_a_program_sees_only_its_own_descriptors(sb):
             except OSError:
                 continue
             print('socket', fd, s.family)
-    """)
+    """,
+    )
     assert r.ok and "socket" not in r.stdout, r.stdout
 
 
@@ -152,10 +159,13 @@ def test_without_bwrap_as_root_a_run_has_its_own_pid_namespace():
     if os.geteuid() != 0:
         pytest.skip("own pid namespaces need root (or bubblewrap)")
     sb = make_sandbox("local", bwrap=False)
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os
         print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
-    """)
+    """,
+    )
     assert r.ok, r
     pid, visible = r.stdout.split(" ", 1)
     assert int(pid) == 2 and eval(visible) == [1, 2]  # our init and the program: no host process

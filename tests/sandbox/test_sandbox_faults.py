@@ -3,6 +3,7 @@ the trainer dying, and a killed container ending an episode as ``sandbox_error``
 
 Skipped, with the reason printed, where no Docker daemon or sandbox image is available.
 """
+
 import asyncio
 import json
 import os
@@ -18,8 +19,10 @@ from agentrl.sandbox import STATUSES
 from agentrl.sandbox.docker import unavailable_reason
 
 REASON = unavailable_reason()
-pytestmark = [pytest.mark.docker,
-              pytest.mark.skipif(REASON is not None, reason=f"docker sandbox unavailable: {REASON}")]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(REASON is not None, reason=f"docker sandbox unavailable: {REASON}"),
+]
 
 
 def _ours(run_id):
@@ -140,14 +143,16 @@ async def test_frozen_container_hits_the_host_deadline():
 def test_trainer_killed_leaves_no_container():
     """A trainer SIGKILLed with containers in use: its attach streams close, each executor reads
     EOF and exits, and ``auto_remove`` takes the containers away (no sweep needed)."""
-    code = ("import asyncio, sys\n"
-            "from agentrl.sandbox.docker import DockerSandbox\n"
-            "async def main():\n"
-            "    sb = DockerSandbox(pool_size=2, max_concurrency=2)\n"
-            "    await sb.start()\n"
-            "    print(sb.run_id, flush=True)\n"
-            "    await sb.run(['sleep', '600'], timeout_s=600)\n"
-            "asyncio.run(main())\n")
+    code = (
+        "import asyncio, sys\n"
+        "from agentrl.sandbox.docker import DockerSandbox\n"
+        "async def main():\n"
+        "    sb = DockerSandbox(pool_size=2, max_concurrency=2)\n"
+        "    await sb.start()\n"
+        "    print(sb.run_id, flush=True)\n"
+        "    await sb.run(['sleep', '600'], timeout_s=600)\n"
+        "asyncio.run(main())\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         run_id = proc.stdout.readline().strip()
@@ -183,8 +188,11 @@ def test_killed_container_ends_episode_as_sandbox_error(tiny_tokenizer, session)
 
     tok = tiny_tokenizer
     end = tok.convert_tokens_to_ids("<|im_end|>")
-    script = [_call("print(6 * 7)"), _call("import time\nprint('working', flush=True)\ntime.sleep(30)"),
-              "The answer is \\boxed{42}."]
+    script = [
+        _call("print(6 * 7)"),
+        _call("import time\nprint('working', flush=True)\ntime.sleep(30)"),
+        "The answer is \\boxed{42}.",
+    ]
 
     def policy(prompt_ids, params, ctx):
         return tok.encode(script[min(ctx.call_index, len(script) - 1)], add_special_tokens=False) + [end]
@@ -204,8 +212,13 @@ def test_killed_container_ends_episode_as_sandbox_error(tiny_tokenizer, session)
                 await asyncio.to_thread(client.api.kill, c["id"])
 
         engine = FakeEngine(policy)
-        mgr = EpisodeManager(engine, lambda: CodeExecEnv(sandbox=sb, session=session, code_timeout_s=20), tok,
-                             RolloutConfig(max_turns=4, turn_timeout_s=60), env_id="code_exec")
+        mgr = EpisodeManager(
+            engine,
+            lambda: CodeExecEnv(sandbox=sb, session=session, code_timeout_s=20),
+            tok,
+            RolloutConfig(max_turns=4, turn_timeout_s=60),
+            env_id="code_exec",
+        )
         try:
             traj, _ = await asyncio.gather(mgr.run_episode(EpisodeSpec("g", 0, task_seed=1)), kill_when_busy())
         finally:

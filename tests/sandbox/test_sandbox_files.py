@@ -1,4 +1,5 @@
 """agentrl.sandbox.files: names, copy-in through planted links, copy-out refusals, caps, tar variants."""
+
 from __future__ import annotations
 
 import io
@@ -35,8 +36,8 @@ def test_write_replaces_planted_symlinks_instead_of_following_them(tmp_path):
     work.mkdir()
     outside.mkdir()
     (outside / "target").write_bytes(b"host file")
-    os.symlink(outside / "target", work / "f.txt")        # a file that is a link to a host file
-    os.symlink(outside, work / "d")                        # a dir that is a link to a host dir
+    os.symlink(outside / "target", work / "f.txt")  # a file that is a link to a host file
+    os.symlink(outside, work / "d")  # a dir that is a link to a host dir
     write_files(str(work), {"f.txt": b"new", "d/g.txt": b"new"})
     assert (outside / "target").read_bytes() == b"host file" and sorted(os.listdir(outside)) == ["target"]
     assert (work / "f.txt").read_bytes() == b"new" and not (work / "f.txt").is_symlink()
@@ -66,18 +67,32 @@ def test_collect_refuses_escapes(tmp_path):
     (outside / "secret").write_bytes(b"s3cret")
     (work / "real.txt").write_bytes(b"ok")
     (work / "sub").mkdir()
-    os.symlink("/etc/passwd", work / "abs")                   # absolute target
-    os.symlink("../outside/secret", work / "rel_out")         # relative target leaving the dir
-    os.symlink(outside, work / "dirlink")                     # a directory link out
-    os.symlink("real.txt", work / "inside")                   # stays inside: allowed
-    os.symlink("../real.txt", work / "sub/up_inside")         # .. but still inside: allowed
+    os.symlink("/etc/passwd", work / "abs")  # absolute target
+    os.symlink("../outside/secret", work / "rel_out")  # relative target leaving the dir
+    os.symlink(outside, work / "dirlink")  # a directory link out
+    os.symlink("real.txt", work / "inside")  # stays inside: allowed
+    os.symlink("../real.txt", work / "sub/up_inside")  # .. but still inside: allowed
     os.symlink("loop2", work / "loop1")
     os.symlink("loop1", work / "loop2")
-    os.link(outside / "secret", work / "hard")                # a hard link to a host file
-    os.mkfifo(work / "fifo")                                  # would block an open() for ever
+    os.link(outside / "secret", work / "hard")  # a hard link to a host file
+    os.mkfifo(work / "fifo")  # would block an open() for ever
     (work / "big").write_bytes(b"x" * 1001)
-    names = ["real.txt", "abs", "rel_out", "dirlink/secret", "inside", "sub/up_inside", "loop1", "hard", "fifo",
-             "big", "missing", "sub", "../outside/secret", "/etc/passwd"]
+    names = [
+        "real.txt",
+        "abs",
+        "rel_out",
+        "dirlink/secret",
+        "inside",
+        "sub/up_inside",
+        "loop1",
+        "hard",
+        "fifo",
+        "big",
+        "missing",
+        "sub",
+        "../outside/secret",
+        "/etc/passwd",
+    ]
     got = collect_files(str(work), names, **CAPS)
     assert got.files == {"real.txt": b"ok", "inside": b"ok", "sub/up_inside": b"ok"}
     assert set(got.refused) == set(names) - set(got.files)
@@ -116,9 +131,13 @@ def test_tar_roundtrip_and_refusals():
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
-        for name, kind, data in [("ok", tarfile.REGTYPE, b"fine"), ("sym", tarfile.SYMTYPE, b""),
-                                 ("hard", tarfile.LNKTYPE, b""), ("big", tarfile.REGTYPE, b"x" * 1001),
-                                 ("dev", tarfile.CHRTYPE, b"")]:
+        for name, kind, data in [
+            ("ok", tarfile.REGTYPE, b"fine"),
+            ("sym", tarfile.SYMTYPE, b""),
+            ("hard", tarfile.LNKTYPE, b""),
+            ("big", tarfile.REGTYPE, b"x" * 1001),
+            ("dev", tarfile.CHRTYPE, b""),
+        ]:
             info = tarfile.TarInfo(name)
             info.type, info.size = kind, len(data)
             if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):

@@ -17,6 +17,7 @@ Where a backend cannot contain a case the test says so with ``pytest.skip`` and 
 * the local backend never hides world-readable host files without bwrap (not a case here: the
   secrets below are not world-readable, as real secrets are not).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,7 +47,7 @@ EXPECT: dict[str, dict[str, set[str]]] = {
     "alloc_10gb": {"*": {"oom"}},
     "alloc_gradual": {"*": {"oom"}},
     "stdout_1gb": {"*": {"output_limit"}},
-    "one_huge_file": {"*": {"ok"}},     # exits non-zero on EFBIG/ENOSPC: the program's failure
+    "one_huge_file": {"*": {"ok"}},  # exits non-zero on EFBIG/ENOSPC: the program's failure
     "many_files": {"*": {"ok"}},
     "fill_tmp": {"*": {"ok"}},
     "inodes": {"*": {"ok"}, "docker": {"ok", "timeout"}},
@@ -58,7 +59,7 @@ EXPECT: dict[str, dict[str, set[str]]] = {
     "stdin_closed": {"*": {"ok"}},
     "sleep_silently": {"*": {"timeout"}},
     "garbage_output": {"*": {"ok"}},
-    "deep_recursion": {"*": {"killed"}},     # through C (repr): the C stack overflows -> SIGSEGV
+    "deep_recursion": {"*": {"killed"}},  # through C (repr): the C stack overflows -> SIGSEGV
     # Pure-Python recursion lives on the heap in 3.11: it ends when memory does (docker: OOM kill;
     # local: CPython's own "SystemError"/MemoryError exit under RLIMIT_AS, a program failure).
     "deep_recursion_heap": {"*": {"ok", "oom"}},
@@ -104,8 +105,11 @@ def host_snapshot(backend: str) -> dict:
     snap = {
         "sandbox_uid_procs": sorted(pid for pid, _, uid, _ in procs if any(uid in r for r in ours)),
         # the local backend's executor is a child by design; what it runs are its children
-        "our_children": sorted(pid for pid, ppid, _, _ in procs
-                               if (ppid == os.getpid() and pid != executor().pid) or ppid == executor().pid),
+        "our_children": sorted(
+            pid
+            for pid, ppid, _, _ in procs
+            if (ppid == os.getpid() and pid != executor().pid) or ppid == executor().pid
+        ),
         "workdirs": sorted(glob.glob(os.path.join(tmp, tag + "*"))),
         "mounts": sorted(ln.split()[1] for ln in open("/proc/mounts") if tag in ln),
         "tmp_used_mb": shutil.disk_usage(tmp).used // (1 << 20),
@@ -130,8 +134,11 @@ def assert_host_unchanged(before: dict, after: dict) -> None:
         if after == before:
             return
         time.sleep(0.1)
-        after = {k: v for k, v in host_snapshot("docker" if "containers" in before else "local").items()
-                 if k != "tmp_used_mb"}
+        after = {
+            k: v
+            for k, v in host_snapshot("docker" if "containers" in before else "local").items()
+            if k != "tmp_used_mb"
+        }
     assert after == before
 
 
@@ -155,8 +162,11 @@ async def backend(request):
 def facts(sb) -> dict:
     """What the backend contains (docker contains everything here)."""
     d = sb.describe() if hasattr(sb, "describe") else {}
-    return {"network": d.get("network_isolated", True), "pids": d.get("pids_enforced", True),
-            "kill_all": d.get("bwrap", False) or d.get("dedicated_uid", True)}
+    return {
+        "network": d.get("network_isolated", True),
+        "pids": d.get("pids_enforced", True),
+        "kill_all": d.get("bwrap", False) or d.get("dedicated_uid", True),
+    }
 
 
 async def run_case(case: str, backend: tuple, argv=None, *, code: str | None = None, timeout_s: float = T, **kw):
@@ -184,8 +194,13 @@ async def test_busy_loop(backend):
     await run_case("busy_loop", backend, code="while True: pass")
 
 
-@pytest.mark.parametrize("case, code", [("alloc_10gb", "x = bytearray(10 * 1024**3)"),
-                                        ("alloc_gradual", "a = []\nwhile True: a.append(bytearray(50 * 2**20))")])
+@pytest.mark.parametrize(
+    "case, code",
+    [
+        ("alloc_10gb", "x = bytearray(10 * 1024**3)"),
+        ("alloc_gradual", "a = []\nwhile True: a.append(bytearray(50 * 2**20))"),
+    ],
+)
 async def test_memory(backend, case, code):
     await run_case(case, backend, code=code, timeout_s=10)
 
@@ -196,16 +211,28 @@ async def test_stdout_1gb(backend):
     assert r.truncated and len(r.stdout) == Limits().max_output_bytes
 
 
-@pytest.mark.parametrize("case, code, err", [
-    ("one_huge_file", "with open('f', 'wb') as f:\n    while True: f.write(b'x' * (1 << 20))",
-     ("File too large", "No space")),
-    ("many_files", "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (16 << 20)); i += 1",
-     ("No space", "too large")),
-    ("fill_tmp", "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (16 << 20)); i += 1",
-     ("No space", "Read-only", "too large")),
-    ("inodes", "i = 0\nwhile True:\n    open(f'n{i}', 'w').close(); i += 1", ("No space", "Too many")),
-    ("fds", "fs = []\nwhile True: fs.append(open('/dev/null'))", ("Too many open files",)),
-])
+@pytest.mark.parametrize(
+    "case, code, err",
+    [
+        (
+            "one_huge_file",
+            "with open('f', 'wb') as f:\n    while True: f.write(b'x' * (1 << 20))",
+            ("File too large", "No space"),
+        ),
+        (
+            "many_files",
+            "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (16 << 20)); i += 1",
+            ("No space", "too large"),
+        ),
+        (
+            "fill_tmp",
+            "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (16 << 20)); i += 1",
+            ("No space", "Read-only", "too large"),
+        ),
+        ("inodes", "i = 0\nwhile True:\n    open(f'n{i}', 'w').close(); i += 1", ("No space", "Too many")),
+        ("fds", "fs = []\nwhile True: fs.append(open('/dev/null'))", ("Too many open files",)),
+    ],
+)
 async def test_filling(backend, case, code, err):
     r = await run_case(case, backend, code=code, timeout_s=10)
     if r.status == "ok":
@@ -312,8 +339,10 @@ for sock in ["/var/run/docker.sock", "/run/docker.sock"]:
 
 # ------------------------------------------------------------------------------ processes
 async def test_kill_parent(backend):
-    code = ("import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError as e:\n"
-            "    print('denied', e)\nprint('alive')")
+    code = (
+        "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError as e:\n"
+        "    print('denied', e)\nprint('alive')"
+    )
     r = await run_case("kill_parent", backend, code=code)
     assert r.stdout.strip().endswith("alive")
 
@@ -331,8 +360,13 @@ async def test_kill_all_reaches_only_its_own_run(backend):
 
 
 async def test_stdin_and_silence(backend):
-    r = await run_case("stdin_closed", backend, code=None, stdin=None,
-                       argv=["python3", "-c", "import sys\nprint(repr(sys.stdin.read()))\ninput()"])
+    r = await run_case(
+        "stdin_closed",
+        backend,
+        code=None,
+        stdin=None,
+        argv=["python3", "-c", "import sys\nprint(repr(sys.stdin.read()))\ninput()"],
+    )
     assert r.stdout == "''\n" and "EOFError" in r.stderr and r.wall_s < T
     await run_case("sleep_silently", backend, code="import time\ntime.sleep(1000)")
 
@@ -344,25 +378,37 @@ async def test_garbage_output(backend):
 
 
 async def test_deep_recursion_and_segfault(backend):
-    r = await run_case("deep_recursion", backend, timeout_s=10, code="import sys\nsys.setrecursionlimit(10**9)\n"
-                       "class A:\n    def __repr__(self): return repr(self)\nrepr(A())")
+    r = await run_case(
+        "deep_recursion",
+        backend,
+        timeout_s=10,
+        code="import sys\nsys.setrecursionlimit(10**9)\nclass A:\n    def __repr__(self): return repr(self)\nrepr(A())",
+    )
     assert r.exit_code == -11
-    r = await run_case("deep_recursion_heap", backend, timeout_s=10, limits=Limits(memory_mb=128),
-                       code="import sys\nsys.setrecursionlimit(10**9)\ndef f(n): return f(n + 1)\nf(0)")
+    r = await run_case(
+        "deep_recursion_heap",
+        backend,
+        timeout_s=10,
+        limits=Limits(memory_mb=128),
+        code="import sys\nsys.setrecursionlimit(10**9)\ndef f(n): return f(n + 1)\nf(0)",
+    )
     assert r.exit_code != 0
     r = await run_case("segfault", backend, code="import ctypes\nctypes.string_at(0)")
     assert r.exit_code == -11
 
 
-@pytest.mark.parametrize("script", [
-    "sleep 1000 & echo started",
-    "setsid sleep 1000 & echo started",
-    "nohup sleep 1000 >/dev/null 2>&1 & disown; echo started",
-    # A double-forked daemon in its own session that also makes itself non-dumpable (its /proc
-    # entry then looks root-owned to anyone matching on owners).
-    "python3 -c \"import os, ctypes, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-    "        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n        time.sleep(1000)\n    os._exit(0)\n\"; echo started",
-])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "sleep 1000 & echo started",
+        "setsid sleep 1000 & echo started",
+        "nohup sleep 1000 >/dev/null 2>&1 & disown; echo started",
+        # A double-forked daemon in its own session that also makes itself non-dumpable (its /proc
+        # entry then looks root-owned to anyone matching on owners).
+        'python3 -c "import os, ctypes, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n'
+        '        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n        time.sleep(1000)\n    os._exit(0)\n"; echo started',
+    ],
+)
 async def test_orphans_do_not_survive(backend, script):
     r = await run_case("orphans", backend, ["bash", "-c", script])
     assert r.stdout == "started\n" and r.wall_s < T  # the fixture checks that nothing is left behind
@@ -379,8 +425,16 @@ os.symlink('/', 'root_link')
 os.makedirs('d')
 os.symlink('..', 'd/up')
 """
-    names = ["ok.txt", "abs_link", "rel_link", "root_link/etc/passwd", "d/up/ok.txt", "../etc/passwd", "/etc/passwd",
-             "d/up/../../etc/passwd"]
+    names = [
+        "ok.txt",
+        "abs_link",
+        "rel_link",
+        "root_link/etc/passwd",
+        "d/up/ok.txt",
+        "../etc/passwd",
+        "/etc/passwd",
+        "d/up/../../etc/passwd",
+    ]
     name, sb = backend
     t0 = time.monotonic()
     r = await sb.run(["python3", "-"], stdin=code.encode(), timeout_s=T, collect=names)

@@ -4,6 +4,7 @@ Each behaviour runs in both local modes where it means something: ``bwrap`` (nam
 ``plain`` (bwrap=False: rlimits, a dedicated uid and private mount/net namespaces when root).
 The hostile-input suite is tests/sandbox/test_sandbox_hostile.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,16 +18,17 @@ import tempfile
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox import (ExecResult, Limits, Sandbox, make_sandbox, shared_sandbox, supports_sessions)
-from agentrl.sandbox import jail
+from agentrl.sandbox import ExecResult, Limits, Sandbox, jail, make_sandbox, shared_sandbox, supports_sessions
 from agentrl.sandbox import local as local_mod
 from agentrl.sandbox.local import LocalSandbox
 from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 
 ROOT = os.geteuid() == 0
 BWRAP_REASON = LocalSandbox().bwrap_reason
-MODES = [pytest.param(True, id="bwrap", marks=pytest.mark.skipif(BWRAP_REASON is not None, reason=str(BWRAP_REASON))),
-         pytest.param(False, id="plain")]
+MODES = [
+    pytest.param(True, id="bwrap", marks=pytest.mark.skipif(BWRAP_REASON is not None, reason=str(BWRAP_REASON))),
+    pytest.param(False, id="plain"),
+]
 
 
 @pytest.fixture(params=MODES)
@@ -97,15 +99,25 @@ def test_bwrap_required_but_missing_is_a_config_error(monkeypatch):
 
 # ------------------------------------------------------------------------------ who and where the program is
 async def test_identity_and_view(sb):
-    code = ("import os, json, socket; print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(),"
-            " 'env': dict(os.environ),"
-            " 'pid': os.getpid(), 'host': socket.gethostname(), 'root': sorted(os.listdir('/')),"
-            " 'limits': open('/proc/self/limits').read()}))")
+    code = (
+        "import os, json, socket; print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(),"
+        " 'env': dict(os.environ),"
+        " 'pid': os.getpid(), 'host': socket.gethostname(), 'root': sorted(os.listdir('/')),"
+        " 'limits': open('/proc/self/limits').read()}))"
+    )
     r = await sb.run(**py(code), timeout_s=10)
     assert r.ok, r
     info = json.loads(r.stdout)
-    assert set(info["env"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
-                                "LC_CTYPE", "PWD"}
+    assert set(info["env"]) <= {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "LC_CTYPE",
+        "PWD",
+    }
     if ROOT:
         assert info["uid"] != 0
     if sb.bwrap:
@@ -164,8 +176,10 @@ async def test_fsize_and_nofile(sb):
 
 @pytest.mark.skipif(not ROOT, reason="pids (RLIMIT_NPROC) is enforced only with a dedicated uid, i.e. as root")
 async def test_pids_limit(sb):
-    code = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
-            "            os._exit(0)\n        n += 1\nexcept OSError:\n    print(n)\n")
+    code = (
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+        "            os._exit(0)\n        n += 1\nexcept OSError:\n    print(n)\n"
+    )
     r = await sb.run(**py(code), timeout_s=20, limits=Limits(pids=10))
     assert r.status == "ok" and 5 <= int(r.stdout) <= 10, r
 
@@ -213,10 +227,16 @@ async def test_concurrent_runs_get_distinct_uids(sb):
 
 # ------------------------------------------------------------------------------ files and sessions
 async def test_files_in_and_collect_out(sb):
-    code = ("import os\nopen('out.txt', 'w').write(open('in/data.txt').read().upper())\n"
-            "os.symlink('/etc/passwd', 'leak')\nos.symlink('out.txt', 'alias')")
-    r = await sb.run(**py(code), files={"in/data.txt": b"hello"}, timeout_s=10,
-                     collect=["out.txt", "alias", "leak", "../../etc/passwd", "nothere"])
+    code = (
+        "import os\nopen('out.txt', 'w').write(open('in/data.txt').read().upper())\n"
+        "os.symlink('/etc/passwd', 'leak')\nos.symlink('out.txt', 'alias')"
+    )
+    r = await sb.run(
+        **py(code),
+        files={"in/data.txt": b"hello"},
+        timeout_s=10,
+        collect=["out.txt", "alias", "leak", "../../etc/passwd", "nothere"],
+    )
     assert r.ok, r
     assert r.files == {"out.txt": b"HELLO", "alias": b"HELLO"}
     assert "'leak'" in r.detail and "'nothere'" in r.detail and "'../../etc/passwd'" in r.detail
@@ -225,9 +245,11 @@ async def test_files_in_and_collect_out(sb):
 async def test_session_keeps_files_not_processes(sb):
     async with await sb.session(limits=Limits(memory_mb=300)) as s:
         await s.run(["sh", "-c", "echo 1 > state; (sleep 60 &) ; echo started"], timeout_s=5)
-        mine = ("import os\ndef mine(p):\n    try:\n        return os.stat('/proc/' + p).st_uid == os.getuid() and "
-                "'sleep' in open('/proc/%s/cmdline' % p).read()\n    except OSError:\n        return False\n"
-                "print(open('state').read().strip(), len([p for p in os.listdir('/proc') if p.isdigit() and mine(p)]))")
+        mine = (
+            "import os\ndef mine(p):\n    try:\n        return os.stat('/proc/' + p).st_uid == os.getuid() and "
+            "'sleep' in open('/proc/%s/cmdline' % p).read()\n    except OSError:\n        return False\n"
+            "print(open('state').read().strip(), len([p for p in os.listdir('/proc') if p.isdigit() and mine(p)]))"
+        )
         r = await s.run(**py(mine), timeout_s=5)
         assert r.stdout.split() == ["1", "0"], r
         r = await s.run(["sh", "-c", "cat state"], files={"state": b"2"}, timeout_s=5, collect=["state"])
@@ -301,9 +323,11 @@ def test_python_export_never_outlives_its_process(ending):
     sb = LocalSandbox()
     if all(src == dst for src, dst in sb.mounts.binds):
         pytest.skip("the sandbox uid reaches this Python directly: nothing is exported")
-    code = ("import os, asyncio\nfrom agentrl.sandbox.local import LocalSandbox\nsb = LocalSandbox()\n"
-            "r = asyncio.run(sb.run(['python3', '-c', 'print(1)'], timeout_s=10))\nassert r.stdout == '1\\n', r\n"
-            f"print(os.getpid(), flush=True)\n{ending}\n")
+    code = (
+        "import os, asyncio\nfrom agentrl.sandbox.local import LocalSandbox\nsb = LocalSandbox()\n"
+        "r = asyncio.run(sb.run(['python3', '-c', 'print(1)'], timeout_s=10))\nassert r.stdout == '1\\n', r\n"
+        f"print(os.getpid(), flush=True)\n{ending}\n"
+    )
     pid = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     if ending == "pass":
         assert _exports_of(pid) == ([], [])

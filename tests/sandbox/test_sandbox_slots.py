@@ -1,5 +1,6 @@
 """Slots (agentrl.sandbox.slots): waiting for a sandbox slot is recorded, does not count against a
 tool's deadline (ToolEnv counts running time), and a saturated sandbox holds new episodes back."""
+
 from __future__ import annotations
 
 import asyncio

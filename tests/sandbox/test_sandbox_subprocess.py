@@ -1,4 +1,5 @@
 """SubprocessSandbox: statuses, deadlines, process-group cleanup, env, files, caps; python/bash tools."""
+
 from __future__ import annotations
 
 import asyncio
@@ -59,8 +60,11 @@ async def test_env_is_empty_except_basics(sb, monkeypatch):
 
 
 async def test_workdir_files_and_cleanup(sb):
-    r = await sb.run([PY, "main.py"], timeout_s=10,
-                     files={"main.py": b"import os; print(os.getcwd()); print(open('d/x.txt').read())", "d/x.txt": b"data"})
+    r = await sb.run(
+        [PY, "main.py"],
+        timeout_s=10,
+        files={"main.py": b"import os; print(os.getcwd()); print(open('d/x.txt').read())", "d/x.txt": b"data"},
+    )
     cwd, data = r.stdout.split()
     assert data == "data" and not os.path.exists(cwd)
 
@@ -177,7 +181,9 @@ async def test_python_tool(sb):
     assert await t(code="print(6 * 7)") == "42"
     out = await t(code="x = 1\n1 / 0")
     assert 'File "<stdin>", line 2' in out and "ZeroDivisionError" in out and "[exit code 1]" in out
-    assert (await t(code="import time; time.sleep(5)")).startswith("TimeoutError: the program did not finish within 1 s")
+    assert (await t(code="import time; time.sleep(5)")).startswith(
+        "TimeoutError: the program did not finish within 1 s"
+    )
     assert await t(code="pass") == "(no output)"
 
 

@@ -9,6 +9,7 @@ the python tool to print its environment; a shortened `agentrl run` trains, logs
 every sandbox backend available here runs programs that print their environment. Then no file under
 the output dirs and no sandbox output holds a canary.
 """
+
 import asyncio
 import json
 import os
@@ -18,19 +19,22 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from scripted_openai import ScriptedOpenAI
 
-DUMP_ENV = ("import os, sys\nprint(sorted(os.environ.items()))\n"
-            "for p in ('/proc/self/environ', '/proc/1/environ', '/proc/' + str(os.getppid()) + '/environ'):\n"
-            "    try:\n        print(p, open(p, 'rb').read())\n    except OSError as e:\n        print(p, 'unreadable', e)\n")
+DUMP_ENV = (
+    "import os, sys\nprint(sorted(os.environ.items()))\n"
+    "for p in ('/proc/self/environ', '/proc/1/environ', '/proc/' + str(os.getppid()) + '/environ'):\n"
+    "    try:\n        print(p, open(p, 'rb').read())\n    except OSError as e:\n        print(p, 'unreadable', e)\n"
+)
 
 
 @pytest.fixture
 def canaries(monkeypatch):
-    keys = {"OPENAI_API_KEY": "sk-canary-" + secrets.token_hex(16),
-            "ANTHROPIC_API_KEY": "sk-ant-canary-" + secrets.token_hex(16),
-            "HF_TOKEN": "hf_canary" + secrets.token_hex(16)}
+    keys = {
+        "OPENAI_API_KEY": "sk-canary-" + secrets.token_hex(16),
+        "ANTHROPIC_API_KEY": "sk-ant-canary-" + secrets.token_hex(16),
+        "HF_TOKEN": "hf_canary" + secrets.token_hex(16),
+    }
     for k, v in keys.items():
         monkeypatch.setenv(k, v)
     return keys
@@ -57,8 +61,8 @@ def test_the_scan_finds_a_planted_canary(tmp_path):
 
 @pytest.mark.sglang
 def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_dir, tmp_path, canaries, capfd):
-    from agentrl.errors import RewardError
     from agentrl.envs.judge import JudgeReward
+    from agentrl.errors import RewardError
 
     model = f"openai/{sglang_server.model_path}"
     v1 = sglang_server.url + "/v1"
@@ -82,11 +86,35 @@ def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_
     judge_cfg = json.dumps({"model": model, "api_base": v1, "max_tokens": 8, "max_retries": 0})
     with ScriptedOpenAI(script) as policy:
         proc = subprocess.run(
-            [sys.executable, "-m", "agentrl.cli.main", "eval", "--env", "judged", "--env-arg", "env=code_exec",
-             "--env-arg", f"judge={judge_cfg}", "--env-arg", "env_kwargs={sandbox_backend: local}",
-             "--model", "openai/policy", "--api-base", policy.url, "-n", "2", "--concurrency", "1",
-             "--out", str(eval_dir / "episodes.jsonl")],
-            capture_output=True, text=True, timeout=600, env=dict(os.environ))
+            [
+                sys.executable,
+                "-m",
+                "agentrl.cli.main",
+                "eval",
+                "--env",
+                "judged",
+                "--env-arg",
+                "env=code_exec",
+                "--env-arg",
+                f"judge={judge_cfg}",
+                "--env-arg",
+                "env_kwargs={sandbox_backend: local}",
+                "--model",
+                "openai/policy",
+                "--api-base",
+                policy.url,
+                "-n",
+                "2",
+                "--concurrency",
+                "1",
+                "--out",
+                str(eval_dir / "episodes.jsonl"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ),
+        )
     (eval_dir / "stdout.log").write_text(proc.stdout)
     (eval_dir / "stderr.log").write_text(proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -102,8 +130,18 @@ def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_
     from agentrl.jobs.run import Runner
 
     run_dir = tmp_path / "run"
-    cfg = _cfg(tiny_model_dir, run_dir, 2, ["eval.num_tasks=4", "eval.every=1", "train.checkpoint_every=1",
-                                            "logging.tensorboard=true", "train.groups_per_step=2"])
+    cfg = _cfg(
+        tiny_model_dir,
+        run_dir,
+        2,
+        [
+            "eval.num_tasks=4",
+            "eval.every=1",
+            "train.checkpoint_every=1",
+            "logging.tensorboard=true",
+            "train.groups_per_step=2",
+        ],
+    )
     asyncio.run(Runner(cfg, progress=False).run())
     assert list((run_dir / "checkpoints").glob("step_*/COMPLETE")) and (run_dir / "config.yaml").exists()
     out, err = capfd.readouterr()

@@ -4,6 +4,7 @@ episodes on the FakeEngine, plus hand-written regressions of the bugs the fuzzin
 property: never raises, results typed correctly (a model's text never ends an episode as an
 infrastructure failure), returns within a generous bound. The long run is ``bench/bench_fuzz.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -11,19 +12,35 @@ import random
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from fuzz_texts import (
+    MAX_CHARS,
+    PIECES,
+    ScriptedPolicy,
+    check_env_step,
+    check_episode,
+    check_parsers,
+    check_scorers,
+    episode_manager,
+    hostile_text,
+    make_env,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from fuzz_texts import (MAX_CHARS, PIECES, ScriptedPolicy, check_env_step, check_episode, check_parsers,
-                        check_scorers, episode_manager, hostile_text, make_env)
 from agentrl.trajectory import Outcome, read_jsonl
 
 HANG_S = 5.0  # "returns within": the bugs took 3-90 s; a healthy input takes milliseconds
 
 
 def _budget(n: int):
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=n,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+    )
 
 
 def _texts(max_chars: int = MAX_CHARS, raw_surrogates: bool = True):
@@ -31,11 +48,17 @@ def _texts(max_chars: int = MAX_CHARS, raw_surrogates: bool = True):
     examples the hostile generator at sizes up to ``max_chars`` (where quadratic paths show)."""
     alphabet = st.characters() if raw_surrogates else st.characters(exclude_categories=("Cs",))
     # a seeded generator rather than st.randoms(): hypothesis cannot draw 16k-character pieces itself
-    hostile = st.builds(lambda seed, n: hostile_text(random.Random(seed), n, raw_surrogates=raw_surrogates),
-                        st.integers(0, 2**32), st.sampled_from([max_chars, max_chars, max_chars // 4, 1024, 64]))
-    small = st.one_of(st.text(alphabet, max_size=300),
-                      st.lists(st.sampled_from([p for p in PIECES if raw_surrogates or not _has_surrogate(p)]),
-                               max_size=200).map("".join))
+    hostile = st.builds(
+        lambda seed, n: hostile_text(random.Random(seed), n, raw_surrogates=raw_surrogates),
+        st.integers(0, 2**32),
+        st.sampled_from([max_chars, max_chars, max_chars // 4, 1024, 64]),
+    )
+    small = st.one_of(
+        st.text(alphabet, max_size=300),
+        st.lists(st.sampled_from([p for p in PIECES if raw_surrogates or not _has_surrogate(p)]), max_size=200).map(
+            "".join
+        ),
+    )
     return st.one_of(hostile, small)  # about half each
 
 
@@ -112,8 +135,12 @@ def test_deep_argument_in_an_earlier_turn_does_not_fail_scoring():
     for depth in range(300, 520, 15):
         env = make_env()
         env.reset(seed=0)
-        _, _, done, _, info = env.step('<tool_call>{"name": "python", "arguments": {"code": "1", "x": '
-                                       + "[" * depth + "]" * depth + "}}</tool_call>")
+        _, _, done, _, info = env.step(
+            '<tool_call>{"name": "python", "arguments": {"code": "1", "x": '
+            + "[" * depth
+            + "]" * depth
+            + "}}</tool_call>"
+        )
         assert not done and info["tool_stats"]["malformed"] == 1, depth
         assert env.step("\\boxed{1}")[2] is True
         env.close()
@@ -147,6 +174,17 @@ def test_hostile_text_generator_covers_the_families():
     texts = [hostile_text(rng, 2000) for _ in range(400)]
     assert all(len(t) <= 2000 for t in texts)
     joined = "".join(texts)
-    for needle in ("<tool_call>", "\\boxed{", "[[[[", "\\ud83d", "\ud83d", "\x00", "\x1b[", "```python", "####",
-                   "1e", "\\frac{"):
+    for needle in (
+        "<tool_call>",
+        "\\boxed{",
+        "[[[[",
+        "\\ud83d",
+        "\ud83d",
+        "\x00",
+        "\x1b[",
+        "```python",
+        "####",
+        "1e",
+        "\\frac{",
+    ):
         assert needle in joined, needle

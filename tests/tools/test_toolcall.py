@@ -1,4 +1,5 @@
 """Tool-call parsers: valid calls, malformed ones reported for the model, content kept."""
+
 from __future__ import annotations
 
 import json
@@ -7,20 +8,30 @@ import time
 import pytest
 
 from agentrl.errors import ConfigError, ToolCallError
-from agentrl.tools.calls import (MAX_ATTEMPTS, PARSERS, ParsedTurn, ToolCall, get_parser, parse_hermes,
-                              parse_python_block)
+from agentrl.tools.calls import (
+    MAX_ATTEMPTS,
+    PARSERS,
+    ParsedTurn,
+    ToolCall,
+    get_parser,
+    parse_hermes,
+    parse_python_block,
+)
 
 
 def test_hermes_single_call_and_content():
     text = 'Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(2)"}}\n</tool_call>'
     p = parse_hermes(text)
-    assert p == ParsedTurn(content="Let me compute.", calls=[ToolCall("python", {"code": "print(2)"}, "call_0")],
-                           errors=[])
+    assert p == ParsedTurn(
+        content="Let me compute.", calls=[ToolCall("python", {"code": "print(2)"}, "call_0")], errors=[]
+    )
 
 
 def test_hermes_multiple_calls_with_text_between():
-    text = ('A <tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> B\n'
-            '<tool_call>{"name": "b", "arguments": {}}</tool_call> C')
+    text = (
+        'A <tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> B\n'
+        '<tool_call>{"name": "b", "arguments": {}}</tool_call> C'
+    )
     p = parse_hermes(text)
     assert [(c.name, c.arguments, c.id) for c in p.calls] == [("a", {"x": 1}, "call_0"), ("b", {}, "call_1")]
     assert p.content == "A  B\n C" and p.errors == [] and p.n_attempts == 2
@@ -31,23 +42,28 @@ def test_hermes_no_calls():
 
 
 def test_hermes_arguments_as_json_string_and_aliases():
-    text = ('<tool_call>{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}</tool_call>'
-            '<tool_call>{"name": "g", "parameters": {"q": "x"}}</tool_call>'
-            '<tool_call>{"name": "h"}</tool_call>')
+    text = (
+        '<tool_call>{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}</tool_call>'
+        '<tool_call>{"name": "g", "parameters": {"q": "x"}}</tool_call>'
+        '<tool_call>{"name": "h"}</tool_call>'
+    )
     p = parse_hermes(text)
     assert [(c.name, c.arguments) for c in p.calls] == [("f", {"a": [1, 2]}), ("g", {"q": "x"}), ("h", {})]
 
 
-@pytest.mark.parametrize("body, needle", [
-    ('{"name": "f", "arguments": {"x": 1}', "Invalid JSON"),
-    ('{"arguments": {"x": 1}}', 'missing a "name"'),
-    ('{"name": "f", "arguments": [1, 2]}', "must be a JSON object"),
-    ('{"name": "f", "arguments": "not json"}', "not valid JSON"),
-    ('{"name": "f", "arguments": "[1]"}', "must be a JSON object"),
-    ('["f"]', "must hold a JSON object"),
-    ('{"name": "f"} {"name": "g"}', "Extra text"),
-    ("   ", "Empty <tool_call>"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ('{"name": "f", "arguments": {"x": 1}', "Invalid JSON"),
+        ('{"arguments": {"x": 1}}', 'missing a "name"'),
+        ('{"name": "f", "arguments": [1, 2]}', "must be a JSON object"),
+        ('{"name": "f", "arguments": "not json"}', "not valid JSON"),
+        ('{"name": "f", "arguments": "[1]"}', "must be a JSON object"),
+        ('["f"]', "must hold a JSON object"),
+        ('{"name": "f"} {"name": "g"}', "Extra text"),
+        ("   ", "Empty <tool_call>"),
+    ],
+)
 def test_hermes_malformed_calls_do_not_stop_others(body, needle):
     text = f'<tool_call>{body}</tool_call> then <tool_call>{{"name": "ok", "arguments": {{}}}}</tool_call>'
     p = parse_hermes(text)
@@ -148,8 +164,11 @@ def test_hermes_lone_surrogate_name_becomes_valid_text():
     assert p.calls[0].arguments == {"k\udc00": "v\ud800"}  # arguments stay raw: tools may need them
 
 
-@pytest.mark.parametrize("text", ["<tool_call>" * 32_000, "</tool_call>" * 32_000,
-                                  "<tool_call>{}" * 16_000 + "</tool_call>"], ids=["open", "close", "unclosed"])
+@pytest.mark.parametrize(
+    "text",
+    ["<tool_call>" * 32_000, "</tool_call>" * 32_000, "<tool_call>{}" * 16_000 + "</tool_call>"],
+    ids=["open", "close", "unclosed"],
+)
 def test_hermes_many_tags_take_linear_time(text):
     # the tag search rescanned to the end for every tag: 3-6 s here before
     t0 = time.perf_counter()
@@ -159,8 +178,13 @@ def test_hermes_many_tags_take_linear_time(text):
     assert all(len(str(e)) < 400 for e in p.errors) and "More than 64" in str(p.errors[-1])
 
 
-@pytest.mark.parametrize("parse, one", [(parse_hermes, '<tool_call>{"name": "f", "arguments": {}}</tool_call>'),
-                                        (parse_python_block, "```python\nprint(1)\n```\n")])
+@pytest.mark.parametrize(
+    "parse, one",
+    [
+        (parse_hermes, '<tool_call>{"name": "f", "arguments": {}}</tool_call>'),
+        (parse_python_block, "```python\nprint(1)\n```\n"),
+    ],
+)
 def test_call_attempts_per_turn_are_capped(parse, one):
     # every attempt becomes a tool message: 1,500 of them made a 200k-character observation
     p = parse(one * MAX_ATTEMPTS)

@@ -1,16 +1,17 @@
 """Typed tools: schema from signature + docstring, validation/coercion, async dispatch."""
+
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
 from agentrl.errors import ConfigError, ToolCallError
-from agentrl.warmstart.tiny_model import build_tokenizer
-from agentrl.tools.calls import ToolCall
 from agentrl.tools.base import Tool, ToolSet, tool
+from agentrl.tools.calls import ToolCall
+from agentrl.warmstart.tiny_model import build_tokenizer
 
 
 @tool
@@ -33,7 +34,7 @@ async def search(query: str, k: int = 3, lang: Literal["en", "de"] = "en", site:
 
 
 @tool(name="calc", description="Evaluate arithmetic.")
-def calculator(values: list[float], scale: Optional[float] = None, exact: bool = False, meta: dict = None):
+def calculator(values: list[float], scale: float | None = None, exact: bool = False, meta: dict = None):
     return {"sum": sum(values) * (scale or 1), "thread": threading.current_thread().name, "exact": exact}
 
 
@@ -51,7 +52,9 @@ def test_schema_from_signature_and_docstring():
 
 
 def test_decorator_overrides_and_container_types():
-    assert isinstance(calculator, Tool) and calculator.name == "calc" and calculator.description == "Evaluate arithmetic."
+    assert (
+        isinstance(calculator, Tool) and calculator.name == "calc" and calculator.description == "Evaluate arithmetic."
+    )
     props = calculator.parameters["properties"]
     assert props["values"] == {"type": "array", "items": {"type": "number"}}
     assert props["scale"]["type"] == ["number", "null"] and props["meta"]["type"] == "object"
@@ -65,14 +68,17 @@ def test_validate_coerces():
     assert calculator.validate({"values": [], "meta": None}) == {"values": [], "meta": None}  # default None
 
 
-@pytest.mark.parametrize("args, needle", [
-    ({}, "missing required argument 'query'"),
-    ({"query": "x", "limit": 3}, "unexpected argument 'limit'"),
-    ({"query": 5}, "argument 'query' of tool 'search' must be a string, got integer 5"),
-    ({"query": "x", "k": "many"}, "'k' of tool 'search' must be an integer"),
-    ({"query": "x", "k": True}, "must be an integer, got boolean"),
-    ({"query": "x", "lang": "fr"}, 'must be one of "en", "de"'),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ({}, "missing required argument 'query'"),
+        ({"query": "x", "limit": 3}, "unexpected argument 'limit'"),
+        ({"query": 5}, "argument 'query' of tool 'search' must be a string, got integer 5"),
+        ({"query": "x", "k": "many"}, "'k' of tool 'search' must be an integer"),
+        ({"query": "x", "k": True}, "must be an integer, got boolean"),
+        ({"query": "x", "lang": "fr"}, 'must be one of "en", "de"'),
+    ],
+)
 def test_validate_errors_name_the_argument(args, needle):
     with pytest.raises(ToolCallError) as e:
         search.validate(args)
@@ -142,11 +148,15 @@ async def test_sync_tools_do_not_block_the_loop():
 
 def test_bad_definitions():
     with pytest.raises(TypeError, match="unsupported annotation"):
+
         @tool
         def f(x: set): ...
+
     with pytest.raises(TypeError, match=r"\*args"):
+
         @tool
         def g(*args: int): ...
+
     with pytest.raises(ConfigError, match="duplicate tool name 'search'"):
         ToolSet([search, search])
 
@@ -163,8 +173,12 @@ def test_plain_functions_are_wrapped_and_unannotated_accepts_anything():
 
 def test_schemas_render_in_qwen_template():
     tok = build_tokenizer(None)
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=ToolSet([search, calculator]).schemas(),
-                                   add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}],
+        tools=ToolSet([search, calculator]).schemas(),
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert '"name": "calc"' in text and "How many results to return." in text
 
 
@@ -199,5 +213,5 @@ def test_tool_output_is_valid_text():
 
     for t in (echo, echo_json):
         out = asyncio.run(t(**t.validate({"text": "a\ud83d b\ud83d\ude00"})))
-        assert "\ufffd" in out and "\U0001F600" in out
+        assert "\ufffd" in out and "\U0001f600" in out
         out.encode("utf-8")

@@ -2,6 +2,7 @@
 of every file, written with it) and falls back to the newest one that verifies, saying which it skipped
 and why, with the ledger still exactly once; a save that runs out of disk says so, removes its partial
 ``.tmp`` and leaves the previous checkpoint usable."""
+
 import asyncio
 import os
 import shutil
@@ -13,8 +14,8 @@ from typer.testing import CliRunner
 
 from agentrl.cli.main import app
 from agentrl.config.schema import load_config
-from agentrl.jobs.crash_harness import ledger_check, small_run_cmd
 from agentrl.errors import CheckpointError
+from agentrl.jobs.crash_harness import ledger_check, small_run_cmd
 from agentrl.jobs.run import Runner
 from agentrl.trainer.integrity import MANIFEST, MARKER, failed_save_cleanup, pick_resume, verify, write_manifest
 
@@ -74,11 +75,14 @@ def test_pick_resume_with_every_checkpoint_broken_is_an_error_not_a_fresh_start(
     assert pick_resume(tmp_path / "none") is None  # no checkpoint at all: a fresh start
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4416 vs 4310"),
-    OSError(28, "No space left on device"),
-    RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4416 vs 4310"),
+        OSError(28, "No space left on device"),
+        RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"),
+    ],
+)
 def test_a_full_disk_is_reported_as_such_and_the_partial_save_removed(tmp_path, error):
     prev = _fake_ckpt(tmp_path / "step_000001")
     tmp = tmp_path / "step_000002.tmp"
@@ -119,7 +123,8 @@ def three_steps(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["truncated_weights", "missing_marker", "flipped_bytes"])
 def test_resume_skips_a_corrupted_newest_checkpoint_and_the_ledger_stays_exactly_once(
-        three_steps, tiny_model_dir, tmp_path, capsys, kind):
+    three_steps, tiny_model_dir, tmp_path, capsys, kind
+):
     out = tmp_path / "run"
     shutil.copytree(three_steps, out)
     corrupt, reason = CORRUPTIONS[kind]
@@ -139,14 +144,20 @@ def test_resume_skips_a_corrupted_newest_checkpoint_and_the_ledger_stays_exactly
 def _mount_tmpfs(path, size):
     path.mkdir()
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", f"agentrl-test-{uuid.uuid4().hex[:6]}",
-                        str(path)], check=True, capture_output=True, text=True, timeout=30)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", f"agentrl-test-{uuid.uuid4().hex[:6]}", str(path)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs here ({getattr(e, 'stderr', '') or e}); needs root")
 
 
 def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_checkpoint_survives(
-        tiny_model_dir, tmp_path):
+    tiny_model_dir, tmp_path
+):
     mnt = tmp_path / "small"
     _mount_tmpfs(mnt, "64m")
     try:

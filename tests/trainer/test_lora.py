@@ -1,4 +1,5 @@
 """LoRA on the FSDP2 trainer: what trains, the merged weights engines get, checkpoints, the critic."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,11 @@ HIDDEN, LAYERS, INTER, RANK = 64, 2, 256, 4
 def model_dir(tmp_path_factory):
     from agentrl.warmstart.tiny_model import build_model
 
-    return str(build_model(tmp_path_factory.mktemp("lora-model"), hidden_size=HIDDEN, num_layers=LAYERS,
-                           intermediate_size=INTER))
+    return str(
+        build_model(
+            tmp_path_factory.mktemp("lora-model"), hidden_size=HIDDEN, num_layers=LAYERS, intermediate_size=INTER
+        )
+    )
 
 
 def lora_cfg(rank: int = RANK, **kw) -> TrainerConfig:
@@ -95,8 +99,12 @@ def test_activation_checkpointing_with_adapter_dropout_gives_the_same_update(mod
     samples = make_samples(4)
     out = []
     for ac in (False, True):
-        cfg = TrainerConfig(lr=1e-3, activation_checkpointing=ac, micro_batch_tokens=48,
-                            lora=LoraConfig(rank=RANK, alpha=8.0, dropout=0.1))
+        cfg = TrainerConfig(
+            lr=1e-3,
+            activation_checkpointing=ac,
+            micro_batch_tokens=48,
+            lora=LoraConfig(rank=RANK, alpha=8.0, dropout=0.1),
+        )
         with Trainer(model_dir, cfg) as t:
             t.train_step(samples)
             out.append(raw(t))
@@ -113,8 +121,13 @@ def test_merged_weight_is_base_plus_scaled_b_at_a_by_hand(model_dir):
     p = "model.layers.1.mlp.down_proj"
     A, B, W = sd[f"{p}.lora_A.default.weight"], sd[f"{p}.lora_B.default.weight"], sd[f"{p}.base_layer.weight"]
     assert A.shape == (RANK, INTER) and B.shape == (HIDDEN, RANK)
-    hand = [[W[i, j].item() + sum(B[i, k].item() * A[k, j].item() for k in range(RANK)) * (8.0 / RANK)
-             for j in range(0, INTER, 37)] for i in range(0, HIDDEN, 7)]
+    hand = [
+        [
+            W[i, j].item() + sum(B[i, k].item() * A[k, j].item() for k in range(RANK)) * (8.0 / RANK)
+            for j in range(0, INTER, 37)
+        ]
+        for i in range(0, HIDDEN, 7)
+    ]
     got = merged[f"{p}.weight"][::7, ::37]
     assert torch.allclose(got.double(), torch.tensor(hand, dtype=torch.float64), atol=1e-6)
     assert not torch.equal(merged[f"{p}.weight"], W)
@@ -123,12 +136,18 @@ def test_merged_weight_is_base_plus_scaled_b_at_a_by_hand(model_dir):
 
 def test_merged_state_dict_is_pure_and_rejects_a_half_adapter():
     A, B = torch.ones(2, 3), torch.full((4, 2), 0.5)
-    sd = {"m.p.base_layer.weight": torch.zeros(4, 3), "m.p.base_layer.bias": torch.ones(4),
-          "m.p.lora_A.default.weight": A, "m.p.lora_B.default.weight": B, "m.norm.weight": torch.ones(3)}
+    sd = {
+        "m.p.base_layer.weight": torch.zeros(4, 3),
+        "m.p.base_layer.bias": torch.ones(4),
+        "m.p.lora_A.default.weight": A,
+        "m.p.lora_B.default.weight": B,
+        "m.norm.weight": torch.ones(3),
+    }
     out = L.merged_state_dict(sd, 2.0)
     assert set(out) == {"m.p.weight", "m.p.bias", "m.norm.weight"}
-    assert torch.equal(out["m.p.weight"], torch.full((4, 3), 2.0)) and torch.equal(sd["m.p.base_layer.weight"],
-                                                                                   torch.zeros(4, 3))
+    assert torch.equal(out["m.p.weight"], torch.full((4, 3), 2.0)) and torch.equal(
+        sd["m.p.base_layer.weight"], torch.zeros(4, 3)
+    )
     with pytest.raises(ValueError, match="lora_B"):
         L.merged_state_dict({k: v for k, v in sd.items() if "lora_B" not in k}, 2.0)
     with pytest.raises(ValueError, match="no lora_A partner"):
@@ -162,8 +181,9 @@ def test_weight_sync_of_merged_weights_to_the_local_engine(model_dir):
 
         gen = asyncio.run(sample())
         ids = prompt + gen.token_ids
-        s = TrainSample(ids, [0] * len(prompt) + [1] * len(gen.token_ids), [0.0] * len(prompt) + gen.logprobs,
-                        [0.0] * len(ids))
+        s = TrainSample(
+            ids, [0] * len(prompt) + [1] * len(gen.token_ids), [0.0] * len(prompt) + gen.logprobs, [0.0] * len(ids)
+        )
         m = t.train_step([s])
     assert set(gen.versions) == {2}
     assert m["mismatch/abs_diff_max"] < 1e-5

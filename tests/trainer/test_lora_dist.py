@@ -4,6 +4,7 @@ This file is also the worker: torchrun runs it as a script (see ``_worker``). Th
 trains policy adapters and a LoRA critic (uneven micro-batch counts across ranks, from
 test_trainer_dist's batch), gathers merged weights and writes a checkpoint that one process resumes.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,15 @@ TIMEOUT_S = 300
 
 
 def config() -> TrainerConfig:
-    return TrainerConfig(lr=1e-2, micro_batch_tokens=48, kl_coef=0.05, loss_agg="seq-mean-token-mean",
-                         critic_lr=1e-2, dist_timeout_s=120, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0))
+    return TrainerConfig(
+        lr=1e-2,
+        micro_batch_tokens=48,
+        kl_coef=0.05,
+        loss_agg="seq-mean-token-mean",
+        critic_lr=1e-2,
+        dist_timeout_s=120,
+        lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0),
+    )
 
 
 def run(t: Trainer) -> dict:
@@ -49,8 +57,10 @@ def _worker(model_dir: str, out_dir: str) -> None:
         merged, adapters = t.full_state_dict(), gather_model(t.model)
         t.save(out / "ck")
         if t.rank == 0:
-            torch.save({"merged": merged, "adapters": {k: v for k, v in adapters.items() if L.is_adapter(k)}},
-                       out / "params.pt")
+            torch.save(
+                {"merged": merged, "adapters": {k: v for k, v in adapters.items() if L.is_adapter(k)}},
+                out / "params.pt",
+            )
             (out / "result.json").write_text(json.dumps(res))
         else:
             assert merged == {}
@@ -64,11 +74,22 @@ def model_dir(tmp_path_factory):
 
 
 def _torchrun(model_dir: str, out_dir: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={D.free_port()}", __file__, model_dir, str(out_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={D.free_port()}",
+        __file__,
+        model_dir,
+        str(out_dir),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -116,10 +137,21 @@ def test_agentrl_run_with_lora_end_to_end(tiny_model_dir, tmp_path):
     from agentrl.cli.main import app
 
     out = tmp_path / "run"
-    sets = [f"model.path={tiny_model_dir}", "env.kwargs={}", "rollout.max_new_tokens=4", "rollout.max_turns=1",
-            "rollout.group_size=4", "train.groups_per_step=2", "train.checkpoint_every=2", "eval.every=0",
-            "eval.num_tasks=4", "eval.env_kwargs={}", "logging.tensorboard=false", "trainer.lora.rank=8",
-            "trainer.lr=1e-2"]
+    sets = [
+        f"model.path={tiny_model_dir}",
+        "env.kwargs={}",
+        "rollout.max_new_tokens=4",
+        "rollout.max_turns=1",
+        "rollout.group_size=4",
+        "train.groups_per_step=2",
+        "train.checkpoint_every=2",
+        "eval.every=0",
+        "eval.num_tasks=4",
+        "eval.env_kwargs={}",
+        "logging.tensorboard=false",
+        "trainer.lora.rank=8",
+        "trainer.lr=1e-2",
+    ]
     args = ["run", "--env", "test/Short-v0", "--steps", "2", "--out", str(out), "--quiet"]
     for s in sets:
         args += ["--set", s]

@@ -1,4 +1,5 @@
 """Packing: layout (bins, positions, errors) and that packed sequences do not attend to each other."""
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,10 @@ def sample(n: int, prompt: int = 2, seed: int = 0) -> TrainSample:
     rng = random.Random(seed)
     mask = [0] * min(prompt, n) + [1] * max(0, n - prompt)
     return TrainSample(
-        token_ids=[rng.randrange(5, 1000) for _ in range(n)], loss_mask=mask,
-        behaviour_logprobs=[-1.0 * m for m in mask], advantages=[0.5 * m for m in mask],
+        token_ids=[rng.randrange(5, 1000) for _ in range(n)],
+        loss_mask=mask,
+        behaviour_logprobs=[-1.0 * m for m in mask],
+        advantages=[0.5 * m for m in mask],
     )
 
 
@@ -89,12 +92,15 @@ def test_block_causal_mask():
 
 
 # -- attention isolation -------------------------------------------------------------------------
-@pytest.mark.parametrize("attn,packed_mask", [
-    ("varlen_sdpa", False),  # the default: one SDPA call per sequence
-    ("sdpa", False),  # HF detects packing from position_ids (only without a KV cache)
-    ("sdpa", True),  # explicit 4-D block-diagonal boolean mask
-    ("eager", True),  # explicit additive mask
-])
+@pytest.mark.parametrize(
+    "attn,packed_mask",
+    [
+        ("varlen_sdpa", False),  # the default: one SDPA call per sequence
+        ("sdpa", False),  # HF detects packing from position_ids (only without a KV cache)
+        ("sdpa", True),  # explicit 4-D block-diagonal boolean mask
+        ("eager", True),  # explicit additive mask
+    ],
+)
 def test_packed_logprobs_equal_alone(model_dir, attn, packed_mask):
     samples = [sample(n, 3, i) for i, n in enumerate([17, 5, 30, 9, 2])]
     cfg = TrainerConfig(attn_implementation=attn, packed_mask=packed_mask, micro_batch_tokens=128)
@@ -139,8 +145,16 @@ def test_varlen_attention_with_grouped_query_heads(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+    cfg = Qwen3Config(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
     Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
     samples = [sample(n, 2, i) for i, n in enumerate([11, 4, 23])]
     with Trainer(str(tmp_path), TrainerConfig(micro_batch_tokens=64)) as t:

@@ -1,4 +1,5 @@
 """Sequence-level policy losses in the trainer: the ``seq_index`` a loss like gspo asks for."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,14 @@ def test_gspo_gets_each_tokens_sequence_and_matches_the_hand_loss(model_dir):
     # behaviour logprobs near the model's so some sequences land inside the clip range, some outside
     for i, s in enumerate(samples):
         s.behaviour_logprobs = [(-6.9 + 0.05 * i) * m for m in s.loss_mask]
-    cfg = TrainerConfig(policy_loss="gspo", loss_agg="seq-mean-token-mean", clip_low=0.02, clip_high=0.03,
-                        lr=1e-3, micro_batch_tokens=48)  # several micro-batches, several sequences in each
+    cfg = TrainerConfig(
+        policy_loss="gspo",
+        loss_agg="seq-mean-token-mean",
+        clip_low=0.02,
+        clip_high=0.03,
+        lr=1e-3,
+        micro_batch_tokens=48,
+    )  # several micro-batches, several sequences in each
     with Trainer(model_dir, cfg) as t:
         lps = t.logprobs(samples)
         m = t.train_step(samples)

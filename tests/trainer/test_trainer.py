@@ -1,4 +1,5 @@
 """The FSDP2 trainer on one process: learning signal, masking, accumulation, checkpoints, ref, critic."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,9 @@ def model_dir(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("trainer-model"), hidden_size=64, num_layers=2))
 
 
-def make_samples(n: int = 6, seed: int = 0, *, adv: float | list[float] = 1.0,
-                 returns: bool = False) -> list[TrainSample]:
+def make_samples(
+    n: int = 6, seed: int = 0, *, adv: float | list[float] = 1.0, returns: bool = False
+) -> list[TrainSample]:
     """Multi-turn-shaped samples: prompt (mask 0), reply (1), tool output (0), reply (1)."""
     rng = random.Random(seed)
     out = []
@@ -31,11 +33,15 @@ def make_samples(n: int = 6, seed: int = 0, *, adv: float | list[float] = 1.0,
         p, r1, o, r2 = rng.randint(3, 8), rng.randint(2, 10), rng.randint(1, 6), rng.randint(2, 10)
         mask = [0] * p + [1] * r1 + [0] * o + [1] * r2
         a = adv[i] if isinstance(adv, list) else adv
-        out.append(TrainSample(
-            token_ids=[rng.randrange(5, 1000) for _ in mask], loss_mask=mask,
-            behaviour_logprobs=[-6.0 * m for m in mask], advantages=[a * m for m in mask],
-            returns=[float(i % 3) * m for m in mask] if returns else None,
-        ))
+        out.append(
+            TrainSample(
+                token_ids=[rng.randrange(5, 1000) for _ in mask],
+                loss_mask=mask,
+                behaviour_logprobs=[-6.0 * m for m in mask],
+                advantages=[a * m for m in mask],
+                returns=[float(i % 3) * m for m in mask] if returns else None,
+            )
+        )
     return out
 
 
@@ -152,8 +158,21 @@ def test_metrics_report_the_step(model_dir):
     with Trainer(model_dir, cfg) as t:
         m = t.train_step(samples)
         m2 = t.train_step(samples)
-    for k in ("loss", "pg_loss", "kl", "entropy", "clipfrac", "grad_norm", "lr", "tokens", "tokens_per_s",
-              "tis_weight", "mismatch/abs_diff_mean", "mismatch/kl_k3", "mismatch/frac_capped"):
+    for k in (
+        "loss",
+        "pg_loss",
+        "kl",
+        "entropy",
+        "clipfrac",
+        "grad_norm",
+        "lr",
+        "tokens",
+        "tokens_per_s",
+        "tis_weight",
+        "mismatch/abs_diff_mean",
+        "mismatch/kl_k3",
+        "mismatch/frac_capped",
+    ):
         assert k in m or (k == "kl" and "kl" not in m), k
     assert m["tokens"] == sum(len(s.token_ids) for s in samples)
     assert m["loss_tokens"] == sum(sum(s.loss_mask) for s in samples)
@@ -311,6 +330,7 @@ def test_weight_sync_to_the_local_engine_reproduces_trainer_logprobs(model_dir):
 
 
 # -- several optimizer steps per train_step (PPO epochs x mini-batches) ----------------------------
+
 
 def test_mini_batches_equal_that_many_sequential_steps(model_dir):
     """With the sft loss (no ratio) and one sample repeated, 2 mini-batches of one train_step are the

@@ -5,6 +5,7 @@ collective path: policy + frozen reference (KL in the loss) + critic, uneven mic
 across ranks (one rank runs an empty micro-batch), TIS, seq-mean aggregation, gathered logprobs /
 values, and a checkpoint written by 2 processes then resumed by 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,18 +34,29 @@ def batch(seed: int) -> list[TrainSample]:
     for i, n in enumerate([45, 20, 20, 20, 3]):
         p = 4 if i != 4 else n  # the last sample has no loss tokens at all
         mask = [0] * p + [1] * (n - p)
-        out.append(TrainSample(
-            token_ids=[rng.randrange(5, 1000) for _ in range(n)], loss_mask=mask,
-            behaviour_logprobs=[rng.uniform(-7.5, -6.5) * m for m in mask],
-            advantages=[rng.choice([-1.0, 0.5, 1.0]) * m for m in mask],
-            returns=[rng.uniform(-1, 1) * m for m in mask],
-        ))
+        out.append(
+            TrainSample(
+                token_ids=[rng.randrange(5, 1000) for _ in range(n)],
+                loss_mask=mask,
+                behaviour_logprobs=[rng.uniform(-7.5, -6.5) * m for m in mask],
+                advantages=[rng.choice([-1.0, 0.5, 1.0]) * m for m in mask],
+                returns=[rng.uniform(-1, 1) * m for m in mask],
+            )
+        )
     return out
 
 
 def config() -> TrainerConfig:
-    return TrainerConfig(lr=1e-3, micro_batch_tokens=MICRO_BATCH_TOKENS, kl_coef=0.05, entropy_coef=0.01,
-                         tis_cap=2.0, loss_agg="seq-mean-token-mean", critic_lr=1e-3, dist_timeout_s=120)
+    return TrainerConfig(
+        lr=1e-3,
+        micro_batch_tokens=MICRO_BATCH_TOKENS,
+        kl_coef=0.05,
+        entropy_coef=0.01,
+        tis_cap=2.0,
+        loss_agg="seq-mean-token-mean",
+        critic_lr=1e-3,
+        dist_timeout_s=120,
+    )
 
 
 def run(t: Trainer) -> dict:
@@ -82,11 +94,22 @@ def test_the_data_gives_ranks_uneven_micro_batch_counts():
 
 
 def _torchrun(model_dir: str, out_dir: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={D.free_port()}", __file__, model_dir, str(out_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={D.free_port()}",
+        __file__,
+        model_dir,
+        str(out_dir),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -112,8 +135,18 @@ def test_two_processes_match_one(model_dir, tmp_path):
     print(f"\nmax |param(1 proc) - param(2 procs)| after {STEPS} steps: {diff:.3g}")
     assert p1.keys() == p2.keys() and diff < 1e-5
     for m1, m2 in zip(one["metrics"], two["metrics"]):
-        for k in ("loss", "pg_loss", "kl", "entropy", "value_loss", "tokens", "loss_tokens", "tis_weight",
-                  "mismatch/abs_diff_mean", "mismatch/abs_diff_max"):
+        for k in (
+            "loss",
+            "pg_loss",
+            "kl",
+            "entropy",
+            "value_loss",
+            "tokens",
+            "loss_tokens",
+            "tis_weight",
+            "mismatch/abs_diff_mean",
+            "mismatch/abs_diff_max",
+        ):
             assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-6), k
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
     for key in ("logprobs", "values"):

@@ -1,4 +1,5 @@
 """The built-in default model: built locally, SFT-warm-started once, cached by a fingerprint."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,16 @@ pytestmark = pytest.mark.timeout(300)
 def small_recipe(tmp_path, monkeypatch):
     """A tiny recipe (seconds, not a minute) in a private cache."""
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(default_model, "BASE", dict(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64,
-                                                    vocab_size=2048, arch="qwen3", seed=0))
-    monkeypatch.setattr(default_model, "WARM_START", dict(steps=3, batch_size=4, lr=1e-3, warmup_steps=1,
-                                                          min_lr_ratio=0.1, num_demos=8, difficulty=[1, 2], seed=0))
+    monkeypatch.setattr(
+        default_model,
+        "BASE",
+        dict(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64, vocab_size=2048, arch="qwen3", seed=0),
+    )
+    monkeypatch.setattr(
+        default_model,
+        "WARM_START",
+        dict(steps=3, batch_size=4, lr=1e-3, warmup_steps=1, min_lr_ratio=0.1, num_demos=8, difficulty=[1, 2], seed=0),
+    )
     return tmp_path / "cache"
 
 

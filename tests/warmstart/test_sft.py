@@ -1,4 +1,5 @@
 """SFT warm start: token-exact oracle demonstrations, chat JSONL loading, a short real SFT run."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,11 +7,11 @@ import json
 
 import pytest
 
-from agentrl.warmstart import chat_data, sft
-from agentrl.episodes.chat import ChatRenderer
 from agentrl.envs import tasks
+from agentrl.episodes.chat import ChatRenderer
 from agentrl.errors import DatasetError
 from agentrl.sandbox.subprocess_runner import SubprocessSandbox
+from agentrl.warmstart import chat_data, sft
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,15 +71,28 @@ CHAT = {
     "messages": [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "What is 6 * 7?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"type": "function", "function": {"name": "python", "arguments": "{\"code\": \"print(6 * 7)\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "python", "arguments": '{"code": "print(6 * 7)"}'}}
+            ],
+        },
         {"role": "tool", "content": "42"},
         {"role": "assistant", "content": "It is \\boxed{42}."},
         {"role": "user", "content": "And 1 + 1?"},
         {"role": "assistant", "content": "2"},
     ],
-    "tools": [{"type": "function", "function": {"name": "python", "description": "Run code.", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "python",
+                "description": "Run code.",
+                "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+            },
+        }
+    ],
 }
 
 
@@ -100,17 +114,34 @@ def _write(tmp_path, rows):
     return p
 
 
-@pytest.mark.parametrize("bad, match", [
-    ("{not json", "not valid JSON"),
-    ({"msgs": []}, "unknown key"),
-    ({"messages": []}, "non-empty list"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "'role'"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}]}, "'content' must be a string"),
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
-        {"function": {"name": "python", "arguments": "{oops"}}]}]}, "not JSON"),
-    ({"messages": CHAT["messages"], "tools": "python"}, "'tools' must be a list"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("{not json", "not valid JSON"),
+        ({"msgs": []}, "unknown key"),
+        ({"messages": []}, "non-empty list"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "'role'"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}]},
+            "'content' must be a string",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"function": {"name": "python", "arguments": "{oops"}}],
+                    },
+                ]
+            },
+            "not JSON",
+        ),
+        ({"messages": CHAT["messages"], "tools": "python"}, "'tools' must be a list"),
+    ],
+)
 def test_jsonl_loader_rejects_bad_rows_naming_file_and_row(tiny_tokenizer, tmp_path, bad, match):
     p = _write(tmp_path, [CHAT, "", bad])  # the bad row is line 3 (a blank line 2 is skipped)
     with pytest.raises(DatasetError, match=match) as e:
@@ -132,8 +163,9 @@ def test_short_sft_lowers_the_loss_and_writes_a_loadable_model(tmp_path, sandbox
 
     base = build_model(tmp_path / "base", hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64)
     data = _write(tmp_path, [CHAT])
-    cfg = sft.build_sft_config(["steps=12", "batch_size=4", "lr=1e-2", "warmup_steps=2", "num_demos=4",
-                                "difficulty=[1, 2]", "device=cpu"])
+    cfg = sft.build_sft_config(
+        ["steps=12", "batch_size=4", "lr=1e-2", "warmup_steps=2", "num_demos=4", "difficulty=[1, 2]", "device=cpu"]
+    )
     cfg.env_kwargs = {"sandbox": sandbox}
     losses = []
     summary = sft.run_sft(base, tmp_path / "out", cfg, data=[data], log=lambda s, m: losses.append(m["loss"]))
@@ -165,14 +197,32 @@ def test_sft_command_trains_on_user_data_and_names_a_bad_row(tmp_path):
 
     base = build_model(tmp_path / "base", hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64)
     good = _write(tmp_path, [CHAT, CHAT])
-    res = CliRunner().invoke(app, ["sft", "--model", str(base), "--data", str(good), "--steps", "2", "-q",
-                                   "--out", str(tmp_path / "out"), "--set", "batch_size=2", "--set", "device=cpu"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(base),
+            "--data",
+            str(good),
+            "--steps",
+            "2",
+            "-q",
+            "--out",
+            str(tmp_path / "out"),
+            "--set",
+            "batch_size=2",
+            "--set",
+            "device=cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "out" / "config.json").exists() and "examples" in res.output
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(CHAT) + "\n{oops\n")
-    res = CliRunner().invoke(app, ["sft", "--model", str(base), "--data", str(bad), "--steps", "2", "-q",
-                                   "--out", str(tmp_path / "out2")])
+    res = CliRunner().invoke(
+        app, ["sft", "--model", str(base), "--data", str(bad), "--steps", "2", "-q", "--out", str(tmp_path / "out2")]
+    )
     assert res.exit_code == 2 and "row 2" in res.output and not (tmp_path / "out2").exists()
 
 
@@ -180,8 +230,11 @@ def test_direct_demonstrations_answer_without_the_tool(tiny_tokenizer, sandbox):
     todo = sft.demo_tasks(40, [1, 2], seed=3, direct_frac=0.5)
     direct = [t for t in todo if t.get("direct")]
     assert 10 <= len(direct) <= 30 and sft.demo_tasks(40, [1, 2], seed=3, direct_frac=0.5) == todo  # seeded
-    trajs = asyncio.run(sft.make_demonstrations(tiny_tokenizer, direct[:3] + [t for t in todo if not t.get("direct")][:2],
-                                                env_kwargs={"sandbox": sandbox}))
+    trajs = asyncio.run(
+        sft.make_demonstrations(
+            tiny_tokenizer, direct[:3] + [t for t in todo if not t.get("direct")][:2], env_kwargs={"sandbox": sandbox}
+        )
+    )
     roles = sorted(tuple(m["role"] for m in t.messages) for t in trajs)
     assert roles == [("system", "user", "assistant")] * 3 + [("system", "user", "assistant", "tool", "assistant")] * 2
     assert all(t.reward == 1.0 for t in trajs)

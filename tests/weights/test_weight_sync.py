@@ -5,6 +5,7 @@ each path and check that its greedy tokens and logprobs then match an HF transfo
 of the NEW weights, and that tokens are stamped with the pushed version (SGLang's
 ``meta_info.weight_version`` and the engine's per-token versions). They skip, saying why, where
 SGLang cannot start."""
+
 from __future__ import annotations
 
 import asyncio
@@ -130,7 +131,7 @@ def check_against_hf(model_dir, state_dict, gen, tol: float, old: dict | None = 
         model.eval()
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([PROMPT + gen.token_ids])).logits[0].float(), -1)
-        return lp[len(PROMPT) - 1:len(PROMPT) - 1 + len(gen.token_ids)]
+        return lp[len(PROMPT) - 1 : len(PROMPT) - 1 + len(gen.token_ids)]
 
     steps = logprobs(state_dict)
     n = len(gen.token_ids)
@@ -180,8 +181,12 @@ def run_push(server, model_dir, make_sync, version: int, seed: int) -> tuple:
             assert eng.policy_version == version
             gen = await eng.generate(PROMPT, SamplingParams(max_new_tokens=MAX_NEW, temperature=0))
             async with httpx.AsyncClient(timeout=60) as c:
-                raw = (await c.post(server.url + "/generate", json={
-                    "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})).json()
+                raw = (
+                    await c.post(
+                        server.url + "/generate",
+                        json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+                    )
+                ).json()
             return new, before, stats, gen, raw
         finally:
             await sync.close()
@@ -215,8 +220,9 @@ def test_disk_sync_serves_the_new_weights(weight_server, sglang_model_dir, tmp_p
 @pytest.mark.sglang
 def test_tensor_sync_serves_the_new_weights(weight_server, sglang_model_dir):
     # a small bucket budget forces several /update_weights_from_tensor calls per push
-    stats, *_ = run_push(weight_server, sglang_model_dir, lambda e: TensorSync(e, bucket_bytes=1 << 20),
-                                        version=6, seed=2)
+    stats, *_ = run_push(
+        weight_server, sglang_model_dir, lambda e: TensorSync(e, bucket_bytes=1 << 20), version=6, seed=2
+    )
     assert stats.path == "tensor"
 
 

@@ -1,6 +1,7 @@
 """The steps of each SGLang weight-sync path, driven against ``FakeServerEngine`` (no server): the
 order pause -> load -> version -> resume, what is posted, what lands on disk, and that a failed load
 still resumes generation. The live-server checks of the same paths are in test_weight_sync.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,11 @@ def test_disk_sync_writes_a_loadable_dir_then_loads_it_while_paused(tmp_path, mo
     stats = asyncio.run(sync.push(state(), 3))
     path = tmp_path / "w" / "v00000003"
     assert [c[0] for c in eng.calls] == ["pause", "post", "note", "version", "resume"]
-    assert eng.calls[1] == ("post", "/update_weights_from_disk",
-                            {"model_path": str(path), "weight_version": "3", "flush_cache": True})
+    assert eng.calls[1] == (
+        "post",
+        "/update_weights_from_disk",
+        {"model_path": str(path), "weight_version": "3", "flush_cache": True},
+    )
     assert eng.weights_path == str(path) and eng.policy_version == 3 and not eng.paused
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
     back = load_file(str(path / "model.safetensors"))
@@ -66,8 +70,12 @@ def test_tensor_sync_posts_buckets_in_a_session_and_flushes_once(tmp_path):
     eng = FakeServerEngine(urls=("http://a:1", "http://b:2"))
     sd = {f"t{i}": torch.full((8,), float(i)) for i in range(3)}  # 32 bytes each
     asyncio.run(TensorSync(eng, bucket_bytes=64, tp_size=2).push(sd, 5))
-    assert eng.posted() == ["/begin_weight_update", "/update_weights_from_tensor", "/update_weights_from_tensor",
-                            "/end_weight_update"]
+    assert eng.posted() == [
+        "/begin_weight_update",
+        "/update_weights_from_tensor",
+        "/update_weights_from_tensor",
+        "/end_weight_update",
+    ]
     loads = [c[2] for c in eng.calls if c[0] == "post" and c[1] == "/update_weights_from_tensor"]
     assert [p["flush_cache"] for p in loads] == [False, True]
     assert [p["weight_version"] for p in loads] == [None, "5"]
@@ -81,6 +89,7 @@ def test_tensor_sync_posts_buckets_in_a_session_and_flushes_once(tmp_path):
 def test_engine_update_weights_takes_the_disk_format_without_the_weights_package(monkeypatch, model_dir):
     """SGLangEngine.update_weights (engine.sglang_disk.load_from_disk): same steps and directory
     format as DiskSync, in the engine's own temp dir, newest kept."""
+
     async def model_path(url, who, hint=""):
         assert url == "http://fake-server:1"
         return model_dir
@@ -105,8 +114,13 @@ def test_engine_update_weights_takes_the_disk_format_without_the_weights_package
 def test_fake_sync_records_and_fails_on_request():
     eng = FakeServerEngine()
     sync = make_weight_sync("inprocess", object())  # the factory builds real paths...
-    assert type(sync).__name__ == "InProcessSync" and set(SYNC_KINDS) == {"inprocess", "disk", "tensor", "distributed",
-                                                                            "object_store"}
+    assert type(sync).__name__ == "InProcessSync" and set(SYNC_KINDS) == {
+        "inprocess",
+        "disk",
+        "tensor",
+        "distributed",
+        "object_store",
+    }
     fake = FakeSync(eng, fail_versions=(9,))  # ...the fake stands in for any of them
     stats = asyncio.run(fake.push(state(), 4))
     assert fake.pushes == [(4, ["embed.weight", "lm_head.weight", "norm.weight"])] and eng.policy_version == 4

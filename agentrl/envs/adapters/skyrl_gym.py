@@ -28,6 +28,7 @@ env is an ``EnvError`` naming it; a non-finite reward a ``RewardError``.
 Does not: install skyrl-gym (``pip install 'agentrl[skyrl]'``), download datasets, or run skyrl's
 tools anywhere but in this process (the wrapped env does what it does).
 """
+
 from __future__ import annotations
 
 import copy
@@ -69,9 +70,13 @@ def row_task(row: dict, label: str, default_id: str, env_id: str | None) -> dict
     prompt = row.get("prompt")
     if isinstance(prompt, str) and prompt.strip():
         row["prompt"] = prompt = [{"role": "user", "content": prompt}]
-    if not isinstance(prompt, list) or not prompt or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in prompt):
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
+    ):
         raise DatasetError(f"{label}: 'prompt' must be a string or a non-empty list of chat messages")
     env_class = row.get("env_class")
     if env_id is not None and env_class not in (None, env_id):
@@ -82,8 +87,12 @@ def row_task(row: dict, label: str, default_id: str, env_id: str | None) -> dict
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     rid = row.get("id", extra.get("index"))
     stem = default_id.rsplit("-", 1)[0]
-    return {"id": f"{stem}-{rid}" if rid is not None else default_id, "env_class": env_class,
-            "data_source": str(row.get("data_source") or stem), "row": row}
+    return {
+        "id": f"{stem}-{rid}" if rid is not None else default_id,
+        "env_class": env_class,
+        "data_source": str(row.get("data_source") or stem),
+        "row": row,
+    }
 
 
 def file_tasks(path: str | os.PathLike, env_id: str | None) -> list[dict]:
@@ -119,11 +128,15 @@ def select_tasks(env_id: str | None, dataset: Any, eval_dataset: Any, split: str
 
     if dataset is None:
         if env_id not in SAMPLE_ENVS:
-            raise ConfigError(f"skyrl env {env_id!r} needs dataset= (a .jsonl/.parquet of skyrl rows); the built-in "
-                              f"sample only suits {list(SAMPLE_ENVS)}")
+            raise ConfigError(
+                f"skyrl env {env_id!r} needs dataset= (a .jsonl/.parquet of skyrl rows); the built-in "
+                f"sample only suits {list(SAMPLE_ENVS)}"
+            )
         rows = SAMPLE_EVAL if split == "eval" else SAMPLE_TRAIN
-        return [row_task({**r, "env_class": env_id}, f"sample row {i}", f"sample_{split}-{i}", env_id)
-                for i, r in enumerate(rows)]
+        return [
+            row_task({**r, "env_class": env_id}, f"sample row {i}", f"sample_{split}-{i}", env_id)
+            for i, r in enumerate(rows)
+        ]
     if split == "eval" and eval_dataset is not None:
         return file_tasks(eval_dataset, env_id)
     tasks = file_tasks(dataset, env_id)
@@ -131,8 +144,10 @@ def select_tasks(env_id: str | None, dataset: Any, eval_dataset: Any, split: str
         return tasks
     out = [t for t in tasks if in_eval(t["id"], eval_fraction) == (split == "eval")]
     if not out:
-        raise ConfigError(f"skyrl env: the {split} split of {dataset} is empty (eval_fraction={eval_fraction} of "
-                          f"{len(tasks)} rows); give eval_dataset= or change eval_fraction")
+        raise ConfigError(
+            f"skyrl env: the {split} split of {dataset} is empty (eval_fraction={eval_fraction} of "
+            f"{len(tasks)} rows); give eval_dataset= or change eval_fraction"
+        )
     return out
 
 
@@ -155,9 +170,18 @@ class SkyRLGymEnv(AgentEnv):
 
     has_eval_split = True
 
-    def __init__(self, env_id: str | None = None, *, dataset: str | None = None, eval_dataset: str | None = None,
-                 split: str = "train", eval_fraction: float = 0.1, env_config: dict | None = None,
-                 stop: list[str] | tuple[str, ...] | None = None, max_text_length: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        env_id: str | None = None,
+        *,
+        dataset: str | None = None,
+        eval_dataset: str | None = None,
+        split: str = "train",
+        eval_fraction: float = 0.1,
+        env_config: dict | None = None,
+        stop: list[str] | tuple[str, ...] | None = None,
+        max_text_length: int = 1 << 20,
+    ) -> None:
         super().__init__(max_text_length=max_text_length)
         if split not in SPLITS:
             raise ConfigError(f"skyrl env split must be one of {SPLITS}, got {split!r}")
@@ -186,8 +210,9 @@ class SkyRLGymEnv(AgentEnv):
             self._skyrl.spec(env_class)
         except Exception as e:
             known = ", ".join(sorted(self._skyrl.registry)) or "(none)"
-            raise ConfigError(f"skyrl-gym has no env {env_class!r} ({type(e).__name__}: {e}); "
-                              f"registered: {known}") from e
+            raise ConfigError(
+                f"skyrl-gym has no env {env_class!r} ({type(e).__name__}: {e}); registered: {known}"
+            ) from e
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
@@ -229,8 +254,11 @@ class SkyRLGymEnv(AgentEnv):
             raise RewardError(f"{where}.step returned reward {reward}")
         done = bool(out["done"])
         messages = [] if done else check_messages(out["observations"] or [], f"{where}.step", _OBS_ROLES)
-        info: dict[str, Any] = {"messages": messages, "tool_stats": new_stats(),
-                                "skyrl_metadata": out.get("metadata") or {}}
+        info: dict[str, Any] = {
+            "messages": messages,
+            "tool_stats": new_stats(),
+            "skyrl_metadata": out.get("metadata") or {},
+        }
         if out.get("postprocessed_action") is not None:
             info["postprocessed_action"] = out["postprocessed_action"]
         if done:

@@ -6,6 +6,7 @@ agentrl, each ``{"data_source", "prompt", "env_class", "reward_spec": {"method",
 Owns only the rows; the adapter (``agentrl.envs.adapters.skyrl_gym``) reads them. Not a benchmark:
 sixteen problems say nothing about a model's arithmetic.
 """
+
 from __future__ import annotations
 
 _INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
@@ -34,11 +35,16 @@ _EVAL = (
 
 
 def _rows(pairs: tuple[tuple[str, str], ...], split: str) -> list[dict]:
-    return [{"data_source": "agentrl/sample-gsm8k",
-             "prompt": [{"role": "user", "content": q + _INSTRUCTION}],
-             "env_class": "gsm8k",
-             "reward_spec": {"method": "rule", "ground_truth": a},
-             "extra_info": {"split": split, "index": i}} for i, (q, a) in enumerate(pairs)]
+    return [
+        {
+            "data_source": "agentrl/sample-gsm8k",
+            "prompt": [{"role": "user", "content": q + _INSTRUCTION}],
+            "env_class": "gsm8k",
+            "reward_spec": {"method": "rule", "ground_truth": a},
+            "extra_info": {"split": split, "index": i},
+        }
+        for i, (q, a) in enumerate(pairs)
+    ]
 
 
 SAMPLE_TRAIN: list[dict] = _rows(_TRAIN, "train")

@@ -4,6 +4,7 @@ household goals, typed action tools, reward only at the end, ``state_key()`` for
 Modules: ``world`` (state and rules), ``gen`` (procedural worlds, train/eval split), ``oracle``
 (the planner), ``env`` (``TextWorldEnv``, the tool-calling env).
 """
+
 from agentrl.envs.textworld.env import TextWorldEnv, hermes_call
 from agentrl.envs.textworld.gen import generate_world
 from agentrl.envs.textworld.oracle import oracle_actions

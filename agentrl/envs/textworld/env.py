@@ -13,6 +13,7 @@ the episode manager records it before every turn, and ``algo.credit=gigpo`` grou
 task's samples that start from the same state. ``oracle_actions()`` is the oracle plan from the
 current state. Does not: generate worlds (``gen``) or apply rules (``world``).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ SYSTEM_PROMPT = (
 def hermes_call(action: Action) -> str:
     """One oracle action as a Hermes tool-call turn (what the model should write)."""
     name, args = action
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
 
 def _tools(env: TextWorldEnv) -> list[Tool]:
@@ -136,8 +137,15 @@ class TextWorldEnv(ToolEnv):
 
     has_eval_split = True
 
-    def __init__(self, *, difficulty: int | list[int] = 2, split: str = "train", step_cost: float = 0.0,
-                 system_prompt: str | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        difficulty: int | list[int] = 2,
+        split: str = "train",
+        step_cost: float = 0.0,
+        system_prompt: str | None = None,
+        **kwargs,
+    ) -> None:
         levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
         if not levels or any(d not in DIFFICULTIES for d in levels):
             raise ConfigError(f"difficulty must be in {DIFFICULTIES} (or a list of them), got {difficulty!r}")

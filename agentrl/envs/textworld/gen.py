@@ -15,6 +15,7 @@ eval worlds, the rest train worlds, and the generator redraws until the world la
 requested split, so the two splits share no world. Does not: apply actions (``world``) or plan
 (``oracle``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -68,13 +69,27 @@ def _draw(rng: random.Random, difficulty: int) -> World:
     goal_obj = f"{kinds[0]} 1"
     target = rng.choice([r for r in storage if r != location[goal_obj]])
     mod = None if difficulty == 1 else "clean" if difficulty == 2 else rng.choice(("hot", "cold"))
-    return World(task_id="", exits=exits, receptacles=receptacles, goal=(kinds[0], mod, target),
-                 room=rng.choice(sorted(exits)), location=location)
+    return World(
+        task_id="",
+        exits=exits,
+        receptacles=receptacles,
+        goal=(kinds[0], mod, target),
+        room=rng.choice(sorted(exits)),
+        location=location,
+    )
 
 
 def _world_id(w: World, difficulty: int) -> str:
-    desc = json.dumps({"exits": w.exits, "receptacles": w.receptacles, "goal": w.goal, "room": w.room,
-                       "location": sorted(w.location.items())}, sort_keys=True)
+    desc = json.dumps(
+        {
+            "exits": w.exits,
+            "receptacles": w.receptacles,
+            "goal": w.goal,
+            "room": w.room,
+            "location": sorted(w.location.items()),
+        },
+        sort_keys=True,
+    )
     return f"tw{difficulty}-" + hashlib.blake2b(desc.encode(), digest_size=6).hexdigest()
 
 
@@ -97,6 +112,7 @@ def generate_world(seed: int, difficulty: int = 2, split: str = "train") -> Worl
             continue
         if lo <= len(oracle_actions(world)) <= hi:
             return world
-    raise RuntimeError(f"no {split} world with a {lo}-{hi} action plan at difficulty {difficulty} "
-                       f"after {_MAX_REDRAWS} draws (seed {seed})")
-
+    raise RuntimeError(
+        f"no {split} world with a {lo}-{hi} action plan at difficulty {difficulty} "
+        f"after {_MAX_REDRAWS} draws (seed {seed})"
+    )

@@ -11,6 +11,7 @@ closed, take it; if the goal has a modifier, walk to the appliance room minimisi
 ``dist(object, appliance) + dist(appliance, target)`` and treat it; walk to the target, open it if
 closed, put. An object already held (or already treated) skips those steps.
 """
+
 from __future__ import annotations
 
 import copy
@@ -63,8 +64,9 @@ def oracle_actions(world: World) -> list[Action]:
                 _step(w, plan, "open", receptacle=spot)
             _step(w, plan, "put", obj=w.holding, receptacle=spot)
         here = distances(w, w.room)
-        candidates = sorted((here[w.room_of(r)][0], o) for o, r in w.location.items()
-                            if kind_of(o) == kind and r != target)
+        candidates = sorted(
+            (here[w.room_of(r)][0], o) for o, r in w.location.items() if kind_of(o) == kind and r != target
+        )
         if not candidates:
             raise ValueError(f"world {w.task_id}: no {kind} to fetch for goal {w.goal_text()!r}")
         obj = candidates[0][1]

@@ -13,6 +13,7 @@ openable one must be open); ``clean`` needs a sink in the room, ``heat`` a micro
 fridge (the appliance need not be open); heating makes an object hot (and no longer cold),
 cooling the reverse. A mistaken action changes nothing and says why.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,13 +22,18 @@ from dataclasses import dataclass, field
 
 #: receptacle kind -> (openable, station verb or None)
 RECEPTACLE_KINDS: dict[str, tuple[bool, str | None]] = {
-    "cabinet": (True, None), "drawer": (True, None), "box": (True, None), "fridge": (True, "cool"),
-    "microwave": (True, "heat"), "sink": (False, "clean"), "countertop": (False, None),
-    "shelf": (False, None), "table": (False, None),
+    "cabinet": (True, None),
+    "drawer": (True, None),
+    "box": (True, None),
+    "fridge": (True, "cool"),
+    "microwave": (True, "heat"),
+    "sink": (False, "clean"),
+    "countertop": (False, None),
+    "shelf": (False, None),
+    "table": (False, None),
 }
 #: goal modifier -> (object flag it needs, station verb that sets it)
-MODIFIERS: dict[str, tuple[str, str]] = {"clean": ("clean", "clean"), "hot": ("hot", "heat"),
-                                         "cold": ("cold", "cool")}
+MODIFIERS: dict[str, tuple[str, str]] = {"clean": ("clean", "clean"), "hot": ("hot", "heat"), "cold": ("cold", "cool")}
 
 
 def norm(name: str) -> str:
@@ -80,15 +86,22 @@ class World:
     def goal_met(self) -> bool:
         kind, mod, target = self.goal
         need = MODIFIERS[mod][0] if mod else None
-        return any(kind_of(o) == kind and (need is None or need in self.flags.get(o, []))
-                   for o in self.contents(target))
+        return any(
+            kind_of(o) == kind and (need is None or need in self.flags.get(o, [])) for o in self.contents(target)
+        )
 
     def state_key(self) -> str:
         """Canonical hash of everything an action can change (and the task id, so keys of
         different worlds never collide). Independent of the path that led here."""
         flags = sorted((o, sorted(f)) for o, f in self.flags.items() if f)
-        state = {"task": self.task_id, "room": self.room, "holding": self.holding,
-                 "location": sorted(self.location.items()), "flags": flags, "opened": sorted(self.opened)}
+        state = {
+            "task": self.task_id,
+            "room": self.room,
+            "holding": self.holding,
+            "location": sorted(self.location.items()),
+            "flags": flags,
+            "opened": sorted(self.opened),
+        }
         return hashlib.blake2b(json.dumps(state, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     # ---------------------------------------------------------------- lookups (mistakes say why)
@@ -112,8 +125,10 @@ class World:
     # ---------------------------------------------------------------- actions
     def look(self) -> str:
         recs = "; ".join(self._describe(r) for r in self.receptacles[self.room])
-        return (f"You are in the {self.room}. You see: {recs}. Exits: {', '.join(self.exits[self.room])}. "
-                f"Your task: {self.goal_text()}.")
+        return (
+            f"You are in the {self.room}. You see: {recs}. Exits: {', '.join(self.exits[self.room])}. "
+            f"Your task: {self.goal_text()}."
+        )
 
     def go(self, room: str) -> str:
         name = norm(room)

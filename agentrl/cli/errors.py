@@ -27,6 +27,22 @@ from agentrl.errors import AgentRLError
 _state = {"debug": False}
 
 
+def _click_flow() -> tuple[type[BaseException], ...]:
+    """The exceptions click (and typer's vendored copy of click, typer >= 0.20) uses for usage errors and
+    exits: they print their own message and exit code, so they pass through untouched."""
+    out: list[type[BaseException]] = [click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort]
+    out.append(typer.Exit)
+    vendored = getattr(getattr(typer, "_click", None), "exceptions", None)
+    for name in ("ClickException", "Exit", "Abort"):
+        cls = getattr(vendored, name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            out.append(cls)
+    return tuple(out)
+
+
+_CLICK_FLOW = _click_flow()
+
+
 def set_debug(on: bool) -> None:
     _state["debug"] = bool(on) or os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
 
@@ -55,7 +71,7 @@ class ErrorGroup(TyperGroup):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, typer.Exit):
+        except _CLICK_FLOW:
             raise
         except AgentRLError as e:
             fail(e)

@@ -101,3 +101,13 @@ def test_readme_commands_match_ci():
     assert len(block) == 2, "README starts with exactly two commands"
     assert "agentrl run --env code_exec --algo grpo" in block[0]
     assert block[1] in (ROOT / ".ci" / "run").read_text(), "the CI script must run README's test command"
+
+
+@pytest.mark.parametrize("args", [["config", "--env", "code_exec"], ["run", "--no-such-flag"], ["nosuchcommand"]])
+def test_a_usage_mistake_is_a_usage_error_not_an_internal_one(args):
+    """Unknown options and commands are click's usage errors (exit 2, its own message), never reported as
+    an agentrl bug ("internal error"), whichever copy of click typer uses."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert "internal error" not in res.output
+    assert "No such" in res.output

@@ -45,10 +45,10 @@ def serve_cmd(
     ),
     name: str | None = typer.Option(None, "--name", help="Served model name; default: the run's or model dir's name."),
     device: str | None = typer.Option(
-        None, "--device", help="local backend: torch device, cpu, cuda, cuda:1 (model.device; default cpu)."
+        None, "--device", help="local backend: auto, cpu, cuda, cuda:1 (model.device; default auto: cuda if present)."
     ),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="local backend: torch dtype of the weights (model.dtype; default float32)."
+        None, "--dtype", help="local backend: auto, float32, bfloat16, float16 (model.dtype; auto: bf16 on cuda)."
     ),
     poll_s: float = typer.Option(2.0, "--poll-s", help="--follow: seconds between looks for a new checkpoint."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="local backend: log every request."),
@@ -92,7 +92,7 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
     check_model_dir(target.model_dir, "serve")  # before a server starts on it
     say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
     if backend == "sglang":
-        if device != "cpu" or dtype != "float32":
+        if device != "auto" or dtype != "auto":
             console.print("[yellow]note:[/] --device/--dtype apply to the local backend only")
         service = SGLangService(target, host=host, port=port, name=name, follow=follow, poll_s=poll_s, log=say)
         say(f"starting SGLang on {target.model_dir} (log {service.server.log_path}) ...")
@@ -103,6 +103,10 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
         finally:
             service.stop()
         return
+    from agentrl.models.device import choose, probe
+
+    device, dtype = choose(device, dtype, probe().cuda, what="serve")  # auto: cuda + bf16 when present
+    say(f"device: {device}, dtype {dtype}")
     server = LocalServer(
         target,
         host=host,
@@ -143,8 +147,8 @@ def settings(
     return (
         str(path),
         pick(backend, cfg, "engine.kind", given, "auto"),
-        pick(device, cfg, "model.device", given, "cpu"),
-        pick(dtype, cfg, "model.dtype", given, "float32"),
+        pick(device, cfg, "model.device", given, "auto"),
+        pick(dtype, cfg, "model.dtype", given, "auto"),
     )
 
 

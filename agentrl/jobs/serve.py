@@ -95,7 +95,19 @@ def resolve_target(path: str | Path, *, follow: bool = False) -> ServeTarget:
     started from (its ``config.yaml``) until the first one appears."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(f"serve: {str(path)!r} does not exist")
+        from agentrl.models.hub import HubRef, parse_ref, resolve_model
+
+        try:
+            ref = parse_ref(str(path), what="serve PATH")
+        except ConfigError:
+            raise ConfigError(
+                f"serve: {str(path)!r} does not exist and is not a Hub id ('org/name' or 'org/name@revision')"
+            ) from None
+        if isinstance(ref, HubRef):  # a Hub id: fetched into (or found in) the HF cache, then a model directory
+            if follow:
+                raise ConfigError(f"serve: --follow needs a run directory; {str(path)!r} is a Hub model id")
+            model_dir = resolve_model(str(path), what="serve PATH")
+            return ServeTarget(model_dir, None, None, 0)
     if not p.is_dir():
         raise ConfigError(
             f"serve: {str(path)!r} is a file; pass an HF model directory, a checkpoint directory or a run directory"

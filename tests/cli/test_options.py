@@ -160,10 +160,10 @@ def test_serve_settings_take_the_run_and_engine_from_the_config(tmp_path):
     f = _yaml(
         tmp_path / "c.yaml", f"output_dir: {tmp_path / 'run'}\nmodel: {{dtype: bfloat16}}\nengine: {{kind: local}}\n"
     )
-    assert serve_cli.settings([f], None, None, None, None, None) == (str(tmp_path / "run"), "local", "cpu", "bfloat16")
+    assert serve_cli.settings([f], None, None, None, None, None) == (str(tmp_path / "run"), "local", "auto", "bfloat16")
     assert serve_cli.settings([f], None, "/m", "sglang", "cuda", None) == ("/m", "sglang", "cuda", "bfloat16")
     assert serve_cli.settings(None, ["model.path=/base"], None, None, None, None)[0] == "/base"
-    assert serve_cli.settings(None, None, "/m", None, None, None) == ("/m", "auto", "cpu", "float32")  # as before
+    assert serve_cli.settings(None, None, "/m", None, None, None) == ("/m", "auto", "auto", "auto")
     with pytest.raises(AgentRLError, match="PATH, or a config naming output_dir"):
         serve_cli.settings(None, None, None, None, None, None)
 

@@ -162,3 +162,47 @@ def test_cli_rollout_with_a_hub_id_from_the_offline_cache(tiny_model_dir, hf_env
     assert "path: org/tiny" in written and "device: cpu" in written and "dtype: float32" in written
     assert TOKEN not in written + res.output + (out / "metrics.json").read_text()
     assert len((out / "trajectories.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("source", ["offline_cache", "stand_in_endpoint"])
+def test_cli_run_with_a_hub_id(source, tiny_model_dir, hf_env, monkeypatch, tmp_path):
+    """`agentrl run --model org/name`, the way users type it: from a Hub cache with HF_HUB_OFFLINE=1, and
+    downloaded from a local server standing in for the Hub (HF_ENDPOINT)."""
+    from agentrl.cli.main import app
+
+    out = tmp_path / "run"
+    args = ["run", "--model", "org/tiny", "--env", "code_exec", "-o", str(out), "-q"]
+    for s in (
+        "train.steps=1",
+        "train.groups_per_step=1",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_turns=1",
+        "eval.num_tasks=0",
+        "logging.tensorboard=false",
+    ):
+        args += ["--set", s]
+    if source == "offline_cache":
+        build_hub_cache(hf_env, "org/tiny", tiny_model_dir)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        res = CliRunner().invoke(app, args)
+    else:
+        with FakeHub({"org/tiny": tiny_model_dir}) as hub:
+            monkeypatch.setenv("HF_ENDPOINT", hub.url)
+            res = CliRunner().invoke(app, args)
+        assert any(m == "GET" and "/resolve/" in p for m, p, _ in hub.requests)
+    assert res.exit_code == 0, res.output
+    assert "path: org/tiny" in (out / "config.yaml").read_text()
+    assert (out / "summary.json").is_file() and (out / "metrics.jsonl").read_text().strip()
+
+
+def test_serve_resolves_a_hub_id_and_refuses_follow(tiny_model_dir, hf_env, monkeypatch):
+    from agentrl.jobs.serve import resolve_target
+
+    snap = build_hub_cache(hf_env, "org/tiny", tiny_model_dir)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_target("org/tiny").model_dir == snap
+    with pytest.raises(ConfigError, match="--follow needs a run directory"):
+        resolve_target("org/tiny", follow=True)
+    with pytest.raises(ConfigError, match="does not exist and is not a Hub id"):
+        resolve_target("no_such_dir")

@@ -45,6 +45,9 @@ for _id, _max_turns in SKYRL_IDS.items():
         f"skyrl/{_id}", _SKYRL_EP, max_turns=_max_turns, source="builtin", has_eval_split=True, gym_id=None, env_id=_id
     )
 
+register(
+    "verifiers", "agentrl.envs.adapters.verifiers_env:VerifiersEnv", source="builtin", has_eval_split=True, gym_id=None
+)
 for _name, (_ep, _max_turns, _aliases, _split) in BUILTINS.items():
     register(_name, _ep, max_turns=_max_turns, source="builtin", has_eval_split=_split, gym_id=f"agentrl/{_name}")
     for _id in _aliases:

@@ -1,0 +1,35 @@
+"""Runs ``tests/agents/test_verifiers.py`` (a real verifiers 0.4 taskset through the proxy mode, rollout and a short
+run) with the python of verifiers' own virtualenv, where it is not skipped.
+
+verifiers 0.4 pins ``mcp==2.0.0``, which litellm[mcp] in this environment refuses, so it lives in its own venv
+(``.ci/install_verifiers.sh``, made with --system-site-packages so that it sees agentrl), the way SGLang does.
+Skips, saying how to install it, when that venv is absent."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+VENV = Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl")) / "verifiers-venv"
+PYTHON = VENV / "bin" / "python"
+TESTS = Path(__file__).resolve().parent / "test_verifiers.py"
+
+
+@pytest.mark.slow
+def test_verifiers_suite_in_its_own_venv():
+    if not PYTHON.exists():
+        pytest.skip(f"verifiers is not installed in {VENV} (bash .ci/install_verifiers.sh)")
+    probe = subprocess.run([str(PYTHON), "-c", "import verifiers.v1, agentrl"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{PYTHON} cannot import verifiers.v1 and agentrl: {probe.stderr.strip()[-300:]}")
+    res = subprocess.run(
+        [str(PYTHON), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(TESTS)],
+        capture_output=True,
+        text=True,
+        cwd=TESTS.parents[2],
+        timeout=900,
+    )
+    tail = res.stdout[-3000:] + res.stderr[-2000:]
+    assert res.returncode == 0, tail
+    assert " passed" in res.stdout and "skipped" not in res.stdout, tail

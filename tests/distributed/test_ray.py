@@ -23,6 +23,8 @@ class CountEnv(AgentEnv):
     """One turn; reward = 1 - chars/40 (the tests/jobs/test_runner.py ShortEnv). Registered from this
     module, so a rollout worker can only build it if the driver's env spec reaches it."""
 
+    has_eval_split = False  # no held-out tasks: eval runs on the same kind of prompts
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         msgs = [{"role": "user", "content": f"Say a number ({self.np_random.integers(100)})."}]

@@ -64,7 +64,8 @@ def test_docker_containers_killed_during_run(tmp_path):
     """code_exec on the docker sandbox with the built-in (tool-calling) model; a thread kills every
     container of this process every second until the last step. Each killed program ends its
     episode ``sandbox_error``; the last step, without kills, trains on replaced containers."""
-    from agentrl.sandbox import _SHARED, docker_unavailable_reason, shared_sandbox
+    from agentrl.sandbox import docker_unavailable_reason, shared_sandbox
+    from agentrl.sandbox.factory import _SHARED
 
     reason = docker_unavailable_reason()
     if reason is not None:

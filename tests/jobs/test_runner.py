@@ -16,6 +16,8 @@ class ShortEnv(AgentEnv):
     byte-level BPE vocabulary mixes one-character and long merged tokens, so a random tiny model has
     reward variance from step 0 and room to improve: the reward must rise if the loop really learns."""
 
+    has_eval_split = False  # no held-out tasks: eval runs on the same kind of prompts
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         msgs = [{"role": "user", "content": f"Say a number ({self.np_random.integers(100)})."}]

@@ -390,7 +390,7 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
 
 DRIVER = textwrap.dedent("""
     import json, sys
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{here!r}, {tests!r}]
     import ray
     from test_ray_sglang import _cfg
     from agentrl.distributed import RayBackend
@@ -412,7 +412,11 @@ def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
     _ray_or_skip()
     _sglang_or_skip()
     before = _ray_pids()
-    code = DRIVER.format(tests=str(Path(__file__).resolve().parents[1]), model=str(sglang_model_dir))
+    code = DRIVER.format(
+        here=str(Path(__file__).resolve().parent),
+        tests=str(Path(__file__).resolve().parents[1]),
+        model=str(sglang_model_dir),
+    )
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen(
         [sys.executable, "-c", code],

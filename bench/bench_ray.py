@@ -52,7 +52,7 @@ class CountEnv(AgentEnv):
         return "", 1.0 - min(len(action), 40) / 40, True, False, {"messages": [], "tool_stats": new_stats()}
 
 
-agentrl.register("bench/RayCount-v0", entry_point=CountEnv, override=True)
+agentrl.register("bench/RayCount-v0", entry_point=CountEnv, override=True, has_eval_split=False)
 
 
 def samples_from(trajs):

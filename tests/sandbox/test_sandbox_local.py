@@ -60,7 +60,7 @@ def test_make_sandbox_choices(monkeypatch):
         make_sandbox("podman")
     with pytest.raises(ConfigError, match="backend-specific"):
         make_sandbox("auto", bwrap=False)
-    monkeypatch.setattr("agentrl.sandbox.docker_unavailable_reason", lambda: "no daemon (test)")
+    monkeypatch.setattr("agentrl.sandbox.factory.docker_unavailable_reason", lambda: "no daemon (test)")
     assert make_sandbox("auto", max_concurrency=3).name == "local"
     assert shared_sandbox("local") is shared_sandbox("local")
     assert shared_sandbox("local", max_concurrency=3) is not shared_sandbox("local")

@@ -75,7 +75,11 @@ def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_
     # ... and a provider that echoes the bad key in its 401 (as real providers do): redacted
     with ScriptedOpenAI([(401, "Incorrect API key provided: {authorization}")]) as srv:
         with pytest.raises(RewardError, match="Incorrect API key") as ei:
-            asyncio.run(JudgeReward("openai/judge", api_base=srv.url, max_retries=0)({"id": 1}, "a", []))
+            asyncio.run(
+                JudgeReward("openai/judge", api_base=srv.url, api_key_env="OPENAI_API_KEY", max_retries=0)(
+                    {"id": 1}, "a", []
+                )
+            )
     assert srv.requests[0]["authorization"] == f"Bearer {canaries['OPENAI_API_KEY']}"  # the key was really sent
     assert canaries["OPENAI_API_KEY"] not in str(ei.value) and "[redacted]" in str(ei.value)
 

@@ -43,8 +43,8 @@ def start_sglang_or_skip(model_dir, **kwargs):
 
 @pytest.fixture(scope="session")
 def sglang_server(sglang_model_dir):
-    """One live SGLang server (CPU flags, GUIDE §3) shared by the session's tests. Tests that change
-    its weights must restore them (or use their own server)."""
+    """One live SGLang server (started with the CPU flags pinned in agentrl.engine.sglang_server) shared by
+    the session's tests. Tests that change its weights must restore them (or use their own server)."""
     server = start_sglang_or_skip(sglang_model_dir)
     yield server
     server.stop()

@@ -1,4 +1,4 @@
-"""The hostile-input suite (GUIDE §5), every case on every sandbox backend.
+"""The hostile-input suite: every case on every sandbox backend, each a typed status within its deadline.
 
 Backends: ``local`` (``make_sandbox("local")``: bwrap namespaces when bwrap works here),
 ``local-plain`` (the local backend with ``bwrap=False``: rlimits, plus, as root, a dedicated uid

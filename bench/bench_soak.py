@@ -12,7 +12,7 @@ filling, segfaults, fake passes...), plus malformed calls, direct answers and ov
 Reported per backend: episodes/s, outcome counts, the tool result status per program kind (and
 how many fell outside the statuses that kind may have), and the leak check: our labelled docker
 containers, processes of the sandbox uids and children of this process, sandbox work dirs and
-mounts (``host_snapshot`` of tests/sandbox/test_sandbox_hostile.py), this process's open fds
+mounts (``host_snapshot`` of tests/host_state.py), this process's open fds
 (``/proc/self/fd``, before the sandbox exists vs after it is closed), and RSS sampled every
 ``--sample-every`` episodes with the slope of its second half (MB per 1k episodes) and the peak.
 
@@ -38,10 +38,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path[:0] = [str(_TESTS), str(_TESTS / "sandbox")]
+sys.path.insert(0, str(_TESTS))
 
 import leak_probe  # noqa: E402  (tests/leak_probe.py: fds and RSS of this process)
-from test_sandbox_hostile import host_snapshot  # noqa: E402  (the hostile suite's host-state probe)
+from host_state import host_snapshot  # noqa: E402  (the host-state probe the hostile suite uses)
 
 from agentrl.config.schema import RolloutConfig  # noqa: E402
 from agentrl.engine.fake import FakeEngine  # noqa: E402

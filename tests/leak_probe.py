@@ -1,7 +1,7 @@
 """Probes of what a process holds, for the leak checks of the fault tests and the soak: open file
 descriptors (``/proc/self/fd``), live child processes, processes of a process group, RSS, and our
 labelled docker containers. Read-only; kills nothing. (Sandbox-level host state: the hostile
-suite's ``test_sandbox_hostile.host_snapshot``.)"""
+suite's ``host_state.host_snapshot``.)"""
 
 from __future__ import annotations
 

@@ -30,10 +30,11 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.wrapper import EngineWrapper
 from agentrl.envs.base import AgentEnv
 
 
@@ -55,7 +56,7 @@ def lognormal_draw(mean: float, cv: float, rng: random.Random) -> float:
     return rng.lognormvariate(math.log(mean) - s2 / 2, math.sqrt(s2))
 
 
-class LatencyEngine(Engine):
+class LatencyEngine(EngineWrapper):
     """``inner`` plus ``per_token_s * L`` seconds after each generation, L ~ lognormal(mean_tokens, cv)
     drawn for (seed, session, turn of that session). ``enabled = False`` turns the delay off (e.g.
     for evaluation). Everything else (weights, version, start/close, limits) is the inner engine's."""
@@ -66,7 +67,8 @@ class LatencyEngine(Engine):
         for name, v in (("per_token_s", per_token_s), ("mean_tokens", mean_tokens), ("cv", cv)):
             if not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"LatencyEngine {name} must be a number >= 0, got {v!r}")
-        self.inner, self.per_token_s, self.mean_tokens, self.cv, self.seed = inner, per_token_s, mean_tokens, cv, seed
+        super().__init__(inner)
+        self.per_token_s, self.mean_tokens, self.cv, self.seed = per_token_s, mean_tokens, cv, seed
         self.enabled = True
         self._turns: Counter = Counter()  # session -> requests seen
         self.delays: list[float] = []  # every injected delay, seconds (for the benchmark's report)
@@ -87,28 +89,6 @@ class LatencyEngine(Engine):
             self.delays.append(d)
             await asyncio.sleep(d)
         return gen
-
-    @property
-    def policy_version(self) -> int:  # type: ignore[override]
-        return self.inner.policy_version
-
-    @property
-    def max_context(self) -> int | None:
-        return self.inner.max_context
-
-    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        await self.inner.update_weights(state_dict, version)
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:  # engine-specific extras (pause, post_all, ...)
-        if name == "inner":  # not set yet (during __init__): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 class SampleCounter:

@@ -20,7 +20,8 @@ Guarantees: a generate cancelled while held or in flight never leaks a count (th
 no await between check and update: one event loop, no lock); errors of the inner engine and of the
 drained body propagate unchanged and the gate always reopens; ``close()`` fails held callers with
 EngineError. Everything not part of the Engine seam (``pause``, ``post_all``, ``urls``...) is
-forwarded to the inner engine, so weight syncs built on the wrapper work unchanged.
+forwarded to the inner engine (:class:`~agentrl.engine.wrapper.EngineWrapper` does), so weight
+syncs built on the wrapper work unchanged.
 
 Does not: move weights (the WeightSync paths, ``agentrl.weights.base``), decide when to sync (the
 runner), bound how long a drain may wait (the inner engine's request timeouts and the turn deadline
@@ -37,16 +38,17 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.wrapper import EngineWrapper
 from agentrl.errors import EngineError
 
 
-class DrainEngine(Engine):
+class DrainEngine(EngineWrapper):
     """``inner`` with a gate in front of ``generate``; see the module docstring."""
 
     def __init__(self, inner: Engine) -> None:
         if not isinstance(inner, Engine):
             raise TypeError(f"DrainEngine wraps an Engine, got {type(inner).__name__}")
-        self.inner = inner
+        super().__init__(inner)
         self._in_flight = 0
         self._held = 0
         self._open = asyncio.Event()  # set: generate may start
@@ -58,15 +60,7 @@ class DrainEngine(Engine):
         #: drains done, seconds spent waiting for in-flight generations, calls that had to wait
         self.drain_stats = {"drains": 0, "drain_wait_s": 0.0, "last_drain_wait_s": 0.0, "held_calls": 0}
 
-    # --- the Engine seam ------------------------------------------------------------------------
-    @property
-    def policy_version(self) -> int:  # type: ignore[override]
-        return self.inner.policy_version
-
-    @property
-    def max_context(self) -> int | None:
-        return self.inner.max_context
-
+    # --- the Engine seam (policy_version, max_context, start and the rest forwarded) --------------
     @property
     def in_flight(self) -> int:
         """Generations running in the inner engine now."""
@@ -109,22 +103,12 @@ class DrainEngine(Engine):
             await self._idle.wait()
             await self.inner.update_weights(state_dict, version)
 
-    async def start(self) -> None:
-        await self.inner.start()
-
     async def close(self) -> None:
         """Fail held callers with EngineError, then close the inner engine (which fails the calls
         in flight, per the Engine contract)."""
         self._closed = True
         self._open.set()  # wake the held callers; they see _closed and raise
         await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes this class lacks: engine-specific calls of weight syncs and
-        # metrics (pause, resume, post_all, urls, set_policy_version, server_stats, ...).
-        if name == "inner":  # not set yet (during __init__ or unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     # --- the gate -------------------------------------------------------------------------------
     async def hold(self) -> float:

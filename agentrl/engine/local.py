@@ -6,6 +6,8 @@ and, every iteration: applies pending weight updates, admits waiting requests up
 sequence in flight over a batched K/V cache (:mod:`agentrl.engine.kv_batch`), samples, and retires
 finished sequences. Requests join and leave at every step, so a short request never waits for the
 longest one in flight. Results go back to the caller's event loop with ``call_soon_threadsafe``.
+The request records and that hand-off are :mod:`agentrl.engine.local_requests`; the sampling of
+one token per row is :mod:`agentrl.engine.local_sampling`.
 
 Conventions (the same as SGLang's ``return_logprob``):
 
@@ -37,7 +39,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,78 +46,13 @@ import torch
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.engine.kv_batch import KVBatch, PrefillCache, additive_mask, prefill_mask
+from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_prompt, check_update, deliver, notify
+from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
 from agentrl.errors import EngineError
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
 
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    stop_ids: frozenset[int]
-    limit: int  # tokens it may generate: max_new_tokens, cut to fit max_context
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    generator: torch.Generator | None
-    stop_strs: tuple[str, ...] = ()
-    stop_window: int = 0  # sampled tokens decoded to look for a stop string
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    kv_len: int = 0  # tokens whose K/V are in the cache (the last sampled token is not, yet)
-    reason: str = ""  # "stop" | "length" once finished
-    done: bool = False
-    cancelled: bool = False
-    submitted: float = field(default_factory=time.perf_counter)
-    admitted_step: int = -1
-    on_token: Callable[[int, float], None] | None = None  # generate_streaming's callback
-
-
-@dataclass
-class _WeightUpdate:
-    state_dict: Mapping[str, Any]
-    version: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-
-
-def _resolve(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    if fut.done():  # the caller was cancelled or already failed
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
-
-
-def _deliver(
-    loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any = None, error: BaseException | None = None
-) -> None:
-    try:
-        loop.call_soon_threadsafe(_resolve, fut, result, error)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-        pass
-
-
-def _notify(loop: asyncio.AbstractEventLoop, fn: Callable[[int, float], None], token: int, logprob: float) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, token, logprob)  # FIFO: every token's call runs before _deliver's
-    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-        pass
-
-
-def filter_top_k_top_p(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """``logp`` [n, V] -> the same with tokens outside each row's top-k / top-p set at -inf.
-    ``top_k`` [n] (0 = off), ``top_p`` [n]. Top-p counts mass before top-k, like SGLang; the most
-    likely token always survives."""
-    sorted_lp, order = logp.sort(dim=-1, descending=True)
-    probs = sorted_lp.exp()
-    rank = torch.arange(logp.shape[-1])[None, :]
-    drop = (probs.cumsum(-1) - probs) > top_p[:, None]
-    drop |= (top_k[:, None] > 0) & (rank >= top_k[:, None])
-    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
-    return torch.full_like(logp, float("-inf")).scatter_(-1, order, sorted_lp)
+__all__ = ["LocalEngine", "filter_top_k_top_p", "placement"]
 
 
 def placement(device: str | torch.device, dtype: torch.dtype | str) -> tuple[str, torch.dtype]:
@@ -182,10 +118,10 @@ class LocalEngine(Engine):
         self._gen = torch.Generator().manual_seed(seed)
         self._version = 0
         self._cond = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._updates: list[_WeightUpdate] = []
-        self._rows: list[_Request] = []  # row i of the K/V cache is self._rows[i]
-        self._admitted: list[_Request] = []  # taken from the queue, not yet in rows
+        self._waiting: deque[LocalRequest] = deque()
+        self._updates: list[WeightUpdate] = []
+        self._rows: list[LocalRequest] = []  # row i of the K/V cache is self._rows[i]
+        self._admitted: list[LocalRequest] = []  # taken from the queue, not yet in rows
         self._kv = KVBatch(max_rows=max_batch_size, max_cols=self._max_context)
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -232,21 +168,13 @@ class LocalEngine(Engine):
         self, prompt_ids: Sequence[int], params: SamplingParams, on_token: Callable[[int, float], None] | None
     ) -> Generation:
         prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise EngineError("empty prompt: the engine needs at least one token to continue")
-        if not all(0 <= t < self._vocab for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < self._vocab)
-            raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
-        if len(prompt) >= self._max_context:
-            raise EngineError(
-                f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={self._max_context}"
-            )
+        check_prompt(prompt, self._vocab, self._max_context)
         if params.stop and self._tokenizer is None:  # load it here, not on the worker thread
             await asyncio.to_thread(self._stop_decoder)
         await self.start()
         loop = asyncio.get_running_loop()
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        req = _Request(
+        req = LocalRequest(
             prompt=prompt,
             params=params,
             stop_ids=frozenset(params.stop_token_ids or self.eos_token_ids),
@@ -286,23 +214,11 @@ class LocalEngine(Engine):
                 ) from e
         return self._tokenizer
 
-    def _hit_stop_string(self, r: _Request) -> bool:
-        """Whether the tail of ``r``'s sampled ids, decoded, holds one of its stop strings."""
-        tail = self._tokenizer.decode(r.tokens[-r.stop_window :])
-        return any(s in tail for s in r.stop_strs)
-
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        params = self.model.state_dict(keep_vars=True)
-        for name, tensor in state_dict.items():  # check everything before touching anything
-            if name not in params:
-                raise EngineError(f"update_weights: unknown tensor {name!r}")
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise EngineError(
-                    f"update_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(params[name].shape)}"
-                )
+        check_update(self.model.state_dict(keep_vars=True), state_dict)
         await self.start()
         loop = asyncio.get_running_loop()
-        upd = _WeightUpdate(state_dict, int(version), loop, loop.create_future())
+        upd = WeightUpdate(state_dict, int(version), loop, loop.create_future())
         with self._cond:
             self._check_usable()
             self._updates.append(upd)
@@ -331,9 +247,9 @@ class LocalEngine(Engine):
             self._waiting.clear()
             self._admitted, self._rows = [], []
         for r in reqs:
-            _deliver(r.loop, r.future, error=error)
+            deliver(r.loop, r.future, error=error)
         for u in updates:
-            _deliver(u.loop, u.future, error=error)
+            deliver(u.loop, u.future, error=error)
 
     # --- worker thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -364,13 +280,13 @@ class LocalEngine(Engine):
                 self._dead = exc
             self._fail_all(EngineError(f"the local engine worker crashed: {exc!r}"))
 
-    def _apply_update(self, upd: _WeightUpdate) -> None:
+    def _apply_update(self, upd: WeightUpdate) -> None:
         params = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, tensor in upd.state_dict.items():
                 params[name].copy_(tensor)
         self._version = upd.version
-        _deliver(upd.loop, upd.future, None)
+        deliver(upd.loop, upd.future, None)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(
@@ -421,44 +337,23 @@ class LocalEngine(Engine):
         self.stats["steps"] += 1
         self._sample(rows, logits)
 
-    def _sample(self, reqs: list[_Request], logits: torch.Tensor) -> None:
+    def _sample(self, reqs: list[LocalRequest], logits: torch.Tensor) -> None:
         """Sample one token per request from ``logits`` [n, V], record it, retire the finished."""
-        n = len(reqs)
-        temps = torch.tensor([r.params.temperature for r in reqs])
-        greedy = temps == 0
-        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
-        tokens = logits.argmax(dim=-1)
-        rand = (~greedy).nonzero().flatten().tolist()
-        if rand:
-            lp = logp[rand]
-            top_k = torch.tensor([reqs[i].params.top_k for i in rand])
-            top_p = torch.tensor([reqs[i].params.top_p for i in rand])
-            if bool((top_k > 0).any() or (top_p < 1).any()):
-                lp = filter_top_k_top_p(lp, top_k, top_p)
-            # Inverse-CDF sampling with one uniform per row, drawn from the row's own generator
-            # when it has a seed: its samples then do not depend on the rest of the batch.
-            u = torch.rand(len(rand), generator=self._gen)
-            for j, i in enumerate(rand):
-                if reqs[i].generator is not None:
-                    u[j] = torch.rand(1, generator=reqs[i].generator)[0]
-            cdf = lp.exp().cumsum(dim=-1)
-            x = (u * cdf[:, -1])[:, None]
-            tokens[rand] = torch.searchsorted(cdf, x, right=True).flatten().clamp_(max=logits.shape[-1] - 1)
-        chosen = logp.gather(1, tokens[:, None]).flatten().tolist()
+        tokens, chosen = sample_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs], self._gen)
         finished = []
-        for r, t, lp_t in zip(reqs, tokens.tolist(), chosen):
+        for r, t, lp_t in zip(reqs, tokens, chosen):
             r.tokens.append(t)
             r.logprobs.append(lp_t)
             r.versions.append(self._version)
             if r.on_token is not None:
-                _notify(r.loop, r.on_token, t, lp_t)
-            if t in r.stop_ids or (r.stop_strs and self._hit_stop_string(r)):
+                notify(r.loop, r.on_token, t, lp_t)
+            if t in r.stop_ids or (r.stop_strs and r.hit_stop_string(self._tokenizer)):
                 r.reason = "stop"
             elif len(r.tokens) >= r.limit:
                 r.reason = "length"
             if r.reason:
                 finished.append(r)
-        self.stats["generated_tokens"] += n
+        self.stats["generated_tokens"] += len(reqs)
         for r in finished:
             info = {
                 "prompt_tokens": len(r.prompt),
@@ -466,10 +361,10 @@ class LocalEngine(Engine):
                 "finished_step": self.stats["steps"],
                 "latency_s": time.perf_counter() - r.submitted,
             }
-            _deliver(r.loop, r.future, Generation(r.tokens, r.logprobs, r.reason, r.versions, info))
+            deliver(r.loop, r.future, Generation(r.tokens, r.logprobs, r.reason, r.versions, info))
         self._retire(finished)
 
-    def _retire(self, reqs: list[_Request]) -> None:
+    def _retire(self, reqs: list[LocalRequest]) -> None:
         if not reqs:
             return
         for r in reqs:

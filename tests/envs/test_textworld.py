@@ -35,6 +35,17 @@ def test_worlds_are_deterministic_per_seed_and_splits_disjoint():
     assert env1.reset(seed=11)[1]["task"] == env2.reset(seed=11)[1]["task"]
 
 
+def test_a_fixed_set_of_worlds_folds_task_seeds():
+    env = TextWorldEnv(difficulty=1, worlds=3)
+    ids = {env.reset(seed=s)[1]["task"]["id"] for s in range(40)}
+    assert len(ids) == 3
+    assert len({TextWorldEnv(difficulty=1).reset(seed=s)[1]["task"]["id"] for s in range(40)}) > 30
+    held = {TextWorldEnv(difficulty=1, worlds=3, split="eval").reset(seed=s)[1]["task"]["id"] for s in range(40)}
+    assert len(held) == 3 and not held & ids
+    with pytest.raises(ConfigError, match="worlds"):
+        TextWorldEnv(worlds=-1)
+
+
 @pytest.mark.parametrize("difficulty", [1, 2, 3])
 def test_oracle_solves_every_world_within_the_turn_limit(difficulty):
     lo, hi = PLAN_TURNS[difficulty]

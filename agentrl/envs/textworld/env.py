@@ -131,6 +131,8 @@ class TextWorldEnv(ToolEnv):
             or a list to mix.
         split: ``"train"`` or ``"eval"`` (held-out worlds, disjoint from training ones).
         step_cost: subtracted from the success reward per turn used (default 0: reward 1 on success).
+        worlds: 0 (default): every task seed its own world; N > 0: task seeds folded onto N worlds
+            per split (a fixed game set, as ALFWorld's; a short test of learning can overfit it).
         system_prompt: overrides the default prompt; ``""`` sends none.
         **kwargs: ``ToolEnv`` options (parser, on_bad_call, max_calls_per_turn (default 1), ...).
     """
@@ -143,6 +145,7 @@ class TextWorldEnv(ToolEnv):
         difficulty: int | list[int] = 2,
         split: str = "train",
         step_cost: float = 0.0,
+        worlds: int = 0,
         system_prompt: str | None = None,
         **kwargs,
     ) -> None:
@@ -153,7 +156,9 @@ class TextWorldEnv(ToolEnv):
             raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
         if not 0.0 <= step_cost < 1.0:
             raise ConfigError(f"step_cost must be in [0, 1), got {step_cost!r}")
-        self.difficulty, self.split, self.step_cost = levels, split, float(step_cost)
+        if not isinstance(worlds, int) or worlds < 0:
+            raise ConfigError(f"worlds must be an int >= 0 (0 = no fixed set), got {worlds!r}")
+        self.difficulty, self.split, self.step_cost, self.worlds = levels, split, float(step_cost), worlds
         self.system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
         self.world: World | None = None
         self.turns = 0
@@ -167,6 +172,8 @@ class TextWorldEnv(ToolEnv):
         level = int(options.get("difficulty", levels[int(rng.integers(len(levels)))]))
         split = options.get("split", self.split)
         seed = int(rng.integers(2**62))
+        if self.worlds:
+            seed %= self.worlds
         world = generate_world(seed, level, split)
         return {"id": world.task_id, "seed": seed, "difficulty": level, "split": split, "goal": world.goal_text()}
 

@@ -1,8 +1,9 @@
 """The Engine seam: token ids in, sampled token ids + behaviour logprobs out.
 
 Owns the interface every rollout engine implements (local HF engine, SGLang server, fakes), the
-request/response records, and :func:`named_tensors`, the check of a weight update's state dict
-(HF names -> tensors) shared by engines and weight syncs. Does not render chat or parse tool calls:
+request/response records, :func:`check_prompt`, the check of a prompt's ids shared by engines, and
+:func:`named_tensors`, the check of a weight update's state dict (HF names -> tensors) shared by
+engines and weight syncs. Does not render chat or parse tool calls:
 engines see only ids.
 """
 
@@ -62,6 +63,18 @@ class Generation:
     finish_reason: str  # "stop" (a stop/eos id was sampled, or a stop string completed) | "length" | "abort"
     versions: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def check_prompt(prompt: Sequence[int], vocab: int | None, max_context: int | None) -> None:
+    """EngineError unless ``prompt`` is non-empty, its ids are in ``[0, vocab)`` and it leaves room
+    to generate within ``max_context`` (a limit that is None is not checked)."""
+    if not prompt:
+        raise EngineError("empty prompt: the engine needs at least one token to continue")
+    bad = None if vocab is None else next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+    if max_context is not None and len(prompt) >= max_context:
+        raise EngineError(f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={max_context}")
 
 
 def named_tensors(state_dict: Mapping[str, Any]) -> list[tuple[str, Any]]:

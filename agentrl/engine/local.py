@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.kv_batch import KVBatch, PrefillCache, additive_mask, prefill_mask
-from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_prompt, check_update, deliver, notify
+from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_update, deliver, notify
 from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
 from agentrl.errors import EngineError
 

@@ -1,10 +1,10 @@
 """What the local engine's event-loop side hands its worker thread, and how answers get back.
 
 Owns :class:`LocalRequest` (one generation in flight: prompt, limits, the tokens sampled so far,
-the caller's loop and future), :class:`WeightUpdate` (a pending weight load), the checks a request
-or an update passes before it is queued (:func:`check_prompt`, :func:`check_update`: EngineError
-naming the bad value), and :func:`deliver` / :func:`notify`, which hand a result or a streamed
-token to the caller's event loop from the worker thread.
+the caller's loop and future), :class:`WeightUpdate` (a pending weight load), the check an update
+passes before it is queued (:func:`check_update`: EngineError naming the bad value), and
+:func:`deliver` / :func:`notify`, which hand a result or a streamed token to the caller's event
+loop from the worker thread.
 
 Does not run the model, sample or schedule (see :mod:`agentrl.engine.local`).
 """
@@ -62,17 +62,6 @@ class WeightUpdate:
     version: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-
-
-def check_prompt(prompt: list[int], vocab: int, max_context: int) -> None:
-    """EngineError unless ``prompt`` is non-empty, in the vocabulary and leaves room to generate."""
-    if not prompt:
-        raise EngineError("empty prompt: the engine needs at least one token to continue")
-    bad = next((t for t in prompt if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-    if len(prompt) >= max_context:
-        raise EngineError(f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={max_context}")
 
 
 def check_update(params: Mapping[str, torch.Tensor], state_dict: Mapping[str, Any]) -> None:

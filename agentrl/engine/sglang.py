@@ -4,11 +4,12 @@ Owns: attaching to running servers by URL or supervising :class:`SGLangServer` p
 a dead one), one shared ``httpx.AsyncClient`` sized for thousands of requests in flight, routing
 (:mod:`agentrl.engine.router`: least-loaded, sticky per session), ``/generate`` requests and the
 mapping of their answers to :class:`Generation`, crash recovery (the :class:`Supervision` mixin in
-:mod:`agentrl.engine.sglang_supervision`), pause/resume/flush around weight
-updates, admin calls to every server, and server stats for metrics. Does not: launch flags (the
-launcher, ``agentrl.engine.sglang_server``), choose or run weight-sync paths (``agentrl.weights``
-drives this engine through ``pause``/``post_all``/``resume``; the seam's own ``update_weights``
-goes through disk, ``agentrl.engine.sglang_disk``), render chat.
+:mod:`agentrl.engine.sglang_supervision`), and admin calls to every server (the :class:`Admin`
+mixin in :mod:`agentrl.engine.sglang_admin`: pause/resume/flush around weight updates, server stats
+for metrics). Does not: launch flags (the launcher, ``agentrl.engine.sglang_server``), choose or
+run weight-sync paths (``agentrl.weights`` drives this engine through ``pause``/``post_all``/
+``resume``; the seam's own ``update_weights`` goes through disk, ``agentrl.engine.sglang_disk``),
+render chat.
 
 Conventions (match :class:`agentrl.engine.local.LocalEngine` where SGLang allows):
 
@@ -48,12 +49,13 @@ from typing import Any
 
 import httpx
 
-from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.router import Backend, Router
+from agentrl.engine.sglang_admin import Admin
 from agentrl.engine.sglang_disk import load_from_disk
 from agentrl.engine.sglang_server import SGLangServer
 from agentrl.engine.sglang_supervision import Supervision
-from agentrl.engine.sglang_wire import ENGINE_COUNTERS, load_stats, model_limits, sampling_params, to_generation
+from agentrl.engine.sglang_wire import model_limits, sampling_params, to_generation
 from agentrl.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ log = logging.getLogger(__name__)
 _ENGINE_KWARGS = ("max_connections", "request_timeout_s", "retries", "backoff_s", "restart_dead", "max_context")
 
 
-class SGLangEngine(Supervision, Engine):
+class SGLangEngine(Supervision, Admin, Engine):
     """Drives one or many SGLang servers. ``urls``: attach to running servers; ``servers``: supervise
     these :class:`SGLangServer` objects (restarted when they die if ``restart_dead``; not stopped
     by :meth:`close` unless the engine launched them with :meth:`launch`)."""
@@ -231,15 +233,7 @@ class SGLangEngine(Supervision, Engine):
     ) -> Generation:
         await self.start()
         prompt = [int(t) for t in prompt_ids]  # a copy: the caller's list keeps growing
-        if not prompt:
-            raise EngineError("empty prompt: the engine needs at least one token to continue")
-        if self._vocab is not None and not all(0 <= t < self._vocab for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < self._vocab)
-            raise EngineError(f"prompt token id {bad} is outside the vocabulary [0, {self._vocab})")
-        if self._max_context is not None and len(prompt) >= self._max_context:
-            raise EngineError(
-                f"prompt of {len(prompt)} tokens leaves no room to generate within max_context={self._max_context}"
-            )
+        check_prompt(prompt, self._vocab, self._max_context)
         n = params.max_new_tokens
         if self._max_context is not None:
             n = min(n, self._max_context - len(prompt))
@@ -315,113 +309,7 @@ class SGLangEngine(Supervision, Engine):
             b.counts["ok"] += 1
             return data, b, resent
 
-    # --- admin --------------------------------------------------------------------------------
-    async def _post(self, b: Backend, path: str, payload: dict, timeout_s: float | None) -> dict:
-        assert self._client is not None
-        try:
-            r = await self._client.post(
-                b.url + path, json=payload, timeout=timeout_s if timeout_s is not None else self.request_timeout_s
-            )
-        except httpx.HTTPError as e:
-            raise EngineError(f"SGLang server {b.url}: POST {path} failed: {type(e).__name__}: {e}") from e
-        try:
-            body = r.json()
-        except ValueError:
-            body = {"text": r.text}
-        if not isinstance(body, dict):
-            body = {"result": body}
-        if r.status_code != 200 or body.get("success") is False:
-            msg = body.get("message") or body.get("error") or body.get("text") or r.text
-            raise EngineError(f"SGLang server {b.url}: POST {path} -> HTTP {r.status_code}: {str(msg)[:500]}")
-        return body
-
-    async def _get_json(self, b: Backend, path: str, timeout_s: float = 10.0) -> dict:
-        assert self._client is not None
-        try:
-            r = await self._client.get(b.url + path, timeout=timeout_s)
-            r.raise_for_status()
-            return r.json()
-        except (httpx.HTTPError, ValueError) as e:
-            raise EngineError(f"SGLang server {b.url}: GET {path} failed: {type(e).__name__}: {e}") from e
-
-    async def post_all(self, path: str, payload: dict, *, timeout_s: float | None = None) -> list[dict]:
-        """POST ``payload`` to ``path`` on every server (waiting out restarts in progress; a server
-        found dead is recovered as for ``/generate`` and asked once more); the answers in server
-        order. Raises EngineError naming each server that failed and why."""
-        await self.start()
-
-        async def one(b: Backend) -> dict:
-            async with b.lock:
-                epoch = b.epoch
-            try:
-                return await self._post(b, path, payload, timeout_s)
-            except EngineError as e:  # the server died since its last request: recover, then once more
-                if not isinstance(e.__cause__, httpx.TransportError) or not await self._recover(b, epoch):
-                    raise
-            return await self._post(b, path, payload, timeout_s)
-
-        results = await asyncio.gather(*(one(b) for b in self.router.backends), return_exceptions=True)
-        if path.startswith("/update_weights_from"):  # the servers it reached now hold current weights
-            for b, r in zip(self.router.backends, results):
-                b.serves_stale = b.serves_stale and isinstance(r, BaseException)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise EngineError("; ".join(str(e) for e in errors))
-        return list(results)  # type: ignore[arg-type]
-
-    async def _push_version(self, b: Backend, version: int | None = None) -> None:
-        if version is None and b.serves_stale:
-            return  # keep stamping its tokens with the version it really serves
-        v = str(self._version if version is None else version)
-        if b.pushed_version != v:
-            await self._post(b, "/update_weight_version", {"new_version": v, "abort_all_requests": False}, 30.0)
-            b.pushed_version = v
-
-    async def pause(self) -> None:
-        """Stop generating on every server: new requests wait in the engine, running ones are
-        retracted into the servers' queues (their HTTP requests stay open) until :meth:`resume`."""
-        await self.start()
-        self._paused = True
-        assert self._running is not None
-        self._running.clear()
-        await self.post_all("/pause_generation", {"mode": "retract"})
-
-    async def resume(self) -> None:
-        """Tell every server the current policy version, then continue generation."""
-        await self.start()
-        errors = await asyncio.gather(*(self._push_version(b) for b in self.router.backends), return_exceptions=True)
-        bad = [e for e in errors if isinstance(e, BaseException)]
-        await self.post_all("/continue_generation", {})
-        self._paused = False
-        assert self._running is not None
-        self._running.set()
-        if bad:
-            raise EngineError("; ".join(str(e) for e in bad))
-
-    async def flush_cache(self) -> None:
-        """Drop every server's prefix cache (SGLang refuses while requests run: pause first)."""
-        await self.post_all("/flush_cache", {})
-
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Through a checkpoint on disk (:func:`agentrl.engine.sglang_disk.load_from_disk`); the weight
         syncs in ``agentrl.weights`` drive this engine for the other paths."""
         await load_from_disk(self, state_dict, version)
-
-    async def server_stats(self) -> dict[str, float]:
-        """Numbers for metrics: the server side from SGLang's ``/v1/loads`` (keys documented in
-        :func:`agentrl.engine.sglang_wire.load_stats`: KV-cache use, running/waiting requests, cache
-        hit rate, throughput), plus ``engine/servers``, ``engine/inflight`` (requests this engine
-        awaits) and the counters since start ``engine/resends``, ``engine/restarts``,
-        ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors``."""
-        await self.start()
-        loads = await asyncio.gather(
-            *(self._get_json(b, "/v1/loads", 10.0) for b in self.router.backends), return_exceptions=True
-        )
-        out = load_stats(loads)
-        out["engine/servers"] = float(len(self.router.backends))
-        out["engine/inflight"] = float(sum(b.inflight for b in self.router.backends))
-        out["engine/resends"] = float(self.resends)
-        totals = self.router.totals()
-        for k in ENGINE_COUNTERS:
-            out["engine/" + k] = float(totals[k])
-        return out

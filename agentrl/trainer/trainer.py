@@ -1,14 +1,14 @@
 """The FSDP2 trainer: one optimizer step over a batch of TrainSamples, on 1 or N processes.
 
 Owns: the Trainer (policy + optional frozen reference + optional critic, their AdamW optimizers and
-LR schedules; with ``lora.rank`` > 0 only LoRA adapters train: ``agentrl.trainer.lora``), the step
-loop (shard samples across ranks, lay them out in micro-batches, recompute logprobs, build the
-per-token loss, accumulate gradients, clip, step) and its metrics, no-grad
+LR schedules from ``agentrl.trainer.optim``; with ``lora.rank`` > 0 only LoRA adapters train:
+``agentrl.trainer.lora``), the step loop (shard samples across ranks, lay them out in
+micro-batches, build each one's loss, accumulate gradients, clip, step) and its metrics, no-grad
 inference (logprobs, reference logprobs, values) and the public face of weight export/checkpoints.
 
 Algorithm-blind: the per-token advantages come from the run loop (agentrl.algos.credit); the policy
 loss, the aggregation, the KL estimator, TIS and the value loss are looked up by the names in
-TrainerConfig. There is no branch on an algorithm name here.
+TrainerConfig (``agentrl.trainer.objective``). There is no branch on an algorithm name here.
 
 Exactness across world sizes: every rank gets the same full sample list and takes a deterministic
 slice; aggregation denominators (loss tokens, sequences) are all-reduced, so each rank's loss is its
@@ -22,7 +22,6 @@ processes (use torchrun; without it the trainer makes a 1-process group).
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import random
 import time
@@ -33,7 +32,6 @@ import numpy as np
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from agentrl.errors import ConfigError
 from agentrl.trainer import checkpoint as C
 from agentrl.trainer import dist as D
 from agentrl.trainer import lora as L
@@ -48,6 +46,8 @@ from agentrl.trainer.models import (
     token_logprobs,
     token_values,
 )
+from agentrl.trainer.objective import Objective
+from agentrl.trainer.optim import build_optimizer, clip_and_step
 from agentrl.trainer.packing import MicroBatch, TrainSample, check_samples, dummy_micro_batch, pack, pad
 
 
@@ -57,26 +57,6 @@ def _algos():
         return importlib.import_module("agentrl.algos")
     except ImportError as e:
         raise ImportError(f"the trainer needs agentrl.algos for its losses: {e}") from e
-
-
-def _lr_lambda(cfg: TrainerConfig):
-    cfg = cfg.resolved()  # null schedule fields: the Trainer API's choices
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def _scalar(x) -> float:
-    if hasattr(x, "full_tensor"):  # a DTensor (e.g. the clipped grad norm of sharded params)
-        x = x.full_tensor()
-    return float(x)
 
 
 class Trainer:
@@ -114,7 +94,7 @@ class Trainer:
         if cfg.lora.rank:  # adapters go in before sharding, so FSDP2 shards them with their layer
             L.apply(policy, cfg.lora)
         self.model = shard(policy.to(self.device), mesh, **wrap, trainable=True)
-        self.optimizer, self.scheduler = self._optim(self.model, cfg.lr, cfg.norm_lr_scale)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, cfg.lr, cfg.norm_lr_scale)
         self.ref = None
         if cfg.kl_coef > 0 or cfg.reference or ref_model_path is not None:
             ref = load_causal_lm(ref_model_path or self.model_path, cfg.attn_implementation).to(self.device)
@@ -126,51 +106,13 @@ class Trainer:
                 L.apply(crit, cfg.lora, keep_trainable=("value_head.",))
             self.critic = shard(crit.to(self.device), mesh, **wrap, trainable=True)
             critic_lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
-            self.critic_optimizer, self.critic_scheduler = self._optim(self.critic, critic_lr)
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(self.critic, cfg, critic_lr)
         self.version = 0
+        self._objective: Objective | None = None
         try:
-            self._resolve(_algos())
+            self._objective = Objective(cfg, _algos())
         except ImportError:
             pass  # inference works without it; train_step raises the import error
-
-    def _optim(self, model, lr: float, gain_scale: float | None = None):
-        """AdamW over ``model``; with ``gain_scale`` (the policy's ``norm_lr_scale``) not 1 the
-        normalization gains (1-D ``*norm*`` weights) are a second group at ``lr * gain_scale`` (the
-        first group's lr is reported). The critic's gains keep its lr."""
-        cfg = self.cfg
-        params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters only
-        groups = [{"params": params}]
-        if gain_scale not in (None, 1.0):
-            gains = [
-                p
-                for n, p in model.named_parameters()
-                if p.requires_grad and p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]
-            ]
-            ids = {id(p) for p in gains}
-            groups = [{"params": [p for p in params if id(p) not in ids]}]
-            if gains:
-                groups.append({"params": gains, "lr": lr * gain_scale})
-        opt = torch.optim.AdamW(
-            groups, lr=lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
-        )
-        return opt, torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-
-    def _resolve(self, A) -> None:
-        """Look up the configured names once, with errors that list the choices."""
-        cfg = self.cfg
-        if cfg.policy_loss not in A.POLICY_LOSSES:
-            raise ConfigError(f"trainer.policy_loss: {cfg.policy_loss!r} is not one of {sorted(A.POLICY_LOSSES)}")
-        if cfg.kl_estimator not in A.KL_ESTIMATORS:
-            raise ConfigError(f"trainer.kl_estimator: {cfg.kl_estimator!r} is not one of {sorted(A.KL_ESTIMATORS)}")
-        self._loss_fn = A.POLICY_LOSSES[cfg.policy_loss]
-        # Pass the clip settings only to losses that take them (sft takes none).
-        params = inspect.signature(self._loss_fn).parameters
-        offered = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip_c": cfg.dual_clip_c}
-        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        self._loss_kw = {k: v for k, v in offered.items() if takes_all or k in params}
-        # Sequence-level losses (gspo) group tokens by sequence: they get each token's sample index.
-        self._loss_seq_index = "seq_index" in params
-        self._A = A
 
     # -- layout ----------------------------------------------------------------------------------
     def _local(self, samples: list[TrainSample]) -> list[int]:
@@ -251,8 +193,8 @@ class Trainer:
 
     def _update(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step over all ``samples`` (see the module docstring); returns metrics."""
-        if not hasattr(self, "_A"):
-            self._resolve(_algos())
+        if self._objective is None:
+            self._objective = Objective(self.cfg, _algos())
         if self.critic is not None:
             missing = [i for i, s in enumerate(samples) if s.returns is None]
             if missing:
@@ -280,11 +222,11 @@ class Trainer:
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for mb in mbs:
             self._micro_step(mb.to(self.device), glob, acc, pairs)
-        grad_norm = self._step(self.model, self.optimizer)
+        grad_norm = clip_and_step(self.model, self.optimizer, self.cfg.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         out: dict[str, float] = {}
         if self.critic is not None:
-            out["critic_grad_norm"] = self._step(self.critic, self.critic_optimizer)
+            out["critic_grad_norm"] = clip_and_step(self.critic, self.critic_optimizer, self.cfg.max_grad_norm)
         keys = sorted(acc)
         sums = dict(zip(keys, D.all_sum([acc[k] for k in keys], self.device)))
         dt = time.perf_counter() - t0
@@ -308,104 +250,14 @@ class Trainer:
             out["values_mean"] = sums.pop("value_sum") / glob["vtok"]
         for k, v in sums.items():  # token sums -> token means (kl, entropy, clipfrac, tis_weight, ...)
             out[k.removesuffix("_sum")] = v / glob["tok"]
-        out.update(self._mismatch(pairs))
+        out.update(self._objective.mismatch(pairs, self.world))
         return out
 
     def _micro_step(self, mb: MicroBatch, glob: dict, acc: dict, pairs: list) -> None:
-        A, cfg = self._A, self.cfg
-        sel = mb.loss_mask > 0
-        inputs = self._inputs(mb)
-        logp, logits = token_logprobs(self.model, inputs, mb, sel, cfg.temperature)
-        beh, adv, ntok = mb.behaviour_logprobs[sel], mb.advantages[sel], mb.seq_ntokens[sel]
-        old_in = mb.old_logprobs[sel]
-        fallback = beh if cfg.old_logprobs == "behaviour" else logp.detach()
-        old = torch.where(torch.isnan(old_in), fallback, old_in)
-        # A micro-batch holds whole sequences, so a per-sequence quantity is complete within it.
-        seq_kw = {"seq_index": mb.seq_index[sel]} if self._loss_seq_index else {}
-        pg_tok, pg_metrics = self._loss_fn(logp, old, adv, **self._loss_kw, **seq_kw)
-        if cfg.tis_cap:
-            w = A.truncated_is_weights(old, beh, cap=cfg.tis_cap).detach()
-            pg_tok = pg_tok * w
-            acc["tis_weight_sum"] += float(w.sum())
-        tok = pg_tok
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_lp, _ = token_logprobs(self.ref, inputs, mb, sel, cfg.temperature)
-            kl_tok = A.KL_ESTIMATORS[cfg.kl_estimator](logp, ref_lp)
-            if cfg.kl_coef:
-                tok = tok + cfg.kl_coef * kl_tok
-            acc["kl_sum"] += float(kl_tok.detach().sum())
-        if cfg.entropy_coef:
-            ent = A.entropy_from_logits(logits)
-            tok = tok - cfg.entropy_coef * ent
-        else:
-            with torch.no_grad():
-                ent = A.entropy_from_logits(logits.detach())
-        acc["entropy_sum"] += float(ent.detach().sum())
-        ones = torch.ones_like(tok)
-
-        def agg(x: torch.Tensor) -> torch.Tensor:
-            return A.aggregate(
-                cfg.loss_agg,
-                x,
-                ones,
-                ntok,
-                global_tokens=glob["tok"],
-                global_seqs=glob["seq"],
-                norm_len=cfg.loss_norm_len,
-            )
-
-        loss = agg(tok)
-        with torch.no_grad():
-            acc["pg_loss"] += float(agg(pg_tok.detach()))
-        for k, v in pg_metrics.items():  # every rank must add the same keys (they are all-reduced)
-            v = torch.as_tensor(v).detach().float()
-            if tok.numel():
-                acc[f"{k}_sum"] += float(v.sum()) if v.numel() == tok.numel() else float(v) * tok.numel()
-            else:
-                acc[f"{k}_sum"] += 0.0
-        if self.critic is not None:
-            vsel = mb.value_mask > 0
-            values = token_values(self.critic, inputs, vsel)
-            old_v = mb.old_values[vsel]
-            old_v = torch.where(torch.isnan(old_v), values.detach(), old_v)
-            vl_tok = A.value_loss(values, old_v, mb.returns[vsel], clip=cfg.value_clip)
-            vloss = A.aggregate(
-                "token-mean",
-                vl_tok,
-                torch.ones_like(vl_tok),
-                mb.seq_nvalue[vsel],
-                global_tokens=glob["vtok"],
-                global_seqs=glob["vseq"],
-            )
-            loss = loss + cfg.vf_coef * vloss
-            acc["value_loss"] += float(vloss.detach())
-            acc["value_sum"] += float(values.detach().sum())
-        acc["loss"] += float(loss.detach())
+        loss, logp, beh = self._objective.loss(self.model, self.ref, self.critic, self._inputs(mb), mb, glob, acc)
         # Each rank's loss is its share of the global loss; FSDP averages gradients over ranks.
         (loss * self.world).backward()
         pairs.append((logp.detach().cpu(), beh.detach().cpu()))
-
-    def _step(self, model, optimizer) -> float:
-        """Clip, step (skipped on a non-finite norm), zero grads; returns the pre-clip norm."""
-        max_norm = self.cfg.max_grad_norm or math.inf
-        norm = _scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-        if math.isfinite(norm):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return norm
-
-    def _mismatch(self, pairs: list) -> dict[str, float]:
-        """Trainer-vs-engine logprob mismatch over the whole step's loss tokens (all ranks)."""
-        train = torch.cat([p[0] for p in pairs]) if pairs else torch.zeros(0)
-        beh = torch.cat([p[1] for p in pairs]) if pairs else torch.zeros(0)
-        if self.world > 1:
-            parts = D.gather_objects((train, beh))
-            train, beh = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        if train.numel() == 0:
-            return {}
-        m = self._A.mismatch_metrics(train, beh, torch.ones_like(train), cap=self.cfg.tis_cap or None)
-        return {(k if k.startswith("mismatch") else f"mismatch/{k}"): _scalar(v) for k, v in m.items()}
 
     # -- inference -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -13,7 +13,7 @@ import torch
 from agentrl.config.schema import field_docs
 from agentrl.errors import ConfigError
 from agentrl.trainer import Trainer, TrainerConfig, TrainSample
-from agentrl.trainer.trainer import _lr_lambda
+from agentrl.trainer.optim import lr_lambda
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,9 @@ def test_every_field_is_documented_and_checked():
 
 
 def test_lr_schedule_warmup_then_cosine():
-    f = _lr_lambda(TrainerConfig(lr_schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1))
+    f = lr_lambda(TrainerConfig(lr_schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1))
     assert [round(f(s), 4) for s in range(8)] == [0.5, 1.0, 1.0, 0.8682, 0.55, 0.2318, 0.1, 0.1]
-    g = _lr_lambda(TrainerConfig(warmup_steps=4))
+    g = lr_lambda(TrainerConfig(warmup_steps=4))
     assert [g(s) for s in (0, 3, 4, 100)] == [0.25, 1.0, 1.0, 1.0]
 
 

@@ -6,6 +6,7 @@ samples per task, max turns, per-turn and per-episode deadlines,
 the context budget (checked before every request), the observation length cap, cancellation, and
 mapping every failure to a typed Outcome so that one failing episode never breaks the others, and
 holding new episodes back while a sandbox is saturated (``agentrl.sandbox.slots.admission``).
+The token buffers are ``agentrl.episodes.buffer``'s; what to run, ``agentrl.episodes.spec``'s.
 Does not batch model calls (engines do), parse tool calls or run tools (envs do), or train.
 """
 
@@ -18,16 +19,20 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from agentrl.engine.base import Engine, SamplingParams
+from agentrl.episodes.buffer import EpisodeBuffer, segment_trajectories, write_tokens
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.episodes.config import RolloutConfig
+from agentrl.episodes.spec import EpisodeSpec, make_specs
 from agentrl.episodes.summary import RolloutMetrics
 from agentrl.errors import EngineError, EnvError, EpisodeError, ToolTimeoutError
 from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
+
+__all__ = ["EpisodeManager", "EpisodeRunner", "EpisodeSpec", "make_specs", "state_key_of", "stop_strings"]
 
 _TRUNC_MARK = "\n[truncated {n} chars]"
 _log = logging.getLogger(__name__)
@@ -56,32 +61,6 @@ def state_key_of(env: Any, obs: str) -> str:
     return "obs:" + hashlib.blake2b(obs.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode to run. All samples of a group share ``task_seed`` (hence the task)."""
-
-    group_id: str
-    sample_index: int
-    task_seed: int
-    sampling_seed: int | None = None
-    options: dict | None = None
-
-
-def make_specs(num_prompts: int, group_size: int, seed: int = 0, start: int = 0, attempt: int = 0) -> list[EpisodeSpec]:
-    """Specs for ``num_prompts`` tasks x ``group_size`` samples; a group's samples are adjacent so
-    they run together (prefix caching in engines that have it). ``attempt`` (how many times the
-    staleness bound dropped this prompt's group) keeps the tasks and changes the sampling seeds: a
-    rerun is a new attempt, with new samples."""
-    specs = []
-    for i in range(start, start + num_prompts):
-        task_seed = (seed * 1_000_003 + i) % (2**31)
-        for g in range(group_size):
-            specs.append(
-                EpisodeSpec(f"s{seed}-p{i}", g, task_seed, (task_seed * 131 + g + 999_983 * attempt) % (2**31))
-            )
-    return specs
-
-
 def _cap(messages: list[dict], max_chars: int) -> list[dict]:
     out = []
     for m in messages:
@@ -92,33 +71,6 @@ def _cap(messages: list[dict], max_chars: int) -> list[dict]:
     return out
 
 
-class _Episode:
-    """Mutable token buffers of one running episode."""
-
-    __slots__ = ("ids", "mask", "logprobs", "turn_ids", "versions", "turns", "messages")
-
-    def __init__(self, prompt: list[int], messages: list[dict]) -> None:
-        n = len(prompt)
-        self.ids, self.mask, self.logprobs = list(prompt), [0] * n, [0.0] * n
-        self.turn_ids, self.versions = [-1] * n, [-1] * n
-        self.turns: list[TurnRecord] = []
-        self.messages = list(messages)
-
-    def add_sampled(self, ids: list[int], logprobs: list[float], versions: list[int], turn: int) -> None:
-        self.ids.extend(ids)
-        self.mask.extend([1] * len(ids))
-        self.logprobs.extend(logprobs)
-        self.turn_ids.extend([turn] * len(ids))
-        self.versions.extend(versions)
-
-    def add_observation(self, ids: list[int], turn: int) -> None:
-        self.ids.extend(ids)
-        self.mask.extend([0] * len(ids))
-        self.logprobs.extend([0.0] * len(ids))
-        self.turn_ids.extend([turn] * len(ids))
-        self.versions.extend([-1] * len(ids))
-
-
 class EpisodeRunner(Protocol):
     """A strategy that runs one episode instead of the built-in turn loop (e.g. an outside agent
     program through a recording endpoint: ``agentrl.agents``). It fills ``traj`` (task, outcome,
@@ -127,27 +79,6 @@ class EpisodeRunner(Protocol):
     (closed for it) and, when the episode split, the earlier buffers in ``state["earlier"]``."""
 
     async def run(self, manager: EpisodeManager, spec: EpisodeSpec, traj: Trajectory, state: dict) -> None: ...
-
-
-def _earlier(traj: Trajectory, segments: list) -> list[Trajectory]:
-    """Trajectories of the segments an episode closed before its last one: the episode's outcome
-    and reward, their own tokens (``episode_id`` + ``-seg{k}``)."""
-    return [
-        replace(
-            traj,
-            episode_id=f"{traj.episode_id}-seg{k}",
-            prompt_len=s.prompt_len,
-            token_ids=s.ids,
-            loss_mask=s.mask,
-            logprobs=s.logprobs,
-            turn_ids=s.turn_ids,
-            versions=s.versions,
-            turns=s.turns,
-            messages=s.messages,
-            info={**traj.info, "segment": k},
-        )
-        for k, s in enumerate(segments)
-    ]
 
 
 class EpisodeManager:
@@ -275,20 +206,12 @@ class EpisodeManager:
                     env.close()
                 except Exception:
                     pass
-            ep: _Episode | None = state.get("ep")
-            if ep is not None:
-                traj.token_ids, traj.loss_mask, traj.logprobs = ep.ids, ep.mask, ep.logprobs
-                traj.turn_ids, traj.versions, traj.turns, traj.messages = (
-                    ep.turn_ids,
-                    ep.versions,
-                    ep.turns,
-                    ep.messages,
-                )
-                traj.prompt_len = getattr(ep, "prompt_len", traj.prompt_len)
+            if state.get("ep") is not None:
+                write_tokens(traj, state["ep"])
             traj.info["tool_stats"] = state.get("tool_stats", {})
             traj.wall_s = time.perf_counter() - t0
             self.metrics.add(traj)
-        return [*_earlier(traj, state.get("earlier") or []), traj]
+        return [*segment_trajectories(traj, state.get("earlier") or []), traj]
 
     # -- internals ----------------------------------------------------------------------------
     @staticmethod
@@ -321,7 +244,7 @@ class EpisodeManager:
             raise EnvError(f"env reset failed: {type(e).__name__}: {e}") from e
         traj.task = info.get("task", {})
         renderer = self._renderer(info.get("tools"))
-        ep = state["ep"] = _Episode(renderer.prompt_ids(info["messages"]), info["messages"])
+        ep = state["ep"] = EpisodeBuffer(renderer.prompt_ids(info["messages"]), info["messages"])
         traj.prompt_len = len(ep.ids)
         stats = state["tool_stats"] = {}
         base = SamplingParams(

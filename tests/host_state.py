@@ -10,12 +10,17 @@ import shutil
 import tempfile
 import time
 
+from agentrl.sandbox.child import JAIL_NAME as _JAIL
+from agentrl.sandbox.child import READY_NAME as _READY
 from agentrl.sandbox.executor_client import executor
+
+READY_NAME, JAIL_NAME = _READY.decode(), _JAIL.decode()
 
 
 def _proc_entries() -> list[tuple[int, int, int, str]]:
-    """(pid, ppid, real uid, state) of every live process."""
-    out = []
+    """(pid, ppid, real uid, state) of every live process but the local executor's idle ready jails
+    (named ``agentrl-ready`` with no running child: prepared ahead of requests, replaced as used)."""
+    out, names = [], {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -24,8 +29,10 @@ def _proc_entries() -> list[tuple[int, int, int, str]]:
                 fields = dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
         except OSError:
             continue
+        names[int(name)] = fields["Name"].strip()
         out.append((int(name), int(fields["PPid"]), int(fields["Uid"].split()[0]), fields["State"].strip()[:1]))
-    return out
+    busy = {ppid for pid, ppid, _, _ in out if names[pid] == JAIL_NAME}
+    return [e for e in out if names[e[0]] != READY_NAME or e[0] in busy]
 
 
 def host_snapshot(backend: str) -> dict:

@@ -24,13 +24,13 @@ def fds() -> dict[str, str]:
 
 
 def _executor_fds() -> set[str]:
-    """The local sandbox executor's socket: held by design for the life of the process (its
-    child process is ``executor().pid``; what it runs are that process's children)."""
+    """The local sandbox executor's sockets (and its ready jails' channels): held by design for the
+    life of the process (its child process is ``executor().pid``; what it runs are that process's
+    children)."""
     import sys
 
     client = sys.modules.get("agentrl.sandbox.executor_client")
-    sock = getattr(client.executor(), "_sock", None) if client is not None else None
-    return {str(sock.fileno())} if sock is not None else set()
+    return {str(fd) for fd in client.executor().fds()} if client is not None else set()
 
 
 def new_fds(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
@@ -61,7 +61,7 @@ def children(pid: int | None = None) -> set[int]:
 
 
 def _children(pid: int) -> set[int]:
-    out = set()
+    out, names, busy = set(), {}, set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -69,9 +69,13 @@ def _children(pid: int) -> set[int]:
             st = _status(name)
         except OSError:
             continue
+        names[int(name)] = st["Name"].strip()
+        if names[int(name)] == "agentrl-jail":
+            busy.add(int(st["PPid"]))
         if int(st["PPid"]) == pid and st["State"].strip()[:1] not in "ZX":
             out.add(int(name))
-    return out
+    # the executor's idle ready jails (prepared ahead of requests, replaced as used) are not programs
+    return {p for p in out if names.get(p) != "agentrl-ready" or p in busy}
 
 
 def in_group(pgid: int) -> set[int]:

@@ -1,32 +1,50 @@
 """The local backend's executor: a small single-threaded process that forks every sandboxed program.
 
-Owns: the executor's main loop (requests in over a Unix socket, "started"/"exit" notes out) and the
-order of a child's stages between fork and exec or the warm run; the stages themselves (session,
-fds, signals, namespaces, uid, rlimits, the pid namespace's init, the warm Python path) are in
-``agentrl.sandbox.child``. The client (``agentrl.sandbox.executor_client``) starts it and talks to it.
+Owns: the executor's main loop (requests in over Unix sockets, notes out), its pool of ready jails,
+and the life of each jail as the trainer sees it. What a jail does between its fork and the
+program is in ``agentrl.sandbox.child``; the client (``agentrl.sandbox.executor_client``) starts
+this process and talks to it.
 
 Why a separate process: a ``preexec_fn`` forks the trainer, a process with gigabytes mapped and
-dozens of threads (torch, OpenMP, the tokenizer, the reader threads of this very client): the
-fork copies page tables of the whole trainer, and the child then runs Python code in a copy of a
-process whose other threads may have held the allocator's or the interpreter's locks at the
-fork, so it can stall. This process is started by a fresh ``exec`` (never a fork of the trainer),
-imports only the standard library, never starts a thread, and holds no secrets (its environment is
-a bare ``PATH``), so a fork of it is a fork of a ~20 MB single-threaded process.
+dozens of threads (torch, OpenMP, the tokenizer): the fork copies page tables of the whole
+trainer, and the child then runs Python code in a copy of a process whose other threads may have
+held the allocator's or the interpreter's locks at the fork, so it can stall. This process is
+started by a fresh ``exec`` (never a fork of the trainer), imports only the standard library,
+never starts a thread, and holds no secrets (its environment is a bare ``PATH``), so a fork of it
+is a fork of a ~20 MB single-threaded process.
+
+Ready jails: a fork of even this small process costs about a millisecond of CPU on a virtual
+machine (page tables, copy-on-write faults), more than a whole ``posix_spawn``, and a jail's
+namespaces cost as much again. Neither depends on the request, only on its kind (the request's
+``jail``: mount plan, disk size, parent-death signal). So once a connection has asked for a kind,
+the executor, when idle, prepares one jail of that kind for it (its namespaces made, its init
+waiting; at most ``MAX_KINDS`` kinds per connection) and hands it over: the client sends its next
+request of that kind straight to the jail, and only the request's own steps are left. Without a
+ready jail (a burst), the request comes here and a cold jail is forked for it. Each jail still
+serves exactly one request: fresh process, fresh namespaces, fresh work dir. A ready jail is
+named ``agentrl-ready`` on the host.
+
+Messages (``agentrl.sandbox.executor_wire``). On the first socket (its fd is argv[1]):
+``{"connect": true}`` with a socket attached adds that socket as a client connection (the client
+keeps one per event loop); the first socket closing stops the executor, which then kills
+everything it started. On a connection, from the client: a request ``{"id", "jail", "argv", "env",
+"cwd", "workdir", "uid", "rlimits", "warm", "status_fd"}`` with the child's stdin, stdout, stderr
+(and bwrap's status pipe) attached; ``{"kill": pid}`` kills that jail if it was not reaped yet
+(also before it made its session). To the client: ``{"id", "pid"}`` once a cold jail has the
+request, ``{"ready": kind, "pid"}`` handing over a ready jail, each with the jail's channel
+attached when it has one (a jail with its own pid namespace reports ``{"exit"}`` there as soon as
+its program ended, before the namespace is torn down; a ready jail takes its request there), and
+``{"pid", "exit", "error"?}`` when a jail was reaped (``error``: why the program could not be
+started, if so; the client keeps the first exit it hears). A connection closing kills its jails.
 
 Warm Python: for ``python3 -`` (the ``python`` tool), when the requested interpreter is this one,
-the child does not exec: after the same jail it reads the program from stdin and runs it as
-``__main__`` of its own fresh module, with ``sys.argv == ['-']``, ``''`` first on ``sys.path``, the
-request's environment and UTF-8 standard streams, then exits as ``python3 -`` would (``SystemExit``
-codes, a traceback and exit 1 on an uncaught exception, non-daemon threads joined, atexit run).
-It saves the interpreter start-up of every call. Modules the executor imported after start-up are
-dropped from ``sys.modules`` first, so the program imports them afresh (a ``json.py`` in its work
-dir shadows the standard one, as with a cold interpreter). What still differs from a cold
-``python3 -``: the str hash seed is the executor's, shared by all calls (``random`` is reseeded).
+the jail does not exec: it runs the program from stdin in a fork of this warm interpreter
+(``agentrl.sandbox.warm_python``), saving the interpreter start-up of every call.
 
-Does not: decide any policy (the client sends the whole plan), pick uids, make work dirs, enforce
-deadlines or read output (the client does those: it holds the other ends of the pipes and kills
-the child's process group). Runs as a script (``python -I executor.py FD``) with only the standard
-library and its sibling ``child.py``: nothing of agentrl (nor numpy, whose import starts threads).
+Does not: decide any policy (the client sends the whole plan), pick uids, make host work dirs,
+enforce deadlines or read output (the client holds the other ends of the pipes and kills the
+jail's process group). Runs as a script (``python -I executor.py FD``) with only the standard
+library and its sibling modules: nothing of agentrl (nor numpy, whose import starts threads).
 """
 
 from __future__ import annotations
@@ -35,164 +53,282 @@ import sys
 
 STARTUP_MODULES = frozenset(sys.modules)  # what any interpreter has at start: the warm run keeps only these
 
-import fcntl  # noqa: E402
+import collections  # noqa: E402
 import json
 import os
 import selectors
 import signal
 import socket
-import sys
+from dataclasses import dataclass, field
 
 if __package__:  # imported as agentrl.sandbox.executor
     from agentrl.sandbox import child
+    from agentrl.sandbox import executor_wire as wire
 else:  # run as a script (python -I executor.py FD): nothing of agentrl is on the path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import child
+    import executor_wire as wire
 
     del sys.path[0]
 
-MAX_FDS = 8  # stdin, stdout, stderr, bwrap's status fd, a memfd holding a large request
+MAX_KINDS = 4  # jail kinds kept ready per connection (least recently used dropped first)
+REFILL_IDLE_S = 0.002  # prepare ready jails only after this long without an event: never in a request's way
 
 
-def _child(req: dict, fds: list[int], err_w: int) -> None:
-    """In the forked child: never returns."""
-    try:
-        if err_w <= 3:  # the status fd goes to 3: keep the error pipe out of the way
-            err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, 4)
-        child.prepare(req, fds, err_w)
-        if req.get("mounts") and req["mounts"].get("pidns"):
-            os.close(child.enter_pid_namespace(req, err_w))  # the init's relay pipe is not the program's
-        else:
-            child.drop_privileges(req)
-        if req.get("warm"):
-            os.close(err_w)  # set up: the client may count it as started
-            child.end_like(child.run_python(req["env"], STARTUP_MODULES))
-        os.execvpe(req["argv"][0], req["argv"], req["env"])  # err_w is CLOEXEC: closed on success
-    except BaseException as e:
-        try:
-            os.write(err_w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
-        finally:
-            os._exit(127)
+@dataclass
+class Jail:
+    """One forked jail: ready (``kind``, waiting for its request) or running one, for ``conn``."""
+
+    pid: int
+    err_r: int
+    conn: Conn | None = None
+    kind: str | None = None
 
 
-# ------------------------------------------------------------------------------ the main loop
+@dataclass
+class Conn:
+    """A client connection: the notes waiting to go out on it, its jails, the kinds it keeps ready."""
+
+    sock: socket.socket
+    out: collections.deque = field(default_factory=collections.deque)  # (payload, fds)
+    jails: set[int] = field(default_factory=set)
+    kinds: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # kind -> jail plan
+    ready: dict[str, int] = field(default_factory=dict)  # kind -> pid of the ready jail handed over
+
+
 class Executor:
-    """Serves one client on ``sock`` until it closes; then kills what is left and returns."""
+    """Serves its clients until the first socket closes; then kills what is left and returns."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
         self.sel = selectors.DefaultSelector()
-        self.children: dict[int, int] = {}  # pid -> request id
-        self.errpipes: dict[int, tuple[int, int]] = {}  # read fd -> (request id, pid)
-        self.pending_err: dict[int, int] = {}  # pid -> its errpipe read fd, while unread
+        self.conns: dict[int, Conn] = {}
+        self.jails: dict[int, Jail] = {}  # pid -> every jail not yet reaped
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self.wake_r = wake_r
-        self.sel.register(sock, selectors.EVENT_READ, "sock")
+        self.sel.register(control, selectors.EVENT_READ, "control")
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
 
-    def send(self, msg: dict) -> None:
-        try:
-            self.sock.send(json.dumps(msg).encode())
-        except OSError:
-            pass  # the client is gone; the loop ends at its EOF
-
+    # -------------------------------------------------------------------------- the loop
     def serve(self) -> None:
         while True:
-            for key, _ in self.sel.select():
-                if key.data == "sock":
-                    if not self.receive():
+            events = self.sel.select(REFILL_IDLE_S if self._refill_due() else None)
+            if not events:
+                self.refill()  # idle: prepare a jail for a connection's next request
+            for key, mask in events:
+                if key.data == "control":
+                    if not self.on_control():
                         return self.shutdown()
                 elif key.data == "wake":
-                    try:
-                        while os.read(self.wake_r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    _drain(self.wake_r)
                 else:
-                    self.read_errpipe(key.fd)
+                    if mask & selectors.EVENT_WRITE:
+                        self.flush(key.data)
+                    if mask & selectors.EVENT_READ:
+                        self.on_message(key.data)
             self.reap()
 
-    def receive(self) -> bool:
+    def on_control(self) -> bool:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
-        except (ConnectionError, OSError):
-            return False
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            return False
-        try:
-            req = json.loads(data)
-            if req.get("memfd"):  # a request too large for one packet: the JSON is in the last fd
-                with os.fdopen(fds.pop(), "rb") as f:
-                    req = json.loads(f.read())
-        except (ValueError, OSError) as e:
-            for fd in fds:
-                os.close(fd)
-            self.send({"id": None, "error": f"bad request: {e}"})
+            got = wire.recv(self.control)
+        except ValueError:
             return True
-        self.spawn(req, fds)
+        except OSError:
+            return False
+        if got is None:
+            return False
+        msg, fds = got
+        for fd in fds:
+            if msg.get("connect"):
+                sock = socket.socket(fileno=fd)
+                conn = self.conns[fd] = Conn(sock)
+                self.sel.register(sock, selectors.EVENT_READ, conn)
+            else:
+                os.close(fd)
         return True
 
-    def spawn(self, req: dict, fds: list[int]) -> None:
-        rid = req.get("id")
+    def on_message(self, conn: Conn) -> None:
+        try:
+            got = wire.recv(conn.sock, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except ValueError as e:
+            return self.note(conn, {"id": None, "error": str(e)})
+        except OSError:
+            got = None
+        if got is None:
+            return self.drop(conn)
+        req, fds = got
+        if "kill" in req:
+            for fd in fds:
+                os.close(fd)
+            if req["kill"] in conn.jails:
+                _kill_jail(req["kill"])
+            return None
+        self.start(conn, req, fds)
+
+    # -------------------------------------------------------------------------- jails
+    def start(self, conn: Conn, req: dict, fds: list[int]) -> None:
+        """A cold jail for ``req``; the connection will want one of its kind ready next time."""
+        rid, plan = req.get("id"), req.pop("jail", None) or {}
+        try:
+            jail, chan = self._fork(plan, req, fds)
+        except OSError as e:
+            return self.note(conn, {"id": rid, "error": f"fork failed: {e}"})
+        finally:
+            for fd in fds:
+                os.close(fd)  # the jail has them; the client holds the other ends
+        jail.conn = conn
+        conn.jails.add(jail.pid)
+        self.note(conn, {"id": rid, "pid": jail.pid}, [chan.detach()] if chan else [])
+        if _poolable(plan):
+            kind = json.dumps(plan, sort_keys=True)
+            conn.kinds[kind] = plan
+            conn.kinds.move_to_end(kind)
+            while len(conn.kinds) > MAX_KINDS:
+                old = conn.kinds.popitem(last=False)[0]
+                if old in conn.ready:
+                    _kill_jail(conn.ready.pop(old))  # the client hears its exit and forgets it
+
+    def _fork(self, plan: dict, req: dict | None, fds: list[int]) -> tuple[Jail, socket.socket | None]:
+        """A cold jail for ``req``, or a ready one (``req`` None); and our end of its channel
+        (a ready jail's, or one with its own pid namespace: it reports the exit there)."""
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        ours = theirs = None
+        if req is None or (plan.get("mounts") or {}).get("pidns"):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = os.fork()
-        except OSError as e:
-            for fd in (err_r, err_w, *fds):
+        except OSError:
+            for s in (ours, theirs):
+                if s is not None:
+                    s.close()
+            for fd in (err_r, err_w):
                 os.close(fd)
-            self.send({"id": rid, "error": f"fork failed: {e}"})
-            return
+            raise
         if pid == 0:
-            os.close(err_r)
-            _child(req, fds, err_w)
+            child.run_jail(plan, req, fds, theirs.detach() if theirs else None, err_w, STARTUP_MODULES)
         os.close(err_w)
-        for fd in fds:
-            os.close(fd)  # the child has them; the client holds the other ends
-        self.children[pid] = rid
-        self.errpipes[err_r] = (rid, pid)
-        self.pending_err[pid] = err_r
-        self.sel.register(err_r, selectors.EVENT_READ, "err")
+        if theirs is not None:
+            theirs.close()
+        self.jails[pid] = jail = Jail(pid, err_r)
+        return jail, ours
 
-    def read_errpipe(self, fd: int) -> None:
-        rid, pid = self.errpipes.pop(fd)
-        self.pending_err.pop(pid, None)
-        self.sel.unregister(fd)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        if data:
-            self.send({"id": rid, "error": data.decode("utf-8", "replace")})
-        else:
-            self.send({"id": rid, "pid": pid})
+    def _refill_due(self) -> bool:
+        return any(kind not in c.ready for c in self.conns.values() for kind in c.kinds)
+
+    def refill(self) -> None:
+        """Hand one connection a ready jail of the kind it used most recently and lacks."""
+        for conn in self.conns.values():
+            for kind, plan in reversed(conn.kinds.items()):
+                if kind in conn.ready:
+                    continue
+                try:
+                    jail, chan = self._fork(plan, None, [])
+                except OSError:
+                    conn.kinds.pop(kind)  # cannot fork now: requests will, and say why
+                    return
+                jail.conn, jail.kind = conn, kind
+                conn.jails.add(jail.pid)
+                conn.ready[kind] = jail.pid
+                self.note(conn, {"ready": kind, "pid": jail.pid}, [chan.detach()])
+                return
 
     def reap(self) -> None:
-        while self.children:
+        while self.jails:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            if pid in self.pending_err:  # it died before we read how its start went: that first
-                self.read_errpipe(self.pending_err[pid])
-            rid = self.children.pop(pid, None)
-            self.send({"id": rid, "exit": os.waitstatus_to_exitcode(status)})
+            jail = self.jails.pop(pid, None)
+            if jail is None or jail.conn is None:
+                continue
+            conn, error = jail.conn, _read_error(jail.err_r)
+            conn.jails.discard(pid)
+            if jail.kind is not None and conn.ready.get(jail.kind) == pid:
+                del conn.ready[jail.kind]  # used (or lost): the next refill replaces it
+                if error:
+                    conn.kinds.pop(jail.kind, None)  # it cannot be prepared: cold jails will say why
+            msg = {"pid": pid, "exit": os.waitstatus_to_exitcode(status)}
+            self.note(conn, {**msg, "error": error} if error else msg)
+
+    # -------------------------------------------------------------------------- notes
+    def note(self, conn: Conn, msg: dict, fds: list[int] | tuple[int, ...] = ()) -> None:
+        conn.out.append((json.dumps(msg).encode(), list(fds)))
+        if len(conn.out) == 1:
+            self.flush(conn)
+
+    def flush(self, conn: Conn) -> None:
+        """Send what the connection can take now; wait for it to drain otherwise (a client busy
+        elsewhere must not stall every other one)."""
+        while conn.out:
+            payload, fds = conn.out[0]
+            try:
+                wire.sendmsg_packed(conn.sock, payload, fds, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError:
+                pass  # gone: its EOF drops it
+            conn.out.popleft()
+            for fd in fds:
+                os.close(fd)
+        if conn.sock.fileno() in self.conns:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+            self.sel.modify(conn.sock, events, conn)
+
+    def drop(self, conn: Conn) -> None:
+        for pid in conn.jails:
+            _kill_jail(pid)
+            self.jails[pid].conn = None  # reaped silently
+        for _, fds in conn.out:
+            for fd in fds:
+                os.close(fd)
+        self.sel.unregister(conn.sock)
+        self.conns.pop(conn.sock.fileno(), None)
+        conn.sock.close()
 
     def shutdown(self) -> None:
-        for pid in list(self.children):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for pid in list(self.jails):
+            _kill_jail(pid)
+
+
+def _poolable(plan: dict) -> bool:
+    """Whether a jail of this kind can be made before its request: all but a trainer-made work
+    dir bound into private mounts (its path is the request's)."""
+    mounts = plan.get("mounts") or {}
+    return not mounts or bool(mounts.get("workdir"))
+
+
+def _kill_jail(pid: int) -> None:
+    """SIGKILL a jail we have not reaped (so ``pid`` is still ours) and its process group."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _read_error(fd: int) -> str:
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, 4096)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def main() -> None:

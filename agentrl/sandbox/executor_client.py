@@ -1,19 +1,16 @@
-"""The trainer's side of the local executor: start it, ask it to spawn, follow each child to its exit.
+"""The trainer's side of the local executor: start it, ask it for jails, follow each to its exit.
 
 Owns: ``Executor`` (one per process, started on first use by a fresh ``exec`` of
-``agentrl/sandbox/executor.py``, restarted if it dies), the wire format (one JSON request per
-``SOCK_SEQPACKET`` packet with the child's pipe ends attached as ``SCM_RIGHTS``; a request too
-large for a packet travels in a memfd), and ``ExecProcess``, which gives ``SubprocessSandbox``
-the same surface as an asyncio subprocess transport (``get_pid``, ``get_returncode``,
-``get_pipe_transport(0)``, ``close``) and feeds the same protocol (``pipe_data_received``,
-``pipe_connection_lost``, ``process_exited``).
+``agentrl/sandbox/executor.py``, restarted if it dies), one connection to it per event loop
+(``agentrl.sandbox.executor_conn``: read on the loop itself, no thread), and ``spawn``: the
+child's pipes, the request sent to a ready jail of its kind when the executor handed this loop
+one (else to the executor, which forks a cold jail), and the ``ExecProcess`` that follows it.
 
-A reader thread receives the executor's notes (``{"id", "pid"}`` once the child is set up,
-``{"id", "error"}`` if it could not be, ``{"id", "exit"}`` when it was reaped) and hands each to
-the event loop that asked. The trainer keeps the read ends of the child's stdout/stderr and the
-write end of its stdin, so output capping and deadlines stay in ``subprocess_runner``; killing is
-``killpg`` on the child's pid (the trainer may signal it: it is root, or the child runs as its
-user).
+The trainer keeps the read ends of the child's stdout/stderr and the write end of its stdin, so
+output capping and deadlines stay in ``subprocess_runner``; killing is ``killpg`` on the jail's
+pid (the trainer may signal it: it is root, or the jail runs as its user) and, until the exit is
+known, a kill request (the executor's own child cannot be a reused pid). A loop's connection
+closes once the loop is found closed (the executor then kills whatever that loop left running).
 
 Does not: decide what runs or how it is jailed (``agentrl.sandbox.local`` builds the request), or
 read or time anything (``agentrl.sandbox.subprocess_runner`` does).
@@ -33,9 +30,10 @@ import threading
 from typing import Any
 
 from agentrl.errors import SandboxError
+from agentrl.sandbox import executor_wire as wire
+from agentrl.sandbox.executor_conn import Conn, ExecProcess
 
 EXECUTOR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "executor.py")
-_INLINE_MAX = 32 * 1024  # larger requests go in a memfd (packet size is capped by the socket buffer)
 
 
 class _PipeReader(asyncio.Protocol):
@@ -71,134 +69,109 @@ class _Collect:
             self.exited.set_result(None)
 
 
-class ExecProcess:
-    """One child of the executor, as the sandbox mechanics see it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, proto: Any) -> None:
-        self.loop, self.proto = loop, proto
-        self.started: asyncio.Future = loop.create_future()
-        self.pid: int | None = None
-        self.returncode: int | None = None
-        self.abandoned = False
-        self.lost: str | None = None
-        self.transports: list[asyncio.BaseTransport] = []
-        self.stdin: asyncio.WriteTransport | None = None
-
-    # called on the loop by the reader thread's notes
-    def _note(self, msg: dict) -> None:
-        if "pid" in msg:
-            self.pid = msg["pid"]
-            if self.abandoned:
-                _killpg(self.pid)
-            elif not self.started.done():
-                self.started.set_result(self.pid)
-        elif "lost" in msg:  # the executor died: whatever the child did, its result is unknown
-            self.lost = msg["lost"]
-            if not self.started.done():
-                self.started.set_exception(SandboxError(self.lost))
-            self.proto.process_exited()
-        elif "error" in msg:
-            if not self.started.done():
-                self.started.set_exception(SandboxError(msg["error"]))
-        elif "exit" in msg:
-            self.returncode = msg["exit"]
-            if not self.started.done():  # cannot happen (pid comes first); never leave a waiter hanging
-                self.started.set_exception(SandboxError(f"exited ({self.returncode}) before it started"))
-            self.proto.process_exited()
-
-    def get_pid(self) -> int:
-        assert self.pid is not None
-        return self.pid
-
-    def get_returncode(self) -> int | None:
-        """The exit code (-signal); SandboxError if the executor died before it could tell."""
-        if self.lost is not None:
-            raise SandboxError(self.lost)
-        return self.returncode
-
-    def get_pipe_transport(self, fd: int) -> asyncio.WriteTransport:
-        assert fd == 0 and self.stdin is not None
-        return self.stdin
-
-    def close(self) -> None:
-        for t in self.transports:
-            t.close()
-
-
 class Executor:
     """The process-wide executor client (``executor()``). Thread-safe; usable from any event loop."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._waiting: dict[int, ExecProcess] = {}
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | None = None  # the first socket: new connections go over it
         self._proc: subprocess.Popen | None = None
+        self._gen = 0
+        self._codes: dict[int, int | None] = {}
+        self._conns: dict[int, Conn] = {}  # id(loop) -> its connection
         self._pid_owner = os.getpid()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def ensure_started(self) -> None:
         with self._lock:
-            if self._sock is not None and self._pid_owner == os.getpid():
-                return
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                # A fresh exec, never a fork of this (multi-threaded) process; no secrets in its env.
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-I", EXECUTOR_PATH, str(theirs.fileno())],
-                    pass_fds=(theirs.fileno(),),
-                    env={"PATH": os.defpath, "LANG": "C.UTF-8"},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except OSError as e:
-                ours.close()
-                raise SandboxError(f"cannot start the local sandbox executor ({sys.executable}): {e}") from e
-            finally:
-                theirs.close()
-            self._sock, self._pid_owner = ours, os.getpid()
-            threading.Thread(
-                target=self._read, args=(ours, self._proc), name="agentrl-executor-reader", daemon=True
-            ).start()
+            self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        if self._sock is not None and self._pid_owner == os.getpid() and self._proc.poll() is None:
+            return
+        if self._sock is not None and self._pid_owner == os.getpid():
+            self._codes[self._gen] = self._proc.returncode
+            self._sock.close()  # it died: its connections see EOF and tell their waiting
+            for c in self._conns.values():
+                if c.loop.is_closed():
+                    c.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            # A fresh exec, never a fork of this (multi-threaded) process; no secrets in its env.
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", EXECUTOR_PATH, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as e:
+            ours.close()
+            raise SandboxError(f"cannot start the local sandbox executor ({sys.executable}): {e}") from e
+        finally:
+            theirs.close()
+        self._sock, self._pid_owner = ours, os.getpid()
+        self._gen += 1
+        self._conns = {}  # a forked trainer's or a dead executor's: not ours to use
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def _read(self, sock: socket.socket, proc: subprocess.Popen) -> None:
-        while True:
-            try:
-                data = sock.recv(1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            msg = json.loads(data)
-            with self._lock:
-                p = self._waiting.get(msg.get("id"))
-                if p is not None and ("exit" in msg or "error" in msg):  # its last note
-                    self._waiting.pop(msg["id"], None)
-            if p is not None:
-                _call(p.loop, p._note, msg)
-        sock.close()
-        code = proc.wait()
+    def fds(self) -> set[int]:
+        """The descriptors this client holds by design (its sockets), for leak checks."""
         with self._lock:
-            if self._sock is sock:
-                self._sock = None
-            waiting, self._waiting = self._waiting, {}
-        for p in waiting.values():
-            _call(p.loop, p._note, {"lost": f"the local sandbox executor died (exit code {code})"})
+            out = {self._sock.fileno()} if self._sock is not None else set()
+            for c in self._conns.values():
+                out |= c.fds()
+        return out
+
+    def _lost_why(self, gen: int) -> str:
+        """Why the jails of generation ``gen`` of the executor are lost (it closed our socket: it is exiting)."""
+        with self._lock:
+            proc = self._proc if gen == self._gen else None
+        code = self._codes.get(gen)
+        if proc is not None:
+            try:
+                code = proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        return f"the local sandbox executor died (exit code {code})"
+
+    def _conn(self) -> Conn:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._ensure_started()
+            conn = self._conns.get(id(loop))
+            if conn is not None and conn.loop is loop and not conn.closed:
+                return conn
+            for key, c in list(self._conns.items()):
+                if c.loop.is_closed() or c.closed:
+                    c.close()
+                    del self._conns[key]
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                wire.send(self._sock, {"connect": True}, [theirs.fileno()])
+            except OSError as e:
+                ours.close()
+                raise SandboxError(f"cannot reach the local sandbox executor: {e}") from e
+            finally:
+                theirs.close()
+            gen = self._gen
+            conn = self._conns[id(loop)] = Conn(loop, ours, lambda: self._lost_why(gen))
+            return conn
 
     def close(self) -> None:
         """Stop the executor (it kills what it still runs). The next spawn starts a new one."""
         with self._lock:
             sock, self._sock = self._sock, None
+            conns, self._conns = self._conns, {}
+        for c in conns.values():
+            if c.loop.is_closed():
+                c.close()  # a running loop's connection sees the executor's EOF and closes itself
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread's recv (a close would not)
-            except OSError:
-                pass
             sock.close()
         if self._proc is not None:
             try:
@@ -208,13 +181,16 @@ class Executor:
 
     # -- spawning --------------------------------------------------------------------------------
     async def spawn(self, request: dict, proto: Any, *, stdin: bool, status_fd: int | None = None) -> ExecProcess:
-        """Start one child: ``request`` is the executor's request (argv, env, cwd, uid, rlimits,
-        mounts, warm, ...); its stdout/stderr feed ``proto``; ``stdin`` gives it a pipe (else
+        """Start one child: ``request`` is the executor's request (jail, argv, env, cwd, uid,
+        rlimits, warm, ...); its stdout/stderr feed ``proto``; ``stdin`` gives it a pipe (else
         /dev/null); ``status_fd`` (a write end we own) becomes its fd 3. Raises SandboxError when
         the child could not be started."""
-        self.ensure_started()
-        loop = asyncio.get_running_loop()
-        proc = ExecProcess(loop, proto)
+        conn = self._conn()
+        loop = conn.loop
+        proc = ExecProcess(conn, proto, next(self._ids), request["argv"][0])
+        plan = request.get("jail") or {}
+        mounts = plan.get("mounts") or {}
+        kind = json.dumps(plan, sort_keys=True) if not mounts or mounts.get("workdir") else None
         ours: list[int] = []
         theirs: list[int] = []
         try:
@@ -230,15 +206,13 @@ class Executor:
                 theirs.append(w)
             if status_fd is not None:
                 theirs.append(os.dup(status_fd))
-            rid = next(self._ids)
-            self._send({**request, "id": rid, "status_fd": status_fd is not None}, theirs, proc, rid)
+            msg = {**request, "id": proc.rid, "status_fd": status_fd is not None}
+            conn.start(proc, msg, theirs, kind, bool(mounts.get("pidns")))
+            theirs = []  # the connection (or the jail) has them now
         except BaseException:
-            for fd in ours:
+            for fd in ours + theirs:
                 os.close(fd)
             raise
-        finally:
-            for fd in theirs:
-                os.close(fd)  # in flight, the kernel holds its own reference
         out = ours[1:] if stdin else ours
         try:
             for fd, num in zip(out, (1, 2)):
@@ -250,9 +224,7 @@ class Executor:
                 proc.transports.append(proc.stdin)
             await proc.started
         except BaseException:
-            proc.abandoned = True
-            if proc.pid is not None:
-                _killpg(proc.pid)
+            proc.kill()
             for fd in out:
                 os.close(fd)
             if stdin and proc.stdin is None:
@@ -274,50 +246,12 @@ class Executor:
             except asyncio.TimeoutError:
                 pass
             finally:
-                _killpg(proc.get_pid())
+                proc.kill()
                 proc.close()
             return proc.get_returncode(), bytes(proto.err).decode("utf-8", "replace")
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             return pool.submit(asyncio.run, go()).result()
-
-    def _send(self, request: dict, fds: list[int], proc: ExecProcess, rid: int) -> None:
-        payload = json.dumps(request).encode()
-        extra: list[int] = []
-        if len(payload) > _INLINE_MAX:
-            mfd = os.memfd_create("agentrl-exec-request", os.MFD_CLOEXEC)
-            os.write(mfd, payload)
-            os.lseek(mfd, 0, os.SEEK_SET)
-            extra, payload = [mfd], json.dumps({"memfd": True}).encode()
-        try:
-            with self._lock:
-                if self._sock is None:
-                    raise SandboxError("the local sandbox executor is not running")
-                self._waiting[rid] = proc
-                try:
-                    socket.send_fds(self._sock, [payload], fds + extra)
-                except OSError as e:
-                    self._waiting.pop(rid, None)
-                    raise SandboxError(f"cannot reach the local sandbox executor: {e}") from e
-        finally:
-            for fd in extra:
-                os.close(fd)
-
-
-def _call(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        pass  # that loop is closed: nobody waits for this note any more
-
-
-def _killpg(pid: int) -> None:
-    import signal
-
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _EXECUTOR: Executor | None = None

@@ -1,11 +1,10 @@
 """What the local backend does to a child between fork and exec, and to a sandbox uid afterwards.
 
 Owns: the rlimits of a run, the mount plan of a child (``ChildMounts``), the pool of dedicated
-uids (a block per process, claimed with a lock file), killing every process of such a uid,
-mounting/unmounting size-capped tmpfs work dirs, and exporting an unreachable Python prefix for
-bwrap. The child applies the plan (and drops to its uid, sets no-new-privs, the parent-death
-signal and the rlimits) in the executor (``agentrl.sandbox.executor``), never in a fork of the
-trainer.
+uids (a block per process, claimed with a lock file), killing every process of such a uid, and
+mounting/unmounting size-capped tmpfs work dirs. The child (a jail of the executor,
+``agentrl.sandbox.child``) applies the plan and drops to its uid, sets no-new-privs, the
+parent-death signal and the rlimits, never in a fork of the trainer.
 
 The child-side namespace work needs root and exists for two reasons:
 
@@ -13,16 +12,16 @@ The child-side namespace work needs root and exists for two reasons:
   a small tmpfs goes over the first unreachable ancestor (hiding the rest of it, e.g.
   ``/root/.ssh``) and the prefix is bound read-only at its own path, so rpaths keep working;
 * without bwrap, it is the isolation we can still have as root: a private mount namespace with
-  tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (``disk_mb`` each, the work dir re-bound inside),
-  and empty network, IPC and UTS namespaces (no network at all, loopback down).
+  tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (``disk_mb`` each; the work dir made inside, or
+  the trainer's re-bound), empty network, IPC, UTS and cgroup namespaces (no network at all,
+  loopback down) and a pid namespace of the run's own.
 
-Does not: choose policy (``agentrl.sandbox.local`` does), or isolate processes (no pid namespace
-here: that is bwrap's job; without it, ``kill_uid`` after the run catches escaped processes).
+Does not: choose policy (``agentrl.sandbox.local`` does), or build bubblewrap's view
+(``agentrl.sandbox.bwrap_view``).
 """
 
 from __future__ import annotations
 
-import atexit
 import fcntl
 import math
 import os
@@ -35,7 +34,7 @@ import tempfile
 import threading
 
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.child import MB, bind, make_private, mount_tmpfs, remount_readonly, unmount
+from agentrl.sandbox.child_mounts import MB, mount_tmpfs, unmount
 
 __all__ = ["mount_tmpfs", "unmount"]  # re-exported: the backend mounts work dirs with them
 
@@ -76,7 +75,7 @@ class ChildMounts:
     """The mount/network plan applied in the child (see the module docstring). Built once per
     sandbox; ``apply`` runs per child with that run's work dir."""
 
-    def __init__(self, uid: int | None, *, isolate: bool, export: bool = False) -> None:
+    def __init__(self, uid: int | None, *, isolate: bool) -> None:
         self.prefixes: list[str] = []  # the trainer's interpreter prefixes visible to the program
         self.binds: list[tuple[str, str]] = []  # (host path the uid can reach, path in the sandbox)
         self.grafts: list[tuple[str, str]] = []  # (first unreachable ancestor, prefix)
@@ -88,8 +87,6 @@ class ChildMounts:
                 self.binds.append((p, p))
             elif uid is None:
                 continue  # not root: nothing we can do; PATH finds the system python
-            elif export:
-                self.binds.append((exported_prefix(p), p))
             else:
                 self.grafts.append((_first_unreachable(p, uid), p))
             self.prefixes.append(p)
@@ -98,47 +95,19 @@ class ChildMounts:
     def active(self) -> bool:
         return bool(self.grafts) or self.isolate
 
-    def plan(self) -> dict | None:
-        """What the executor's child applies (``agentrl.sandbox.executor.apply_mounts``), or None."""
+    def plan(self, workdir: str | None = None) -> dict | None:
+        """What the jail applies (``agentrl.sandbox.child_mounts.isolate_host``), or None. ``workdir``:
+        where the jail mounts a fresh work dir of its own (None: the trainer's is bound in)."""
         if not self.active:
             return None
-        # isolate: a pid namespace too, with our own init (agentrl.sandbox.executor.enter_pid_namespace)
-        return {"isolate": self.isolate, "pidns": self.isolate, "grafts": [list(g) for g in self.grafts]}
+        # isolate: a pid namespace too, with our own init (agentrl.sandbox.child)
+        plan = {"isolate": self.isolate, "pidns": self.isolate, "grafts": [list(g) for g in self.grafts]}
+        return {**plan, "workdir": workdir} if workdir else plan
 
-
-EXPORT_PREFIX = "agentrl-python-"
-_EXPORTS: dict[str, str] = {}
-_EXPORT_LOCK = threading.Lock()
-
-
-def exported_prefix(prefix: str) -> str:
-    """A host path the sandbox uid can reach that shows ``prefix`` read-only: a bind mount in a
-    0755 temp dir, made once per process and removed at exit (or, after a crash, by the next
-    LocalSandbox). For bwrap, which binds it back at ``prefix`` inside the sandbox: cheaper than
-    a mount namespace per run. Needs root."""
-    with _EXPORT_LOCK:
-        if prefix not in _EXPORTS:
-            path = tempfile.mkdtemp(prefix=f"{EXPORT_PREFIX}{os.getpid()}-")
-            os.chmod(path, 0o755)
-            try:
-                bind(prefix, path, readonly=False)
-                make_private(path)  # no propagation to peers
-                remount_readonly(path)
-            except OSError:
-                unmount(path)
-                os.rmdir(path)
-                raise
-            _EXPORTS[prefix] = path
-            if len(_EXPORTS) == 1:
-                atexit.register(_unexport_all)
-        return _EXPORTS[prefix]
-
-
-def _unexport_all() -> None:
-    with _EXPORT_LOCK:
-        for path in _EXPORTS.values():
-            remove_mountpoint(path)
-        _EXPORTS.clear()
+    @property
+    def private_tmp(self) -> bool:
+        """Whether each jail has a /tmp of its own (where it can make its work dir)."""
+        return self.isolate and os.path.isdir("/tmp") and not os.path.islink("/tmp")
 
 
 def is_mountpoint(path: str) -> bool:
@@ -155,8 +124,8 @@ def is_mountpoint(path: str) -> bool:
 
 def remove_mountpoint(path: str, *, contents: bool = False) -> None:
     """Unmount everything on ``path`` and remove the directory, with what is under it only if
-    ``contents``. Never deletes through a mount that is still there: an export is a view of the
-    real Python installation."""
+    ``contents``. Never deletes through a mount that is still there (it may be a view of a host
+    directory)."""
     for _ in range(8):  # mounts may be stacked
         if not is_mountpoint(path):
             break

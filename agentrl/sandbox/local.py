@@ -1,13 +1,14 @@
 """The hardened local backend: a child process under rlimits, inside bubblewrap namespaces when available.
 
-Owns: ``LocalSandbox`` (the default backend where Docker is absent), its bwrap command line and
-probe, and how its results are classified. The process mechanics (deadline, group kill, output
-caps, work dir, sessions, file copy) are shared with the plain runner in
-``agentrl.sandbox.subprocess_runner``; the plan of what happens in the child before exec is in
-``agentrl.sandbox.jail``, and the child is forked and jailed by the executor
-(``agentrl.sandbox.executor``: a small single-threaded process, never a fork of the trainer; for
-``python3 -`` of the trainer's own interpreter it runs the program in a fork of its warm
-interpreter instead of exec'ing a new one).
+Owns: ``LocalSandbox`` (the default backend where Docker is absent): which isolation it uses
+here, the request each run sends the executor, and how its results are classified. The process
+mechanics (deadline, group kill, output caps, work dir, sessions, file copy) are shared with the
+plain runner in ``agentrl.sandbox.subprocess_runner``; bubblewrap's command line, probe and view
+are in ``agentrl.sandbox.bwrap_view``; the plan of what happens in the child before the program
+is in ``agentrl.sandbox.jail``, and the child (a jail) is forked and set up by the executor
+(``agentrl.sandbox.executor``: a small single-threaded process, never a fork of the trainer,
+which prepares jails ahead of requests; for ``python3 -`` of the trainer's own interpreter it
+runs the program in a fork of its warm interpreter instead of exec'ing a new one).
 
 Layers, each on when it can work here (``LocalSandbox.describe()`` says which are on):
 
@@ -23,8 +24,9 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    by plain permissions, makes ``kill -9 -1`` reach only the run's own processes, and lets us kill
    everything of that uid after the run (``setsid`` orphans, daemons; as root without bwrap the
    run's own pid namespace does that). The work dir is a tmpfs of
-   ``disk_mb`` (inodes capped) mounted for the run: filling the disk or the inodes fills only
-   that. A Python prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible
+   ``disk_mb`` (inodes capped) mounted for the run (inside the run's own mount namespace for a
+   one-shot run whose files the trainer neither writes nor collects): filling the disk or the
+   inodes fills only that. A Python prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible
    read-only at its own path. Stale mounts of a crashed trainer go at the next LocalSandbox.
 3. As root without bwrap: private mount, network, IPC, UTS and pid namespaces made in the child:
    no network at all (loopback down), tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm`` of ``disk_mb``,
@@ -36,11 +38,12 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    trainer's Python prefix), a private ``/proc``, a minimal read-only ``/dev``, tmpfs ``/tmp``
    and ``/dev/shm`` of ``disk_mb`` each, and the work dir read-write at ``/work``. When the run
    ends the namespace's init dies and the kernel kills everything left in the namespace.
-   As root, a warm ``python3 -`` gets the same view without bwrap: the executor's child builds
-   it (``agentrl.sandbox.child.build_root``: private pid/network/IPC/UTS/mount namespaces, the
-   read-only root, ``chroot``), then drops to its dedicated uid with no-new-privs. Differences
-   from bwrap there: the program sees its host uid (not 1000), and it may still create user
-   namespaces of its own (bwrap's ``--disable-userns``; nothing outside them is reachable).
+   As root (with a dedicated uid) every run gets the same view without bwrap's own process: the
+   executor's jail builds it (``agentrl.sandbox.child_mounts.build_root``: private pid, network,
+   IPC, UTS, cgroup and mount namespaces, the read-only root, ``chroot``, then a user namespace
+   of its own, every id mapped to itself, in which no further one can be made, as bwrap's
+   ``--disable-userns``), then drops to its dedicated uid with no-new-privs. The one difference
+   from bwrap: the program sees its host uid (not 1000).
 
 What it does NOT isolate:
 
@@ -59,15 +62,15 @@ What it does NOT isolate:
 
 Statuses: ``oom`` when the program dies with a ``MemoryError`` (Python under RLIMIT_AS); other
 programs meet allocation failure their own way (often SIGSEGV: ``killed``). Exceeding the CPU-time
-limit (SIGXCPU) is ``timeout``. Under bwrap an exit code 129..192 is reported as death by signal
-(bwrap folds the two together), and a program that could not be started (``python3`` missing from
+limit (SIGXCPU) is ``timeout``. Under the bwrap program an exit code 129..192 is reported as death by signal
+(bwrap folds the two together). A program that could not be started (``python3`` missing from
 the sandbox, say) raises SandboxError.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
-import json
 import os
 import shutil
 import signal
@@ -78,58 +81,16 @@ import threading
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox import jail
 from agentrl.sandbox.base import Limits
+from agentrl.sandbox.bwrap_view import STATUS_FD, bwrap_argv, bwrap_ran, bwrap_unavailable_reason, root_view_plan
 from agentrl.sandbox.docker_probe import docker_unavailable_reason
 from agentrl.sandbox.executor_client import executor
-from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env, killpg
+from agentrl.sandbox.subprocess_runner import WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env
 
-_SANDBOX_UID = 1000  # the uid the program sees inside bwrap (whatever the host uid is)
-_ETC = [
-    "/etc/alternatives",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/localtime",
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/nsswitch.conf",
-    *sorted(glob.glob("/etc/python3*")),
-]
-_TOP_LINKS = ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
-_STATUS_FD = 3  # where the executor puts bwrap's status pipe in the child
-
-
-# ------------------------------------------------------------------------------ probes (cached)
-_PROBES: dict[str, object] = {}
+__all__ = ["LocalSandbox", "bwrap_unavailable_reason"]
+_PROBES: dict[str, bool] = {}
 _PROBE_LOCK = threading.Lock()
-
-
-def bwrap_unavailable_reason(uid: int | None = None) -> str | None:
-    """None when bwrap can build our sandbox here (run as ``uid``), else why not. Probed once per uid."""
-    key = f"bwrap:{uid}"
-    with _PROBE_LOCK:
-        if key not in _PROBES:
-            _PROBES[key] = _probe_bwrap(uid)
-    return _PROBES[key]  # type: ignore[return-value]
-
-
-def _probe_bwrap(uid: int | None) -> str | None:
-    exe = shutil.which("bwrap")
-    if exe is None:
-        return "bwrap is not installed (Debian: apt-get install bubblewrap)"
-    workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX + "probe-")
-    try:
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-        argv = _bwrap_argv(exe, workdir, Limits(), None, []) + ["/bin/sh", "-c", "echo ok > /work/probe"]
-        request = {"argv": argv, "env": {"PATH": "/usr/bin:/bin"}, "cwd": workdir, "uid": uid, "pdeathsig": False}
-        code, err = executor().run_sync(request, timeout_s=20)
-        if code != 0 or not os.path.exists(os.path.join(workdir, "probe")):
-            return f"bwrap does not work here (exit {code}): {err.strip()[:300]}"
-        return None
-    except (OSError, SandboxError) as e:
-        return f"bwrap does not work here: {e}"
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+_JAIL_WORKDIR = f"/tmp/{WORKDIR_PREFIX}work"  # a one-shot run's own work dir, in its private /tmp
+_OLD_EXPORT_PREFIX = "agentrl-python-"  # read-only binds of the Python prefix made by earlier versions
 
 
 def _can_mount_tmpfs() -> bool:
@@ -143,66 +104,7 @@ def _can_mount_tmpfs() -> bool:
             except OSError:
                 _PROBES["tmpfs"] = False
             os.rmdir(path)
-    return bool(_PROBES["tmpfs"])
-
-
-# ------------------------------------------------------------------------------ bwrap
-def _bwrap_argv(
-    exe: str, workdir: str, limits: Limits, status_fd: int | None, binds: list[tuple[str, str]]
-) -> list[str]:
-    disk = str(limits.disk_mb * MB)
-    argv = [
-        exe,
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--uid",
-        str(_SANDBOX_UID),
-        "--gid",
-        str(_SANDBOX_UID),
-        "--hostname",
-        "sandbox",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-    ]
-    for top in _TOP_LINKS:
-        if os.path.islink(top):
-            argv += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            argv += ["--ro-bind", top, top]
-    for path in _ETC:
-        argv += ["--ro-bind-try", path, path]
-    argv += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        disk,
-        "--tmpfs",
-        "/tmp",
-        "--size",
-        disk,
-        "--tmpfs",
-        "/dev/shm",
-        "--bind",
-        workdir,
-        "/work",
-        "--chdir",
-        "/work",
-    ]
-    for src, dst in binds:  # after the tmpfs /tmp, which would hide a Python prefix under /tmp (a venv there)
-        argv += ["--ro-bind", src, dst]
-    # bwrap's own root and /dev are tmpfs without a size: read-only, or they could fill host RAM.
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
-    if status_fd is not None:
-        argv += ["--json-status-fd", str(status_fd)]
-    return argv + ["--"]
+    return _PROBES["tmpfs"]
 
 
 # ------------------------------------------------------------------------------ the backend
@@ -251,10 +153,13 @@ class LocalSandbox(SubprocessSandbox):
         self.tmpfs = (root and _can_mount_tmpfs()) if tmpfs is None else bool(tmpfs)
         if self.tmpfs and not (root and _can_mount_tmpfs()):
             raise ConfigError("tmpfs=True needs root and a kernel that lets us mount tmpfs")
-        # bwrap binds the Python prefix itself (from a host export if the uid cannot reach it); without
-        # bwrap, as root, private mount/net/ipc/uts namespaces are the isolation we can still have.
-        self.mounts = jail.ChildMounts(probe_uid, isolate=self.bwrap is None, export=self.bwrap is not None)
+        # Without bwrap, as root, private mount/net/ipc/uts/pid namespaces are the isolation we can still
+        # have; with it, as root, the executor builds bwrap's view itself (root_view_plan).
+        self.mounts = jail.ChildMounts(probe_uid, isolate=self.bwrap is None)
         self.prefixes = self.mounts.prefixes
+        self.root_view = root_view_plan(self.prefixes) if self.bwrap and self.uid_base is not None else None
+        # Where a one-shot run's jail makes its own work dir (None: the trainer makes one on the host).
+        self.jail_workdir = "/work" if self.root_view else _JAIL_WORKDIR if self.mounts.private_tmp else None
         if root:
             _remove_stale_mounts()
 
@@ -277,11 +182,8 @@ class LocalSandbox(SubprocessSandbox):
         on = ["rlimits"]
         if d["dedicated_uid"]:
             on.append("a dedicated uid per run")
-        if d["bwrap"] and d["dedicated_uid"]:
-            on.append(
-                "a read-only /usr view in its own pid, network and mount namespaces (python calls: built by "
-                "the executor, warm; other programs: bubblewrap)"
-            )
+        if self.root_view:
+            on.append("a read-only /usr view in its own pid, network and mount namespaces (bubblewrap's view)")
         elif d["bwrap"]:
             on.append("bubblewrap namespaces (user, pid, network, mount: read-only /usr view)")
         elif self.mounts.isolate:
@@ -298,10 +200,13 @@ class LocalSandbox(SubprocessSandbox):
         return f"local ({', '.join(on)})" + (f"; for more isolation: {'; '.join(more)}" if more else "")
 
     # ------------------------------------------------------------------------------ hooks
-    def _new_workdir(self, limits: Limits) -> Workdir:
-        path = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+    def _new_workdir(self, limits: Limits, one_shot: bool = False) -> Workdir:
         uid = jail.take_uid(self.uid_block) if self.uid_block is not None else None
-        wd = Workdir(path, owner=(uid, uid) if uid is not None else None)
+        owner = (uid, uid) if uid is not None else None
+        if one_shot and self.jail_workdir:  # the run's jail makes it in its own mount namespace
+            return Workdir(self.jail_workdir, owner=owner, private=True)
+        path = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+        wd = Workdir(path, owner=owner)
         try:
             if self.tmpfs:
                 jail.mount_tmpfs(path, limits.disk_mb, uid if uid is not None else os.geteuid())
@@ -314,8 +219,9 @@ class LocalSandbox(SubprocessSandbox):
         return wd
 
     def _drop_workdir(self, wd: Workdir) -> None:
-        # No process of the uid is left here: every run ended in _kill (and bwrap's pid namespace).
-        jail.remove_mountpoint(wd.path, contents=True)
+        # No process of the uid is left here: every run ended in _kill (and its pid namespace).
+        if not wd.private:  # a jail's own work dir went with its mount namespace
+            jail.remove_mountpoint(wd.path, contents=True)
         wd.mounted = False
         if wd.owner is not None:
             jail.give_uid(wd.owner[0])
@@ -323,38 +229,25 @@ class LocalSandbox(SubprocessSandbox):
 
     def _spawn(self, argv: list[str], wd: Workdir, limits: Limits, timeout_s: float) -> Spawn:
         uid = wd.owner[0] if wd.owner is not None else None
-        # bwrap's two processes (outer + namespace init) run under the same uid and count too.
+        # bwrap's two processes (outer + namespace init; the executor's view: init) run under the uid and count too.
         nproc = None if uid is None else limits.pids + (2 if self.bwrap else 0)
         rlimits = [[res, soft, hard] for res, (soft, hard) in jail.rlimits(limits, timeout_s, nproc)]
         python_bin = os.path.join(self.prefixes[0], "bin") if self.prefixes else None
-        request = {"uid": uid, "rlimits": rlimits, "disk_mb": limits.disk_mb}
-        if self.bwrap is None:  # namespaces of our own: the executor's child makes them
-            env = {**base_env(wd.path, wd.path, python_bin), **self.extra_env}
-            request.update(mounts=self.mounts.plan(), warm=_is_warm_python(argv, env))
-            return Spawn(argv, env, wd.path, request)
+        request: dict = {"uid": uid, "rlimits": rlimits}
+        own = self.jail_workdir if wd.private else None
+        if self.bwrap is None or self.root_view:  # the executor's jail makes the namespaces
+            home = "/work" if self.root_view else wd.path
+            env = {**base_env(home, "/tmp" if self.root_view else home, python_bin), **self.extra_env}
+            plan = {**self.root_view, "workdir": own} if self.root_view else self.mounts.plan(workdir=own)
+            request.update(jail={"mounts": plan, "disk_mb": limits.disk_mb}, workdir=None if own else wd.path)
+            request["warm"] = _is_warm_python(argv, env)
+            return Spawn(argv, env, home, request)
         env = {**base_env("/work", "/tmp", python_bin), **self.extra_env}
-        if uid is not None and _is_warm_python(argv, env):
-            # As root the executor builds bwrap's view itself, so python3 - runs from its warm fork.
-            request.update(mounts=self._root_view(), warm=True)
-            return Spawn(argv, env, wd.path, request)
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(r, False)
-        bwrap = _bwrap_argv(self.bwrap, wd.path, limits, _STATUS_FD, self.mounts.binds)
+        request["jail"] = {"disk_mb": limits.disk_mb}
+        bwrap = bwrap_argv(self.bwrap, wd.path, limits, STATUS_FD, self.mounts.binds)
         return Spawn(bwrap + argv, env, wd.path, request, status_fd=r, status_w=w)
-
-    def _root_view(self) -> dict:
-        """The mount plan giving a warm run what bwrap gives the others (``_bwrap_argv``): its own
-        pid, network, IPC, UTS and mount namespaces and a read-only root of ``/usr``, the
-        ``/bin``-style links, a few ``/etc`` files and the Python prefix (``child.build_root``)."""
-        ro = ["/usr"] + [t for t in _TOP_LINKS if os.path.isdir(t) and not os.path.islink(t)]
-        links = {t: os.readlink(t) for t in _TOP_LINKS if os.path.islink(t)}
-        view = {
-            "ro": ro,
-            "links": links,
-            "files": [f for f in _ETC if os.path.exists(f)],
-            "binds": [[dst, dst] for _, dst in self.mounts.binds],
-        }  # as root we reach the prefix itself
-        return {"isolate": True, "pidns": True, "grafts": [], "root": view}
 
     async def _start(self, spawn: Spawn, proto, with_stdin: bool):
         request = {**(spawn.request or {}), "argv": spawn.argv, "env": spawn.env, "cwd": spawn.cwd}
@@ -363,9 +256,9 @@ class LocalSandbox(SubprocessSandbox):
         except SandboxError as e:
             raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
 
-    def _kill(self, pid: int, wd: Workdir) -> None:
-        # With bwrap or our own pid namespace this kills the namespace's init, and the kernel the rest.
-        killpg(pid)
+    def _kill(self, transport, wd: Workdir) -> None:
+        # With a pid namespace (bwrap's or our own) this kills the namespace's init, and the kernel the rest.
+        transport.kill()
         if wd.owner is not None and self.bwrap is None and not self.mounts.isolate:
             jail.kill_uid(wd.owner[0])  # setsid orphans left the group but not the uid
 
@@ -373,7 +266,7 @@ class LocalSandbox(SubprocessSandbox):
         self, status: str, code: int | None, stderr: str, spawn: Spawn, limits: Limits
     ) -> tuple[str, int | None, str]:
         if spawn.status_fd is not None and status == "ok":
-            if not _bwrap_ran(spawn.status_fd) and stderr.startswith("bwrap: "):
+            if not bwrap_ran(spawn.status_fd) and stderr.startswith("bwrap: "):
                 # The program never ran (no exit record), so all of stderr is bwrap's own.
                 raise SandboxError(f"the local sandbox could not start the program: {stderr.strip()[:500]}")
             if code is not None and 128 < code <= 192:
@@ -388,23 +281,6 @@ class LocalSandbox(SubprocessSandbox):
         return status, code, ""
 
 
-def _bwrap_ran(fd: int) -> bool:
-    """bwrap's json status stream has an ``exit-code`` record only if the program was started."""
-    data = b""
-    try:
-        while chunk := os.read(fd, 65536):
-            data += chunk
-    except BlockingIOError:
-        pass
-    for line in data.splitlines():
-        try:
-            if "exit-code" in json.loads(line):
-                return True
-        except (ValueError, TypeError):
-            continue
-    return False
-
-
 def _died_of_memory_error(stderr: str) -> bool:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     return bool(lines) and lines[-1].startswith("MemoryError")
@@ -414,7 +290,7 @@ def _remove_stale_mounts() -> None:
     """Unmount and remove work dirs and Python exports left by trainer processes that died (their
     pid is in the name)."""
     tmp = tempfile.gettempdir()
-    for prefix, contents in ((WORKDIR_PREFIX, True), (jail.EXPORT_PREFIX, False)):
+    for prefix, contents in ((WORKDIR_PREFIX, True), (_OLD_EXPORT_PREFIX, False)):
         for path in glob.glob(os.path.join(tmp, prefix + "*-*")):
             pid = os.path.basename(path)[len(prefix) :].split("-", 1)[0]
             if not pid.isdigit() or int(pid) == os.getpid():
@@ -431,7 +307,10 @@ def _remove_stale_mounts() -> None:
 
 def _is_warm_python(argv: list[str], env: dict[str, str]) -> bool:
     """``python3 -`` of this very interpreter: the executor can run it from its warm fork."""
-    if len(argv) != 2 or argv[1] != "-":
-        return False
-    exe = shutil.which(argv[0], path=env.get("PATH"))
+    return len(argv) == 2 and argv[1] == "-" and _is_us(argv[0], env.get("PATH"))
+
+
+@functools.lru_cache(maxsize=64)
+def _is_us(name: str, path: str | None) -> bool:
+    exe = shutil.which(name, path=path)
     return exe is not None and os.path.realpath(exe) == os.path.realpath(sys.executable)

@@ -67,12 +67,14 @@ def base_env(home: str, tmp: str, python_bin: str | None) -> dict[str, str]:
 
 @dataclass
 class Workdir:
-    """A run's or a session's work dir: ``path`` on the host, ``owner`` (uid, gid) of the sandbox
-    user when it differs from ours, and whatever the backend needs to tear it down."""
+    """A run's or a session's work dir: ``path`` on the host (or, ``private``, in the run's own
+    mount namespace only, made and dropped with it), ``owner`` (uid, gid) of the sandbox user when
+    it differs from ours, and whatever the backend needs to tear it down."""
 
     path: str
     owner: tuple[int, int] | None = None
     mounted: bool = False
+    private: bool = False
 
 
 @dataclass
@@ -186,7 +188,8 @@ class SubprocessSandbox(Sandbox):
         )
 
     # ------------------------------------------------------------------------------ hooks
-    def _new_workdir(self, limits: Limits) -> Workdir:
+    def _new_workdir(self, limits: Limits, one_shot: bool = False) -> Workdir:
+        """A work dir; ``one_shot``: for one run whose files the trainer neither writes nor collects."""
         return Workdir(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
 
     def _drop_workdir(self, wd: Workdir) -> None:
@@ -214,8 +217,8 @@ class SubprocessSandbox(Sandbox):
             raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
         return transport
 
-    def _kill(self, pid: int, wd: Workdir) -> None:
-        killpg(pid)
+    def _kill(self, transport: Any, wd: Workdir) -> None:
+        killpg(transport.get_pid())
 
     def _classify(
         self, status: str, code: int | None, stderr: str, spawn: Spawn, limits: Limits
@@ -241,7 +244,7 @@ class SubprocessSandbox(Sandbox):
         for name in files or {}:
             check_relpath(name)
         async with self.slots.hold():
-            wd = self._open_workdir(limits)
+            wd = self._open_workdir(limits, one_shot=not files and not collect)
             try:
                 return await self._execute(argv, wd, limits, stdin, timeout_s, files, collect)
             finally:
@@ -250,9 +253,9 @@ class SubprocessSandbox(Sandbox):
     async def session(self, *, limits: Limits | None = None) -> SandboxSession:
         return _Session(self, limits or self.limits)
 
-    def _open_workdir(self, limits: Limits) -> Workdir:
+    def _open_workdir(self, limits: Limits, one_shot: bool = False) -> Workdir:
         try:
-            return self._new_workdir(limits)
+            return self._new_workdir(limits, one_shot)
         except OSError as e:
             raise SandboxError(f"cannot create a sandbox work dir: {e}") from e
 
@@ -277,7 +280,6 @@ class SubprocessSandbox(Sandbox):
             finally:
                 if spawn.status_w is not None:
                     os.close(spawn.status_w)  # the child has its copy; ours would keep the pipe open for ever
-            pid = transport.get_pid()
             try:
                 if stdin is not None:
                     w = transport.get_pipe_transport(0)
@@ -291,7 +293,7 @@ class SubprocessSandbox(Sandbox):
                 # Always kill: at the deadline, on overflow, on cancellation, and after a normal exit to
                 # take background children with it. (Safe after the leader is reaped: Linux does not
                 # reuse a pid while it is still some live process group's id.)
-                self._kill(pid, wd)
+                self._kill(transport, wd)
                 try:
                     await _settle(proto)
                 finally:  # even if cancelled while settling

@@ -219,10 +219,11 @@ async def test_concurrent_runs_get_distinct_uids(sb):
         pytest.skip("dedicated uids need root")
     code = "import os, time; time.sleep(0.3); print(os.stat('.').st_uid)"
     rs = await asyncio.gather(*[sb.run(**py(code), timeout_s=10) for _ in range(4)])
-    # python3 - runs warm in every mode as root (under bwrap an exec'd program would see itself as 1000)
+    # as root every program runs in a jail of the executor, under its own dedicated uid (the bwrap
+    # program, used without a dedicated uid, would show 1000 to each)
     assert len({r.stdout for r in rs}) == 4
     rs = await asyncio.gather(*[sb.run(["sh", "-c", "sleep 0.3; stat -c %u ."], timeout_s=10) for _ in range(4)])
-    assert {r.stdout for r in rs} == {"1000\n"} if sb.bwrap else len({r.stdout for r in rs}) == 4
+    assert len({r.stdout for r in rs}) == 4, [r.stdout for r in rs]
 
 
 # ------------------------------------------------------------------------------ files and sessions
@@ -310,27 +311,3 @@ def test_stale_workdirs_of_dead_trainers_are_removed():
     LocalSandbox(tmpfs=True)
     assert not os.path.exists(stale)
     assert not any(stale in ln for ln in open("/proc/mounts"))
-
-
-def _exports_of(pid: int) -> tuple[list[str], list[str]]:
-    dirs = glob.glob(os.path.join(tempfile.gettempdir(), f"agentrl-python-{pid}-*"))
-    return dirs, [ln for ln in open("/proc/mounts") if f"agentrl-python-{pid}-" in ln]
-
-
-@pytest.mark.skipif(not ROOT or BWRAP_REASON is not None, reason="prefix exports exist only with bwrap, as root")
-@pytest.mark.parametrize("ending", ["pass", "os._exit(0)"])  # a clean exit, and one that skips atexit
-def test_python_export_never_outlives_its_process(ending):
-    sb = LocalSandbox()
-    if all(src == dst for src, dst in sb.mounts.binds):
-        pytest.skip("the sandbox uid reaches this Python directly: nothing is exported")
-    code = (
-        "import os, asyncio\nfrom agentrl.sandbox.local import LocalSandbox\nsb = LocalSandbox()\n"
-        "r = asyncio.run(sb.run(['python3', '-c', 'print(1)'], timeout_s=10))\nassert r.stdout == '1\\n', r\n"
-        f"print(os.getpid(), flush=True)\n{ending}\n"
-    )
-    pid = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    if ending == "pass":
-        assert _exports_of(pid) == ([], [])
-    LocalSandbox()  # sweeps what a dead trainer left
-    assert _exports_of(pid) == ([], [])
-    assert os.path.exists(os.path.join(sys.base_prefix, "bin")) and os.listdir(sys.base_prefix)  # never deleted through

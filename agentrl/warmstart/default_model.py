@@ -139,8 +139,13 @@ def default_model_path(warm_start: bool = True) -> Path:
 
 def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
     """The one entry point from ``model.path`` (and ``model.revision``) to a local model directory:
-    the built-in model for None; else a local HF directory, or a Hub id ('org/name[@revision]')
+    the built-in model for None; its TextWorld warm start for ``builtin:textworld``
+    (``agentrl.warmstart.textworld_model``); else a local HF directory, or a Hub id ('org/name[@revision]')
     fetched into the HF cache, by ``agentrl.models.hub.resolve_model`` (ConfigError if unusable)."""
+    if path == "builtin:textworld":  # the TextWorld warm start (agentrl.warmstart.textworld_model)
+        from agentrl.warmstart.textworld_model import textworld_model_path
+
+        return textworld_model_path()
     if path is None:
         if revision is not None:
             from agentrl.errors import ConfigError

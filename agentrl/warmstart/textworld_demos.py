@@ -11,7 +11,6 @@ default model's recipe (``agentrl.warmstart.default_model``, which trains on ``c
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 from agentrl.warmstart.chat_data import SFTExample
@@ -72,5 +71,7 @@ def textworld_demonstrations(
     tokenizer, n: int, *, difficulty: int | list[int] = 2, seed: int = 0, max_concurrency: int = 16
 ) -> list[SFTExample]:
     """``n`` (or fewer, if any failed) oracle demonstrations as ``SFTExample``s."""
-    trajs = asyncio.run(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency))
+    from agentrl.warmstart.sft import _run_sync  # works inside a running loop too (a run's setup)
+
+    trajs = _run_sync(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency))
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]

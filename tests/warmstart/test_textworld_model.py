@@ -1,0 +1,60 @@
+"""The built-in TextWorld warm start: selected by ``model.path: builtin:textworld``, built once, cached
+beside (and independently of) the default code_exec model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl.warmstart import default_model, textworld_model
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def small_recipe(tmp_path, monkeypatch):
+    """A tiny base and a 2-step warm start on 4 demonstrations, in a private cache."""
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        default_model,
+        "BASE",
+        dict(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64, vocab_size=2048, arch="qwen3", seed=0),
+    )
+    monkeypatch.setattr(
+        textworld_model,
+        "TEXTWORLD_WARM_START",
+        dict(
+            num_demos=4,
+            difficulty=[1],
+            demo_seed=0,
+            sft=dict(steps=2, batch_size=2, lr=1e-3, warmup_steps=1, min_lr_ratio=0.1, seed=0),
+        ),
+    )
+    return tmp_path / "cache"
+
+
+def test_builtin_textworld_is_built_from_the_default_base_and_cached(small_recipe):
+    from transformers import AutoModelForCausalLM
+
+    path = default_model.resolve_model_path("builtin:textworld")
+    assert path.parent == small_recipe / "models" and path.name.startswith("tiny-qwen3-textworld-sft-")
+    summary = json.loads((path / "sft_summary.json").read_text())
+    assert summary["examples"] == 4 and summary["steps"] == 2 and summary["model"] == str(path)
+    assert summary["recipe"]["difficulty"] == [1]
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    base = AutoModelForCausalLM.from_pretrained(str(default_model.base_model_path()))
+    assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), base.parameters()))
+    mtime = (path / "config.json").stat().st_mtime_ns
+    assert default_model.resolve_model_path("builtin:textworld") == path  # cached: not rebuilt
+    assert (path / "config.json").stat().st_mtime_ns == mtime
+    # the default model is another entry, not built by this one
+    assert not any(p.name.startswith("tiny-qwen3-sft-") for p in path.parent.iterdir())
+
+
+def test_textworld_recipe_change_builds_a_new_model_and_leaves_the_default_key_alone(small_recipe, monkeypatch):
+    base = default_model.base_model_path()
+    default_key, first = default_model.fingerprint(), textworld_model.fingerprint(base)
+    monkeypatch.setitem(textworld_model.TEXTWORLD_WARM_START, "num_demos", 5)
+    assert textworld_model.fingerprint(base) != first
+    assert default_model.fingerprint() == default_key

@@ -14,8 +14,10 @@ everything left in the namespace, and the container (``auto_remove``) disappears
 dies closes the attach stream, the executor reads EOF and exits, and nothing leaks.
 
 The host (``agentrl.sandbox.docker_conn``) starts it with ``python3 -I -c SRC``, where SRC is
-``agentrl.sandbox.files`` loaded as module ``sandbox_files`` followed by this file, so copying
-files in and out applies exactly the checks the local backend applies.
+``agentrl.sandbox.files`` loaded as module ``sandbox_files`` (so copying files in and out applies
+exactly the checks the local backend applies) and ``agentrl.sandbox.docker_agent_procs`` as module
+``sandbox_procs`` (killing, reaping, wiping, the OOM counter), followed by this file, which owns the
+protocol loop and one run (spawn, pump the pipes under the deadline and the output cap, collect).
 
 Protocol (both directions): ``>II`` (header length, payload length), a JSON header, the payload.
 
@@ -37,16 +39,12 @@ enforces the deadline too: an executor that does not answer in time costs the co
 import json
 import os
 import select
-import shutil
 import signal
 import struct
 import sys
 import time
 
-WORKDIR = "/work"
-WIPE = (WORKDIR, "/dev/shm", "/dev/mqueue")
 PIPE_GRACE_S = 0.2  # read output held open by a background child this long after the program exits
-OOM_SOURCES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 _pending = bytearray()
 
 
@@ -80,120 +78,6 @@ def _send(header, payload=b""):
         _write_all(payload)
 
 
-# ------------------------------------------------------------------------------------- processes
-def _oom_source():
-    for path in OOM_SOURCES:
-        try:
-            with open(path) as f:
-                if "oom_kill " in f.read():
-                    return path
-        except OSError:
-            continue
-    return None
-
-
-OOM_SOURCE = _oom_source()
-
-
-def _oom_kills():
-    if OOM_SOURCE is None:
-        return 0
-    try:
-        with open(OOM_SOURCE) as f:
-            for line in f:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _others():
-    """Live (non-zombie) processes other than us (every process here is the sandbox user's)."""
-    me, found = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            found.append(int(name))
-    return found
-
-
-def reap():
-    """Collect every exited child (as init we inherit all orphans); keep the statuses we wait for."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in WATCHED:
-            EXITED[pid] = os.waitstatus_to_exitcode(status)
-
-
-def kill_all():
-    """SIGKILL every process but us (setsid escapees, orphans, fork bombs). A fork racing kill(-1)
-    fails (the kernel aborts a fork whose parent has a fatal signal pending); loop anyway."""
-    for _ in range(500):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        reap()
-        if not _others():
-            return True
-        time.sleep(0.002)
-    return False
-
-
-def _wipe(root):
-    """Empty ``root`` (entries the program made read-only or unlistable included)."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return
-    for name in names:
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            for dirpath, dirnames, _ in os.walk(path):
-                for d in dirnames:
-                    try:
-                        os.chmod(os.path.join(dirpath, d), 0o700, follow_symlinks=False)
-                    except (OSError, NotImplementedError):
-                        pass
-            os.chmod(path, 0o700)
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-
-
-def reset():
-    if not kill_all():
-        return {"clean": False, "why": "processes of the sandbox user survived kill(-1)"}
-    try:
-        for root in WIPE:
-            _wipe(root)
-        left = [r for r in WIPE if os.path.isdir(r) and os.listdir(r)]
-        if left:
-            return {"clean": False, "why": f"could not empty {left}"}
-        for kind in ("shm", "sem", "msg"):
-            try:
-                with open(f"/proc/sysvipc/{kind}") as f:
-                    if len(f.read().splitlines()) > 1:
-                        return {"clean": False, "why": f"System V IPC objects ({kind}) left behind"}
-            except FileNotFoundError:
-                pass  # gVisor has no /proc/sysvipc
-    except (OSError, RecursionError) as e:
-        return {"clean": False, "why": f"wipe failed: {e}"}
-    return {"clean": True, "why": ""}
-
-
 # ------------------------------------------------------------------------------------- one run
 def _spawn(argv, env, with_stdin):
     """fork+exec ``argv`` as a session leader in the work dir; returns (pid, stdin fd or None,
@@ -219,7 +103,7 @@ def _spawn(argv, env, with_stdin):
                     f.write("1000")  # the program dies before us when the container runs out of memory
             except OSError:
                 pass
-            os.chdir(WORKDIR)
+            os.chdir(procs.WORKDIR)
             os.execvpe(argv[0], argv, env)
         except BaseException as e:
             try:
@@ -238,7 +122,7 @@ def _spawn(argv, env, with_stdin):
             if fd is not None:
                 os.close(fd)
         raise OSError(why.decode(errors="replace"))
-    WATCHED.add(pid)
+    procs.WATCHED.add(pid)
     return pid, in_w, out_r, err_r
 
 
@@ -258,13 +142,13 @@ def _pump(pid, in_fd, out_fd, err_fd, stdin, timeout, cap):
             in_fd = None
     killed, ended, truncated = None, None, False
     while open_fds or ended is None:  # a program that closed its pipes still runs until its deadline
-        reap()
+        procs.reap()
         now = time.monotonic()
-        if ended is None and pid in EXITED:
+        if ended is None and pid in procs.EXITED:
             ended = now
         if ended is None and now >= deadline:
             killed, ended = "timeout", now
-            kill_all()
+            procs.kill_all()
         if ended is not None and (not open_fds or now - ended > PIPE_GRACE_S):
             break  # done; or a background child holds the pipes, and what it prints is not this run's
         wait = max(0.0, deadline - now) if ended is None else PIPE_GRACE_S
@@ -278,7 +162,7 @@ def _pump(pid, in_fd, out_fd, err_fd, stdin, timeout, cap):
         if 0 in r:
             chunk = os.read(0, 65536)
             if not chunk:  # the host is gone: nobody will read the result
-                kill_all()
+                procs.kill_all()
                 sys.exit(0)
             _pending.extend(chunk)
         if w:
@@ -306,7 +190,7 @@ def _pump(pid, in_fd, out_fd, err_fd, stdin, timeout, cap):
                 truncated = True
                 if killed is None and ended is None:
                     killed, ended = "output_limit", time.monotonic()
-                    kill_all()
+                    procs.kill_all()
     for fd in [out_fd, err_fd] + ([in_fd] if in_fd is not None else []):
         os.close(fd)
     return killed, bytes(bufs[out_fd]), bytes(bufs[err_fd]), truncated
@@ -336,42 +220,42 @@ def run(req, payload):
     }
     parts = []
     try:
-        files.write_files(WORKDIR, files_in, max_total_bytes=req["max_total"])
+        files.write_files(procs.WORKDIR, files_in, max_total_bytes=req["max_total"])
     except (OSError, ValueError, TypeError) as e:
         reply.update(status="error", error=f"cannot write the input files: {e}")
     else:
-        oom_before = _oom_kills()
+        oom_before = procs.oom_kills()
         try:
             pid, in_fd, out_fd, err_fd = _spawn(req["argv"], req["env"], stdin is not None)
         except OSError as e:
             reply.update(status="spawn_error", error=f"cannot start {req['argv'][0]!r}: {e}")
         else:
             killed, out, err, reply["truncated"] = _pump(pid, in_fd, out_fd, err_fd, stdin, req["timeout"], req["cap"])
-            kill_all()  # nothing a run started outlives it (sessions keep files, not processes)
-            while pid not in EXITED:  # kill_all reaped it unless it is still dying
-                reap()
+            procs.kill_all()  # nothing a run started outlives it (sessions keep files, not processes)
+            while pid not in procs.EXITED:  # kill_all reaped it unless it is still dying
+                procs.reap()
                 time.sleep(0.001)
-            WATCHED.discard(pid)
-            code = EXITED.pop(pid)
+            procs.WATCHED.discard(pid)
+            code = procs.EXITED.pop(pid)
             reply["wall"] = time.monotonic() - t0
             reply["exit_code"] = code
             if killed:
                 reply["status"] = killed
             elif code < 0:
                 reply["signal"] = -code
-            reply["oom"] = _oom_kills() > oom_before
+            reply["oom"] = procs.oom_kills() > oom_before
             reply["out"], reply["err"] = len(out), len(err)
             parts += [out, err]
     if req["collect"]:
         got = files.collect_files(
-            WORKDIR, req["collect"], max_file_bytes=req["max_file"], max_total_bytes=req["max_total"]
+            procs.WORKDIR, req["collect"], max_file_bytes=req["max_file"], max_total_bytes=req["max_total"]
         )
         reply["refused"] = got.refused
         for name, data in got.files.items():
             reply["files"].append([name, len(data)])
             parts.append(data)
     if req["reset"]:
-        reply.update(reset())
+        reply.update(procs.reset())
     return reply, parts
 
 
@@ -402,7 +286,7 @@ def main():
     signal.set_wakeup_fd(WAKE_W)
     dumpable = not _prctl_dumpable(0)
     try:
-        _send({"op": "hello", "pid": os.getpid(), "oom_source": OOM_SOURCE, "dumpable": dumpable})
+        _send({"op": "hello", "pid": os.getpid(), "oom_source": procs.OOM_SOURCE, "dumpable": dumpable})
         while True:
             try:
                 req, payload = _recv()
@@ -412,7 +296,7 @@ def main():
                 try:
                     reply, parts = run(req, payload)
                 except Exception as e:  # our own bug: a typed error for this run, not a dead container
-                    kill_all()
+                    procs.kill_all()
                     reply, parts = (
                         {
                             "status": "error",
@@ -424,18 +308,18 @@ def main():
                     )
                 _send(reply, b"".join(parts))
             elif req.get("op") == "reset":
-                _send(reset())
+                _send(procs.reset())
             else:
                 _send({"error": f"unknown op {req.get('op')!r}"})
     except BrokenPipeError:
         pass  # the host hung up
-    kill_all()
+    procs.kill_all()
 
 
 if __name__ == "__main__":  # the bootstrap runs us as __main__; importing this on the host does nothing
     import sandbox_files as files  # injected by the bootstrap (agentrl/sandbox/files.py)
+    import sandbox_procs as procs  # injected by the bootstrap (agentrl/sandbox/docker_agent_procs.py)
 
-    WATCHED, EXITED = set(), {}
     CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD})
     WAKE_R, WAKE_W = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     main()

@@ -61,20 +61,27 @@ class DaemonAddress:
         return await asyncio.open_connection(self.host, self.port, limit=1 << 20)
 
 
+#: modules the executor imports, by the name it imports them under -> their file here
+EXECUTOR_MODULES = {"sandbox_files": "files.py", "sandbox_procs": "docker_agent_procs.py"}
+
+
 def executor_source() -> str:
-    """``python3 -c`` source of the executor: ``agentrl.sandbox.files`` as module ``sandbox_files``,
-    then ``docker_agent.py`` (read from disk: version-locked with this host code, nothing baked
-    into the image)."""
+    """``python3 -c`` source of the executor: the :data:`EXECUTOR_MODULES` (``agentrl.sandbox.files``
+    as module ``sandbox_files``, ``docker_agent_procs`` as ``sandbox_procs``), then
+    ``docker_agent.py`` as ``__main__`` (all read from disk: version-locked with this host code,
+    nothing baked into the image)."""
     here = Path(__file__).resolve().parent
-    files_src = (here / "files.py").read_text()
+    lines = ["import sys, types"]
+    for name, filename in EXECUTOR_MODULES.items():
+        src = (here / filename).read_text()
+        lines += [
+            f"_m = types.ModuleType({name!r})",
+            f"sys.modules[{name!r}] = _m",
+            f"exec(compile({src!r}, {name + '.py'!r}, 'exec'), _m.__dict__)",
+        ]
     agent_src = (here / "docker_agent.py").read_text()
-    return (
-        "import sys, types\n"
-        "_m = types.ModuleType('sandbox_files')\n"
-        "sys.modules['sandbox_files'] = _m\n"
-        f"exec(compile({files_src!r}, 'sandbox_files.py', 'exec'), _m.__dict__)\n"
-        f"exec(compile({agent_src!r}, 'docker_agent.py', 'exec'), {{'__name__': '__main__'}})\n"
-    )
+    lines.append(f"exec(compile({agent_src!r}, 'docker_agent.py', 'exec'), {{'__name__': '__main__'}})")
+    return "\n".join(lines) + "\n"
 
 
 class AgentConn:

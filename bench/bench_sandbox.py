@@ -1,9 +1,14 @@
 """P3: sandbox exec latency and throughput.
 
-Per isolation mode of the local backend (``bwrap``: bubblewrap namespaces; ``no-bwrap``: as root
-without it, i.e. a dedicated uid and our own pid/network/mount namespaces; ``not-root``: the bench
-re-runs itself in a user namespace as uid 1000, rlimits only), each against a bare
-``asyncio.create_subprocess_exec`` measured interleaved in the same run (median of pair ratios):
+Per isolation mode of the local backend (``bwrap``: bubblewrap's view, as root built by the
+executor; ``no-bwrap``: as root without it, i.e. a dedicated uid and our own pid/network/mount
+namespaces; ``not-root``: the bench re-runs itself in a user namespace as uid 1000, rlimits only),
+each against a bare ``asyncio.create_subprocess_exec`` measured interleaved in the same run
+(median of pair ratios; ``--reps`` blocks of pairs, each block's median reported for the spread;
+the load average at each block's start and end). Calls are ``--gap-ms`` apart (a tool call per
+turn, not a burst: the executor prepares the next jail in such a pause; back-to-back calls take
+cold jails, see ``true_back_to_back``), and the CPU time of each side per call is measured too
+(this process, its children, and the executor with everything it reaped):
 
 1. exec of ``true`` (no interpreter start-up to hide the sandbox's own cost). Target <= 1.5x.
 2. a ``python`` tool call (``agentrl.tools.python``, the warm executor's fork) of ``pass`` vs a bare
@@ -27,6 +32,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -98,21 +104,61 @@ def tool_call(sb, code: str = "pass"):
     return call
 
 
-async def pairs(bare, ours, n: int) -> dict:
-    """Interleaved pairs (order alternating); p50/p99 of each and the median of ours/bare."""
-    a, b, ratios = [], [], []
-    for _ in range(5):  # warm-up: imports, the executor, the first bwrap start
+def cpu_s(executor_pid: int | None) -> float:
+    """CPU seconds of this process and its reaped children, plus the executor's and what it reaped."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    if executor_pid is not None:
+        try:
+            fields = Path(f"/proc/{executor_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+        except OSError:
+            pass
+    return total
+
+
+async def pairs(bare, ours, n: int, gap_s: float, reps: int = 1) -> dict:
+    """``reps`` blocks of ``n`` interleaved pairs (order alternating, ``gap_s`` between calls);
+    p50/p99 of each side over all pairs, the median of ours/bare over all pairs and per block, the
+    load average around each block, and each side's CPU ms per call."""
+    from agentrl.sandbox.executor_client import executor
+
+    a, b, ratios, blocks = [], [], [], []
+    for _ in range(5):  # warm-up: imports, the executor, the first jails
         await bare()
+        await asyncio.sleep(gap_s)
         await ours()
-    for i in range(n):
-        if i % 2:
-            tb, ta = await ours(), await bare()
-        else:
-            ta, tb = await bare(), await ours()
-        a.append(ta)
-        b.append(tb)
-        ratios.append(tb / ta)
-    return {"bare": summary(a), "ours": summary(b), "ratio_median": statistics.median(ratios)}
+        await asyncio.sleep(gap_s)
+    cpu = {"bare": 0.0, "ours": 0.0}
+    for _ in range(reps):
+        load0, block = os.getloadavg()[0], []
+        for i in range(n):
+            took = {}
+            for side in ("ours", "bare") if i % 2 else ("bare", "ours"):
+                c0 = cpu_s(executor().pid)
+                took[side] = await (ours() if side == "ours" else bare())
+                await asyncio.sleep(gap_s)  # the executor's refill happens here: count it with ours
+                cpu[side] += cpu_s(executor().pid) - c0
+            a.append(took["bare"])
+            b.append(took["ours"])
+            ratios.append(took["ours"] / took["bare"])
+            block.append(ratios[-1])
+        blocks.append({"ratio_median": statistics.median(block), "load": [load0, os.getloadavg()[0]]})
+    return {
+        "bare": summary(a),
+        "ours": summary(b),
+        "ratio_median": statistics.median(ratios),
+        "blocks": blocks,
+        "cpu_ms_per_call": {k: v / (n * reps) * 1e3 for k, v in cpu.items()},
+        "gap_ms": gap_s * 1e3,
+    }
+
+
+async def back_to_back(sb, n: int) -> dict:
+    """``true`` run after ``true`` with no pause: the executor has no idle moment to prepare a
+    jail, so each takes a cold one (forked and set up for it)."""
+    took = [await sandbox_true(sb) for _ in range(n)]
+    return summary(took)
 
 
 async def loaded_burst(sb, calls: int = 256) -> dict:
@@ -158,14 +204,15 @@ async def loaded_burst(sb, calls: int = 256) -> dict:
     }
 
 
-async def mode_bench(mode: str, n: int) -> dict:
+async def mode_bench(mode: str, n: int, gap_s: float, reps: int) -> dict:
     bwrap = {"bwrap": True, "no-bwrap": False, "not-root": False}[mode]
     sb = make_sandbox("local", bwrap=bwrap)
     try:
         out = {
             "describe": {k: v for k, v in sb.describe().items() if isinstance(v, (bool, int, float, str))},
-            "true": await pairs(bare_true, lambda: sandbox_true(sb), n),
-            "python_tool": await pairs(bare_python, tool_call(sb), n),
+            "true": await pairs(bare_true, lambda: sandbox_true(sb), n, gap_s, reps),
+            "true_back_to_back": await back_to_back(sb, max(20, n // 4)),
+            "python_tool": await pairs(bare_python, tool_call(sb), n, gap_s),
         }
     finally:
         await sb.aclose()
@@ -177,7 +224,7 @@ async def mode_bench(mode: str, n: int) -> dict:
     return out
 
 
-def run_mode(mode: str, n: int) -> dict:
+def run_mode(mode: str, n: int, gap_s: float, reps: int) -> dict:
     if mode == "bwrap":
         from agentrl.sandbox.local import bwrap_unavailable_reason
 
@@ -196,6 +243,10 @@ def run_mode(mode: str, n: int) -> dict:
                 mode,
                 "--pairs",
                 str(n),
+                "--gap-ms",
+                str(gap_s * 1e3),
+                "--reps",
+                str(reps),
                 "--out",
                 f.name,
             ]
@@ -203,7 +254,7 @@ def run_mode(mode: str, n: int) -> dict:
             if r.returncode != 0:
                 return {"skipped": f"not-root mode failed: {r.stderr.strip()[-500:]}"}
             return json.loads(Path(f.name).read_text())
-    return asyncio.run(mode_bench(mode, n))
+    return asyncio.run(mode_bench(mode, n, gap_s, reps))
 
 
 def docker_run_cold(image: str) -> float:
@@ -326,19 +377,22 @@ def main() -> None:
     )
     ap.add_argument("--no-docker", action="store_true", help="local backend only")
     ap.add_argument("--modes", default="bwrap,no-bwrap,not-root", help="local isolation modes to measure")
-    ap.add_argument("--pairs", type=int, default=None, help="interleaved pairs per comparison")
+    ap.add_argument("--pairs", type=int, default=None, help="interleaved pairs per comparison (per block)")
+    ap.add_argument("--reps", type=int, default=3, help="blocks of pairs for exec of true (the spread)")
+    ap.add_argument("--gap-ms", type=float, default=30.0, help="pause between calls (a tool call per turn)")
     ap.add_argument("--child-mode", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/sandbox[-quick].json)")
     args = ap.parse_args()
-    n_pairs, n_cold, total = (40, 10, 640) if args.quick else (200, 40, 2560)
+    n_pairs, n_cold, total = (40, 10, 640) if args.quick else (100, 40, 2560)
     n_pairs = args.pairs or n_pairs
     args.concurrency = args.concurrency or (16 if args.quick else 64)
     args.out = args.out or str(ROOT / "bench" / "results" / f"sandbox{'-quick' if args.quick else ''}.json")
     if args.child_mode:
-        Path(args.out).write_text(json.dumps(asyncio.run(mode_bench(args.child_mode, n_pairs))))
+        result = asyncio.run(mode_bench(args.child_mode, n_pairs, args.gap_ms / 1e3, args.reps))
+        Path(args.out).write_text(json.dumps(result))
         return
     out = {"machine": machine(), "quick": args.quick, "command": "python " + " ".join(sys.argv)}
-    out["modes"] = {m: run_mode(m, n_pairs) for m in args.modes.split(",") if m}
+    out["modes"] = {m: run_mode(m, n_pairs, args.gap_ms / 1e3, args.reps) for m in args.modes.split(",") if m}
     out["throughput_local"] = asyncio.run(throughput_local(args.concurrency, total))
     if not args.no_docker:
         from agentrl.sandbox.docker import unavailable_reason
@@ -367,16 +421,38 @@ def table(out: dict) -> str:
             ("python_tool", "bare python3 -c pass", "<= 1.0x"),
         ):
             r = m[key]
+            spread = [blk["ratio_median"] for blk in r.get("blocks", [])]
+            cpu = r["cpu_ms_per_call"]
             rows += [
-                (f"[{mode}] {bare}", f"{r['bare']['p50_ms']:.2f}", f"{r['bare']['p99_ms']:.2f}", "", ""),
+                (
+                    f"[{mode}] {bare}",
+                    f"{r['bare']['p50_ms']:.2f}",
+                    f"{r['bare']['p99_ms']:.2f}",
+                    f"CPU {cpu['bare']:.2f} ms/call",
+                    "",
+                ),
                 (
                     f"[{mode}] local {'exec of true' if key == 'true' else 'python tool call'}",
                     f"{r['ours']['p50_ms']:.2f}",
                     f"{r['ours']['p99_ms']:.2f}",
-                    f"{r['ratio_median']:.2f}x",
+                    f"{r['ratio_median']:.2f}x"
+                    + (f" (blocks {min(spread):.2f}-{max(spread):.2f}x)" if len(spread) > 1 else "")
+                    + f", CPU {cpu['ours']:.2f} ms/call",
                     target,
                 ),
             ]
+            if key == "true":
+                loads = [x for blk in r["blocks"] for x in blk["load"]]
+                t = m["true_back_to_back"]
+                rows.append(
+                    (
+                        f"[{mode}] local exec of true, back to back",
+                        f"{t['p50_ms']:.2f}",
+                        f"{t['p99_ms']:.2f}",
+                        f"gap {r['gap_ms']:.0f} ms above; load {min(loads):.1f}-{max(loads):.1f}",
+                        "",
+                    )
+                )
         b = m["burst_256_loaded"]
         rows.append(
             (

@@ -1,6 +1,7 @@
 """The Sandbox seam (``base``), the backend choice (``factory``) and the backends beside them:
-``local`` (+ ``executor``, ``executor_client``, ``child``, ``jail``, ``slots``), ``docker`` (+ ``docker_*``),
-``subprocess_runner``; ``files`` copies files in and out. Re-exports the seam and the factory."""
+``local`` (+ ``bwrap_view``, ``executor*``, ``child*``, ``warm_python``, ``jail``, ``slots``),
+``docker`` (+ ``docker_*``), ``subprocess_runner``; ``files`` copies files in and out. Re-exports the
+seam and the factory."""
 
 from agentrl.sandbox.base import (
     STATUSES,

@@ -205,3 +205,102 @@ def test_close_stops_the_executor_and_the_next_run_starts_a_new_one():
         time.sleep(0.05)
     assert not _alive(old)
     assert asyncio.run(sb.run(["true"], timeout_s=10)).ok and ex.pid != old
+
+
+# ------------------------------------------------------------------------------ ready jails, connections
+async def _ready_jail(kind_of_argv: list[str], sb) -> tuple[str, int]:
+    """Run once (a cold jail), then wait for the executor to hand this loop a ready one: (kind, pid)."""
+    assert (await sb.run(kind_of_argv, timeout_s=10)).ok
+    conn = executor()._conn()
+    for _ in range(200):
+        ready = [(kind, pid) for kind, jails in conn.ready.items() for pid, _ in jails]
+        if ready:
+            return ready[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError("no ready jail was handed over within 10 s")
+
+
+def test_a_pause_readies_a_jail_and_the_next_run_takes_it(sb):
+    async def main():
+        kind, pid = await _ready_jail(["true"], sb)
+        with open(f"/proc/{pid}/comm") as f:
+            assert f.read().strip() == "agentrl-ready"
+        r = await sb.run(["sh", "-c", "echo ran"], timeout_s=10)
+        assert r.ok and r.stdout == "ran\n"
+        conn = executor()._conn()
+        assert pid not in [p for p, _ in conn.ready.get(kind, [])]
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:  # it ran the request and ended
+            await asyncio.sleep(0.05)
+        assert not _alive(pid)
+
+    asyncio.run(main())
+
+
+def test_a_ready_jail_that_died_is_passed_over(sb):
+    async def main():
+        _, pid = await _ready_jail(["true"], sb)
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            await asyncio.sleep(0.01)
+        r = await sb.run(["sh", "-c", "echo fine"], timeout_s=10)
+        assert (r.status, r.stdout) == ("ok", "fine\n")
+
+    asyncio.run(main())
+
+
+def test_each_event_loop_has_its_own_connection_let_go_with_the_loop():
+    sb = make_sandbox("local", bwrap=False)
+    for _ in range(4):
+        assert asyncio.run(sb.run(["true"], timeout_s=10)).ok
+    ex = executor()
+    assert len(ex._conns) <= 1  # the closed loops' connections (and their ready jails) were let go
+    assert len(ex.fds()) <= 1 + 1 + 4  # the first socket, one connection, its ready jails' channels
+
+
+def test_a_run_cancelled_as_it_starts_leaves_nothing(sb):
+    async def main():
+        for delay in (0, 0, 0.001, 0.005, 0.02):
+            task = asyncio.ensure_future(sb.run(["sleep", "31.25"], timeout_s=60))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while _pids_running("sleep 31.25") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pids_running("sleep 31.25")
+
+
+def test_a_one_shot_run_makes_its_work_dir_inside_its_jail(sb):
+    if os.geteuid() != 0:
+        pytest.skip("work dirs inside a jail's own mount namespace need root")
+    import glob
+    import tempfile
+
+    mine = os.path.join(tempfile.gettempdir(), f"agentrl-sbx-{os.getpid()}-*")
+
+    async def main():
+        task = asyncio.ensure_future(sb.run(["sh", "-c", "sleep 0.5; echo x > f; cat f; stat -c %u ."], timeout_s=10))
+        await asyncio.sleep(0.2)
+        seen = glob.glob(mine)  # no host directory (nor mount) for a run whose files nobody copies
+        r = await task
+        assert seen == [] and r.ok, (seen, r)
+        assert r.stdout.split()[0] == "x" and int(r.stdout.split()[1]) != 0  # writable, owned by the run's uid
+        r = await sb.run(["sh", "-c", "cat in"], files={"in": b"given"}, timeout_s=10)
+        assert r.stdout == "given"  # files given: the trainer's work dir, bound in
+
+    asyncio.run(main())
+
+
+def test_no_nested_user_namespaces_in_bubblewraps_view():
+    if os.geteuid() != 0 or bwrap_unavailable_reason() is not None:
+        pytest.skip("the executor builds bubblewrap's view as root where bubblewrap works")
+    sb = make_sandbox("local", bwrap=True)
+    r = asyncio.run(sb.run(["sh", "-c", "unshare -U true && echo MADE || echo refused"], timeout_s=10))
+    assert r.ok and r.stdout.strip() == "refused", r
+    code = "import ctypes; print('MADE' if ctypes.CDLL(None).unshare(0x10000000) == 0 else 'refused')"
+    r = run(sb, code)
+    assert r.ok and r.stdout.strip() == "refused", r

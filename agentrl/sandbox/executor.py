@@ -18,11 +18,12 @@ machine (page tables, copy-on-write faults), more than a whole ``posix_spawn``, 
 namespaces cost as much again. Neither depends on the request, only on its kind (the request's
 ``jail``: mount plan, disk size, parent-death signal). So once a connection has asked for a kind,
 the executor, when idle, prepares one jail of that kind for it (its namespaces made, its init
-waiting; at most ``MAX_KINDS`` kinds per connection) and hands it over: the client sends its next
-request of that kind straight to the jail, and only the request's own steps are left. Without a
-ready jail (a burst), the request comes here and a cold jail is forked for it. Each jail still
-serves exactly one request: fresh process, fresh namespaces, fresh work dir. A ready jail is
-named ``agentrl-ready`` on the host.
+waiting) and hands it over: the client sends its next request of that kind straight to the jail,
+and only the request's own steps are left. Only the ``MAX_READY`` (connection, kind) pairs used
+most recently keep a ready jail (an env with an event loop of its own has a connection of its own:
+hundreds of idle jails would be waste). Without a ready jail (a burst), the request comes here and
+a cold jail is forked for it. Each jail still serves exactly one request: fresh process, fresh
+namespaces, fresh work dir. A ready jail is named ``agentrl-ready`` on the host.
 
 Messages (``agentrl.sandbox.executor_wire``). On the first socket (its fd is argv[1]):
 ``{"connect": true}`` with a socket attached adds that socket as a client connection (the client
@@ -33,9 +34,11 @@ everything it started. On a connection, from the client: a request ``{"id", "jai
 (also before it made its session). To the client: ``{"id", "pid"}`` once a cold jail has the
 request, ``{"ready": kind, "pid"}`` handing over a ready jail, each with the jail's channel
 attached when it has one (a jail with its own pid namespace reports ``{"exit"}`` there as soon as
-its program ended, before the namespace is torn down; a ready jail takes its request there), and
-``{"pid", "exit", "error"?}`` when a jail was reaped (``error``: why the program could not be
-started, if so; the client keeps the first exit it hears). A connection closing kills its jails.
+its program ended, before the namespace is torn down; a ready jail takes its request there),
+``{"drop": kind, "pid"}`` asking it to let go of a ready jail it has not used (closing the
+channel: the jail ends at the EOF), and ``{"pid", "exit", "error"?}`` when a jail was reaped
+(``error``: why the program could not be started, if so; the client keeps the first exit it
+hears). A connection closing kills its jails.
 
 Warm Python: for ``python3 -`` (the ``python`` tool), when the requested interpreter is this one,
 the jail does not exec: it runs the program from stdin in a fork of this warm interpreter
@@ -71,7 +74,8 @@ else:  # run as a script (python -I executor.py FD): nothing of agentrl is on th
 
     del sys.path[0]
 
-MAX_KINDS = 4  # jail kinds kept ready per connection (least recently used dropped first)
+MAX_READY = 4  # (connection, kind) pairs that keep a ready jail: the most recently used
+MAX_WANTED = 64  # pairs remembered at all
 REFILL_IDLE_S = 0.002  # prepare ready jails only after this long without an event: never in a request's way
 
 
@@ -87,12 +91,11 @@ class Jail:
 
 @dataclass
 class Conn:
-    """A client connection: the notes waiting to go out on it, its jails, the kinds it keeps ready."""
+    """A client connection: the notes waiting to go out on it, its jails, its ready ones by kind."""
 
     sock: socket.socket
     out: collections.deque = field(default_factory=collections.deque)  # (payload, fds)
     jails: set[int] = field(default_factory=set)
-    kinds: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # kind -> jail plan
     ready: dict[str, int] = field(default_factory=dict)  # kind -> pid of the ready jail handed over
 
 
@@ -104,6 +107,8 @@ class Executor:
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}
         self.jails: dict[int, Jail] = {}  # pid -> every jail not yet reaped
+        # (connection fd, kind) -> (connection, plan), least recently used first
+        self.wanted: collections.OrderedDict[tuple[int, str], tuple[Conn, dict]] = collections.OrderedDict()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
@@ -183,14 +188,16 @@ class Executor:
         jail.conn = conn
         conn.jails.add(jail.pid)
         self.note(conn, {"id": rid, "pid": jail.pid}, [chan.detach()] if chan else [])
-        if _poolable(plan):
-            kind = json.dumps(plan, sort_keys=True)
-            conn.kinds[kind] = plan
-            conn.kinds.move_to_end(kind)
-            while len(conn.kinds) > MAX_KINDS:
-                old = conn.kinds.popitem(last=False)[0]
-                if old in conn.ready:
-                    _kill_jail(conn.ready.pop(old))  # the client hears its exit and forgets it
+        kind = wire.jail_kind(plan)
+        if kind is not None:
+            self._used(conn, kind, plan)
+
+    def _used(self, conn: Conn, kind: str, plan: dict) -> None:
+        key = (conn.sock.fileno(), kind)
+        self.wanted[key] = (conn, plan)
+        self.wanted.move_to_end(key)
+        while len(self.wanted) > MAX_WANTED:
+            self.wanted.popitem(last=False)
 
     def _fork(self, plan: dict, req: dict | None, fds: list[int]) -> tuple[Jail, socket.socket | None]:
         """A cold jail for ``req``, or a ready one (``req`` None); and our end of its channel
@@ -216,25 +223,38 @@ class Executor:
         self.jails[pid] = jail = Jail(pid, err_r)
         return jail, ours
 
+    def _recent(self) -> list[tuple[tuple[int, str], Conn, dict]]:
+        return [(key, conn, plan) for key, (conn, plan) in list(self.wanted.items())[-MAX_READY:]]
+
     def _refill_due(self) -> bool:
-        return any(kind not in c.ready for c in self.conns.values() for kind in c.kinds)
+        return any(key[1] not in conn.ready for key, conn, _ in self._recent())
 
     def refill(self) -> None:
-        """Hand one connection a ready jail of the kind it used most recently and lacks."""
+        """Hand the most recently used (connection, kind) that lacks one a ready jail; let go of
+        ready jails no recent pair keeps."""
+        recent = self._recent()
+        keep = {(conn.sock.fileno(), kind) for (_, kind), conn, _ in recent}
         for conn in self.conns.values():
-            for kind, plan in reversed(conn.kinds.items()):
-                if kind in conn.ready:
-                    continue
-                try:
-                    jail, chan = self._fork(plan, None, [])
-                except OSError:
-                    conn.kinds.pop(kind)  # cannot fork now: requests will, and say why
-                    return
-                jail.conn, jail.kind = conn, kind
-                conn.jails.add(jail.pid)
-                conn.ready[kind] = jail.pid
-                self.note(conn, {"ready": kind, "pid": jail.pid}, [chan.detach()])
+            for kind, pid in list(conn.ready.items()):
+                if (conn.sock.fileno(), kind) not in keep:
+                    del conn.ready[kind]
+                    self.jails[pid].kind = None
+                    # Not killed: the client may be sending it a request right now. Unless it has,
+                    # it lets go of the channel, and the jail ends at the EOF.
+                    self.note(conn, {"drop": kind, "pid": pid})
+        for key, conn, plan in reversed(recent):
+            if key[1] in conn.ready:
+                continue
+            try:
+                jail, chan = self._fork(plan, None, [])
+            except OSError:
+                self.wanted.pop(key)  # cannot fork now: requests will, and say why
                 return
+            jail.conn, jail.kind = conn, key[1]
+            conn.jails.add(jail.pid)
+            conn.ready[key[1]] = jail.pid
+            self.note(conn, {"ready": key[1], "pid": jail.pid}, [chan.detach()])
+            return
 
     def reap(self) -> None:
         while self.jails:
@@ -251,8 +271,11 @@ class Executor:
             conn.jails.discard(pid)
             if jail.kind is not None and conn.ready.get(jail.kind) == pid:
                 del conn.ready[jail.kind]  # used (or lost): the next refill replaces it
+                key = (conn.sock.fileno(), jail.kind)
                 if error:
-                    conn.kinds.pop(jail.kind, None)  # it cannot be prepared: cold jails will say why
+                    self.wanted.pop(key, None)  # it cannot be prepared: cold jails will say why
+                elif key in self.wanted:
+                    self.wanted.move_to_end(key)  # a ready jail's request never came here: its end tells
             msg = {"pid": pid, "exit": os.waitstatus_to_exitcode(status)}
             self.note(conn, {**msg, "error": error} if error else msg)
 
@@ -281,6 +304,8 @@ class Executor:
             self.sel.modify(conn.sock, events, conn)
 
     def drop(self, conn: Conn) -> None:
+        for key in [k for k in self.wanted if k[0] == conn.sock.fileno()]:
+            del self.wanted[key]
         for pid in conn.jails:
             _kill_jail(pid)
             self.jails[pid].conn = None  # reaped silently
@@ -294,13 +319,6 @@ class Executor:
     def shutdown(self) -> None:
         for pid in list(self.jails):
             _kill_jail(pid)
-
-
-def _poolable(plan: dict) -> bool:
-    """Whether a jail of this kind can be made before its request: all but a trainer-made work
-    dir bound into private mounts (its path is the request's)."""
-    mounts = plan.get("mounts") or {}
-    return not mounts or bool(mounts.get("workdir"))
 
 
 def _kill_jail(pid: int) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import json
 import os
 import socket
 import subprocess
@@ -188,9 +187,9 @@ class Executor:
         conn = self._conn()
         loop = conn.loop
         proc = ExecProcess(conn, proto, next(self._ids), request["argv"][0])
+        request = dict(request)
         plan = request.get("jail") or {}
-        mounts = plan.get("mounts") or {}
-        kind = json.dumps(plan, sort_keys=True) if not mounts or mounts.get("workdir") else None
+        kind = request.pop("kind") if "kind" in request else wire.jail_kind(plan)  # the caller may know it
         ours: list[int] = []
         theirs: list[int] = []
         try:
@@ -207,7 +206,7 @@ class Executor:
             if status_fd is not None:
                 theirs.append(os.dup(status_fd))
             msg = {**request, "id": proc.rid, "status_fd": status_fd is not None}
-            conn.start(proc, msg, theirs, kind, bool(mounts.get("pidns")))
+            conn.start(proc, msg, theirs, kind, bool((plan.get("mounts") or {}).get("pidns")))
             theirs = []  # the connection (or the jail) has them now
         except BaseException:
             for fd in ours + theirs:

@@ -173,8 +173,8 @@ class Conn:
     def start(self, proc: ExecProcess, request: dict, fds: list[int], kind: str | None, pidns: bool) -> None:
         """Send the request (``fds``: ours to close) to a ready jail of ``kind``, or else to the executor."""
         for pid, chan in self._take_ready(kind):
-            try:
-                wire.send(chan, request, fds, socket.MSG_DONTWAIT)
+            try:  # (the jail knows its plan)
+                wire.send(chan, {k: v for k, v in request.items() if k != "jail"}, fds, socket.MSG_DONTWAIT)
             except OSError:  # it died meanwhile (its exit note is on its way): the next one
                 chan.close()
                 continue
@@ -213,6 +213,9 @@ class Conn:
         if "ready" in msg:
             self.ready.setdefault(msg["ready"], []).append((msg["pid"], chan))
             return
+        if "drop" in msg:  # the executor keeps jails ready for other loops now: unless used already
+            self._forget_ready(msg["pid"])
+            return
         if "id" in msg:
             p = self.by_rid.pop(msg["id"], None)
             if p is not None and "pid" in msg:
@@ -222,11 +225,13 @@ class Conn:
             if p is not None:
                 p._end(msg)  # the executor could not fork it
             return
-        pid = msg.get("pid")
-        p = self.by_pid.get(pid)  # type: ignore[arg-type]
+        p = self.by_pid.get(msg.get("pid"))  # type: ignore[arg-type]
         if p is not None:
             return p._end(msg)
-        for jails in self.ready.values():  # a ready jail that ended unused
+        self._forget_ready(msg.get("pid"))  # a ready jail that ended unused
+
+    def _forget_ready(self, pid: object) -> None:
+        for jails in self.ready.values():
             for entry in [j for j in jails if j[0] == pid]:
                 jails.remove(entry)
                 entry[1].close()

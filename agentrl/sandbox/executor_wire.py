@@ -23,6 +23,16 @@ _ANC = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _RIGHTS = (socket.SOL_SOCKET, socket.SCM_RIGHTS)
 
 
+def jail_kind(plan: dict) -> str | None:
+    """The key of a request's ``jail`` plan under which a jail can be prepared before its request,
+    or None when it cannot (a trainer-made work dir bound into private mounts: its path is the
+    request's)."""
+    mounts = plan.get("mounts") or {}
+    if mounts and not mounts.get("workdir"):
+        return None
+    return json.dumps(plan, sort_keys=True)
+
+
 def pack(msg: dict, fds: list[int]) -> tuple[bytes, list[int], int | None]:
     """(payload, fds to attach, a memfd the caller closes after sending or None)."""
     payload = json.dumps(msg).encode()

@@ -84,6 +84,7 @@ from agentrl.sandbox.base import Limits
 from agentrl.sandbox.bwrap_view import STATUS_FD, bwrap_argv, bwrap_ran, bwrap_unavailable_reason, root_view_plan
 from agentrl.sandbox.docker_probe import docker_unavailable_reason
 from agentrl.sandbox.executor_client import executor
+from agentrl.sandbox.executor_wire import jail_kind
 from agentrl.sandbox.subprocess_runner import WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env
 
 __all__ = ["LocalSandbox", "bwrap_unavailable_reason"]
@@ -160,6 +161,7 @@ class LocalSandbox(SubprocessSandbox):
         self.root_view = root_view_plan(self.prefixes) if self.bwrap and self.uid_base is not None else None
         # Where a one-shot run's jail makes its own work dir (None: the trainer makes one on the host).
         self.jail_workdir = "/work" if self.root_view else _JAIL_WORKDIR if self.mounts.private_tmp else None
+        self._jails: dict[tuple[int, str | None], dict] = {}
         if root:
             _remove_stale_mounts()
 
@@ -238,16 +240,27 @@ class LocalSandbox(SubprocessSandbox):
         if self.bwrap is None or self.root_view:  # the executor's jail makes the namespaces
             home = "/work" if self.root_view else wd.path
             env = {**base_env(home, "/tmp" if self.root_view else home, python_bin), **self.extra_env}
-            plan = {**self.root_view, "workdir": own} if self.root_view else self.mounts.plan(workdir=own)
-            request.update(jail={"mounts": plan, "disk_mb": limits.disk_mb}, workdir=None if own else wd.path)
+            request.update(self._jail(limits.disk_mb, own), workdir=None if own else wd.path)
             request["warm"] = _is_warm_python(argv, env)
             return Spawn(argv, env, home, request)
         env = {**base_env("/work", "/tmp", python_bin), **self.extra_env}
         r, w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(r, False)
-        request["jail"] = {"disk_mb": limits.disk_mb}
+        request.update(self._jail(limits.disk_mb, None))
         bwrap = bwrap_argv(self.bwrap, wd.path, limits, STATUS_FD, self.mounts.binds)
         return Spawn(bwrap + argv, env, wd.path, request, status_fd=r, status_w=w)
+
+    def _jail(self, disk_mb: int, own: str | None) -> dict:
+        """The request's jail plan and its kind (the same for every run of these limits: cached)."""
+        key = (disk_mb, own)
+        if key not in self._jails:
+            if self.bwrap is not None and not self.root_view:  # the bwrap program makes the namespaces
+                plan: dict = {"disk_mb": disk_mb}
+            else:
+                mounts = {**self.root_view, "workdir": own} if self.root_view else self.mounts.plan(workdir=own)
+                plan = {"mounts": mounts, "disk_mb": disk_mb}
+            self._jails[key] = {"jail": plan, "kind": jail_kind(plan)}
+        return self._jails[key]
 
     async def _start(self, spawn: Spawn, proto, with_stdin: bool):
         request = {**(spawn.request or {}), "argv": spawn.argv, "env": spawn.env, "cwd": spawn.cwd}

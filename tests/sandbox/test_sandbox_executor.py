@@ -304,3 +304,34 @@ def test_no_nested_user_namespaces_in_bubblewraps_view():
     code = "import ctypes; print('MADE' if ctypes.CDLL(None).unshare(0x10000000) == 0 else 'refused')"
     r = run(sb, code)
     assert r.ok and r.stdout.strip() == "refused", r
+
+
+def test_only_the_most_recently_used_kinds_keep_a_ready_jail():
+    from agentrl.sandbox import Limits
+    from agentrl.sandbox.executor import MAX_READY
+
+    sb = make_sandbox("local", bwrap=False)
+
+    async def main():
+        kinds = [Limits(disk_mb=16 + i) for i in range(MAX_READY + 2)]  # a kind per disk size
+        for limits in kinds:
+            assert (await sb.run(["true"], timeout_s=10, limits=limits)).ok
+        conn = executor()._conn()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ready = {k: [p for p, _ in v] for k, v in conn.ready.items() if v}
+            if len(ready) == MAX_READY:
+                break
+            await asyncio.sleep(0.05)
+        assert len(ready) == MAX_READY, ready
+        assert all(f'"disk_mb": {16 + i}' in str(ready) for i in range(2, MAX_READY + 2))  # the latest ones
+        assert (await sb.run(["true"], timeout_s=10, limits=kinds[0])).ok  # the oldest is used again
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # it gets one back, the least recent of the others lets go
+            ready = {k: [p for p, _ in v] for k, v in conn.ready.items() if v}
+            if '"disk_mb": 16,' in str(ready) and len(ready) == MAX_READY:
+                break
+            await asyncio.sleep(0.05)
+        assert '"disk_mb": 16,' in str(ready) and '"disk_mb": 18,' not in str(ready), ready
+
+    asyncio.run(main())

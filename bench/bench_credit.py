@@ -49,6 +49,8 @@ Seed-to-seed spread is as large as the gaps between arms: read the paired differ
     python bench/bench_credit.py --seeds 16 --seed-start 300  # fresh seeds, for a confirmation
     python bench/bench_credit.py --pattern alternate --seeds 16 --seed-start 300
     python bench/bench_credit.py --quick                      # smoke run: 1 seed x 3 steps, 20-step SFT (~1 min)
+    python bench/bench_credit.py --env textworld --seeds 8    # issue 15: outcome/gigpo/turn_return/ppo on textworld
+                                                              # (bench/credit_textworld.py; --quick: smoke run)
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import credit_textworld  # noqa: E402  (the --env textworld comparison, beside this file)
 
 #: arm -> (algo preset, credit mode). ``outcome_nostd`` is a control: Dr.GRPO's r - mean, broadcast;
 #: turn_return divides by no std either, so on a one-turn env it equals this arm exactly, and any
@@ -265,6 +270,16 @@ def plot(summary: dict, args, path: Path) -> None:
     plt.close(fig)
 
 
+def textworld_defaults(args):
+    """``--env textworld``'s defaults for the shared arguments (the workload of BENCHMARKS.md issue 15)."""
+    for name, value in (("steps", 8), ("max_new_tokens", 48), ("lr", 1e-3)):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.quick:
+        args.seeds, args.steps, args.groups, args.eval_tasks = 1, 2, 1, 4
+    return args
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
@@ -275,7 +290,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups", type=int, default=2, help="prompt groups per optimizer step")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: 8 same, 24 alternate)")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=None, help="trainer lr (default: 2e-3 concise, 1e-3 textworld)")
+    ap.add_argument(
+        "--env",
+        choices=("concise", "textworld"),
+        default="concise",
+        help="concise: the 4-turn env above; textworld: the long-horizon comparison (bench/credit_textworld.py)",
+    )
     ap.add_argument(
         "--threshold",
         type=float,
@@ -288,13 +309,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = torch's default)")
     ap.add_argument("--model-dir", default=None, help="cache of the start model (default: temp dir)")
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/credit[-alternate].json)")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {list(ARMS)}")
+    ap.add_argument("--arms", default=None, help=f"comma-separated subset of {list(ARMS)} (textworld: of its own arms)")
     ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 1 seed, 3 steps, 1 group per step, a 20-step SFT warm start (same code path)",
     )
+    credit_textworld.add_args(ap)
     args = ap.parse_args(argv)
+    if args.env == "textworld":
+        return credit_textworld.main(textworld_defaults(args), sys.argv[1:] if argv is None else argv)
+    args.lr = 2e-3 if args.lr is None else args.lr
+    args.arms = args.arms or ",".join(ARMS)
     if args.quick:
         args.seeds, args.steps, args.groups, args.sft_steps = 1, 3, 1, 20
     args.arms = [a for a in args.arms.split(",") if a]

@@ -14,18 +14,13 @@ instead of silently reusing one trained on other text. Does not train anything i
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.common.paths import cache_dir  # lives in agentrl.common.paths; still importable from here
+from agentrl.warmstart.model_cache import cached, say
 
 VERSION = "v2"
 #: The randomly initialised model (``agentrl.warmstart.tiny_model.build_model`` arguments).
@@ -67,46 +62,12 @@ def fingerprint() -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _cached(dest: Path, build: Callable[[Path], None]) -> Path:
-    """``dest``, built by ``build(tmp_dir)`` and renamed into place if missing (locked, atomic)."""
-    if (dest / "config.json").exists():
-        return dest
-    with _lock(dest.parent / f".{dest.name}.lock"):
-        if (dest / "config.json").exists():  # another process built it while we waited
-            return dest
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-        try:
-            build(tmp)
-            os.rename(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return dest
-
-
-def _say(msg: str) -> None:
-    print(f"agentrl: {msg}", file=sys.stderr, flush=True)
-
-
 def base_model_path() -> Path:
     """The cached randomly initialised tiny model (no warm start)."""
     from agentrl.warmstart.tiny_model import build_model
 
     dest = cache_dir() / "models" / f"tiny-qwen3-base-{VERSION}-{fingerprint()}"
-    return _cached(dest, lambda tmp: build_model(tmp, **BASE))
+    return cached(dest, lambda tmp: build_model(tmp, **BASE))
 
 
 def default_model_path(warm_start: bool = True) -> Path:
@@ -124,17 +85,17 @@ def default_model_path(warm_start: bool = True) -> Path:
     def build(tmp: Path) -> None:
         from agentrl.warmstart.sft import SFTConfig, run_sft
 
-        _say(f"building the built-in model's SFT warm start in {dest} (first use only; a few minutes on CPU)")
+        say(f"building the built-in model's SFT warm start in {dest} (first use only; a few minutes on CPU)")
         t0 = time.perf_counter()
         summary = run_sft(base, tmp, SFTConfig(**WARM_START))
         summary["model"] = str(dest)  # where it lives once renamed into place
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-        _say(
+        say(
             f"warm start done in {time.perf_counter() - t0:.0f} s (loss {summary['loss_first']:.2f} -> "
             f"{summary['loss_last']:.3f})"
         )
 
-    return _cached(dest, build)
+    return cached(dest, build)
 
 
 def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
@@ -145,7 +106,7 @@ def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
     if path == "builtin:textworld":  # the TextWorld warm start (agentrl.warmstart.textworld_model)
         from agentrl.warmstart.textworld_model import textworld_model_path
 
-        return textworld_model_path()
+        return textworld_model_path(base_model_path())
     if path is None:
         if revision is not None:
             from agentrl.errors import ConfigError

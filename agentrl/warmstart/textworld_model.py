@@ -3,7 +3,7 @@
 Owns the recipe of the ``TextWorld-v0`` warm start (``TEXTWORLD_WARM_START``: demonstrations, their
 difficulty, the SFT budget) and its cache entry beside the default model's
 (``tiny-qwen3-textworld-sft-<version>-<fingerprint>`` under ``cache_dir()/models``), built once
-under the same lock-and-rename as the default model (``agentrl.warmstart.default_model._cached``).
+under the same lock-and-rename as the default model (``agentrl.warmstart.model_cache``).
 ``model.path: builtin:textworld`` selects it (``agentrl.warmstart.default_model.resolve_model_path``;
 ``configs/textworld.yaml`` sets it).
 
@@ -13,11 +13,11 @@ tokenizer), so the code_exec warm start and its cache key are untouched by this 
 Why this budget (BENCHMARKS.md, issue 15): the oracle plans with full knowledge of where the goal
 object hides, which a policy reading the transcript does not have; imitating it teaches the
 tool-call format, the action grammar and the plan's shape (walk, open, take, walk, put), not where
-to look, so the warm start leaves room for RL by construction. The budget is the smallest that
-teaches the format: at 40 steps x 8 the model still wrote broken calls (0 of 64 held-out worlds
-solved at difficulty 1, 30 turns); 120 steps x 4 (1.2 epochs of 400 demonstrations, loss 7.7 ->
-0.23) fits the format. Each sequence is ~1,700 tokens (half of it the tool schemas), so the build
-costs ~120 sequence-steps of that length: a few minutes on 2 idle CPU cores.
+to look. 40 steps x 8 left broken calls; 120 steps x 4 (1.2 epochs of 400 demonstrations, loss
+7.7 -> 0.23) writes valid calls but still names rooms that are not exits, and solved 0 of 32
+held-out worlds (difficulty 1, 30 turns): it does not leave the 0.15-0.45 room RL needs yet, and a
+longer budget was not affordable on the shared machine it was sized on. Each sequence is ~1,700
+tokens (half of it the tool schemas).
 
 Fingerprint: the recipe plus a sample of the demonstrations' token ids (prompt, tool schemas, the
 oracle's turns), so editing the env's prompt or tools builds a fresh model. Does not: train
@@ -31,7 +31,10 @@ import json
 import time
 from pathlib import Path
 
-from agentrl.warmstart.default_model import VERSION, _cached, _say, base_model_path, cache_dir
+from agentrl.common.paths import cache_dir
+from agentrl.warmstart.model_cache import cached, say
+
+VERSION = "v1"
 
 #: The TextWorld warm start: ``num_demos`` oracle demonstrations on train worlds of ``difficulty``
 #: (``agentrl.warmstart.textworld_demos``), then ``agentrl.warmstart.sft.SFTConfig`` fields.
@@ -62,10 +65,10 @@ def fingerprint(base: Path) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def textworld_model_path() -> Path:
-    """Path of the cached TextWorld warm-started model, building it first if needed (a few
+def textworld_model_path(base: Path) -> Path:
+    """Path of the cached TextWorld warm start of ``base`` (the default model's base:
+    ``agentrl.warmstart.default_model.base_model_path``), building it first if needed (a few
     minutes on 2 CPU cores, once)."""
-    base = base_model_path()
     dest = cache_dir() / "models" / f"tiny-qwen3-textworld-sft-{VERSION}-{fingerprint(base)}"
     if (dest / "config.json").exists():
         return dest
@@ -75,7 +78,7 @@ def textworld_model_path() -> Path:
 
         from agentrl.warmstart.sft import SFTConfig, run_sft
 
-        _say(f"building the TextWorld warm start in {dest} (first use only; a few minutes on CPU)")
+        say(f"building the TextWorld warm start in {dest} (first use only; a few minutes on CPU)")
         t0 = time.perf_counter()
         r = TEXTWORLD_WARM_START
         examples = _demos(AutoTokenizer.from_pretrained(str(base)), int(r["num_demos"]))
@@ -85,9 +88,9 @@ def textworld_model_path() -> Path:
         summary["model"] = str(dest)
         summary["recipe"] = r
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
-        _say(
+        say(
             f"TextWorld warm start done in {time.perf_counter() - t0:.0f} s (loss {summary['loss_first']:.2f} -> "
             f"{summary['loss_last']:.3f})"
         )
 
-    return _cached(dest, build)
+    return cached(dest, build)

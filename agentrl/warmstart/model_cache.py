@@ -1,0 +1,52 @@
+"""Building a cached model directory once: a lock per entry and an atomic rename into place.
+
+Owns ``cached(dest, build)`` (concurrent runs never see half a model and never build it twice; a
+failed build leaves nothing behind) and ``say`` (the one-line progress note on stderr). Used by the
+built-in models (``agentrl.warmstart.default_model``, ``agentrl.warmstart.textworld_model``); does
+not decide where entries live or what goes in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def lock(path: Path):
+    """An exclusive ``flock`` on ``path`` (created with its parents) for the ``with`` block."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cached(dest: Path, build: Callable[[Path], None]) -> Path:
+    """``dest``, built by ``build(tmp_dir)`` and renamed into place if missing (locked, atomic)."""
+    if (dest / "config.json").exists():
+        return dest
+    with lock(dest.parent / f".{dest.name}.lock"):
+        if (dest / "config.json").exists():  # another process built it while we waited
+            return dest
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+        try:
+            build(tmp)
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return dest
+
+
+def say(msg: str) -> None:
+    print(f"agentrl: {msg}", file=sys.stderr, flush=True)

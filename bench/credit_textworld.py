@@ -1,0 +1,317 @@
+"""Turn-level credit on a long-horizon env (issue 15): ``python bench/bench_credit.py --env textworld``.
+
+Arms (``ARMS``), every one the real ``agentrl.jobs.run.Runner`` (LocalEngine + Trainer, on-policy:
+staleness 0, temperature 1, token-mean loss) from the same start model, the built-in TextWorld warm
+start (``model.path: builtin:textworld``, ``agentrl.warmstart.textworld_model``):
+
+* ``outcome`` (GRPO): ``(R - mean) / std`` of the episode return, on every sampled token;
+* ``gigpo`` (GRPO + ``algo.credit=gigpo``): that plus omega x the step-level advantage inside
+  anchor-state groups (turns of one group's samples starting from the same ``state_key``);
+* ``turn_return`` (GRPO preset, ``algo.credit=turn_return``): discounted return-to-go minus the
+  group's mean at the same turn index;
+* ``ppo`` (the ppo preset: a value head, turn-level GAE, whitened advantages).
+
+Equal samples per arm (``--groups`` x ``--group-size`` episodes per step, ``--steps`` steps);
+paired: seed s gives every arm the same tasks and sampling seeds (rollout seed = trainer seed = s).
+Reward: 1 on success, 0 otherwise (``step_cost`` 0), gamma ``--gamma`` for the per-turn returns.
+
+Reports per arm: held-out success at the end (``--eval-tasks`` eval-split worlds, every task in the
+denominator; the start model's rate is measured once, it is the same for every arm), mean and 95 %
+t interval over seeds; the AUC of the rollout success curve; the paired difference of the end
+success vs ``outcome`` with a two-sided paired t-test p-value (and the seeds where the arm is
+ahead); wall time per optimizer step; for gigpo the anchor-group statistics (turns sharing a
+state, largest group). JSON to ``bench/results/credit-textworld.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+#: the shipped TextWorld run config (the defaults every arm starts from)
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "textworld.yaml"
+#: arm -> (algo preset, credit mode)
+ARMS = {
+    "outcome": ("grpo", "outcome"),
+    "gigpo": ("grpo", "gigpo"),
+    "turn_return": ("grpo", "turn_return"),
+    "ppo": ("ppo", "turn_gae"),
+}
+
+
+def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int):
+    """The run config of one arm and seed (everything but the arm identical across arms)."""
+    import yaml
+
+    from agentrl.config.schema import load_config, merge_layer
+
+    preset, credit = ARMS[arm]
+    shipped = yaml.safe_load(CONFIG.read_text())  # the shipped defaults, under this bench's settings
+    return load_config(
+        base=merge_layer(
+            shipped,
+            {
+                "output_dir": str(out),
+                "model": {"path": model},
+                "env": {"id": "textworld", "kwargs": {"difficulty": args.difficulty}},
+                "rollout": {
+                    "max_new_tokens": args.max_new_tokens,
+                    "max_turns": args.max_turns,
+                    "max_context": args.max_context,
+                    "group_size": args.group_size,
+                    "temperature": 1.0,
+                    "seed": seed,
+                },
+                "algo": {"name": preset, "credit": credit, "gamma": args.gamma, "gigpo_omega": args.omega},
+                "train": {
+                    "steps": args.steps,
+                    "groups_per_step": args.groups,
+                    "max_staleness": 0,
+                    "checkpoint_every": 0,
+                },
+                "eval": {"num_tasks": eval_tasks, "every": 0, "env_kwargs": {"split": "eval"}},
+                "trainer": {
+                    "lr": args.lr,
+                    "loss_agg": "token-mean",
+                    "seed": seed,
+                    "temperature": 1.0,
+                    "lr_schedule": "constant",
+                },
+                "engine": {"max_batch_size": 64},
+                "logging": {"tensorboard": False, "trajectories_per_step": 0},
+            },
+        )
+    )
+
+
+def run_one(model: str, arm: str, seed: int, args, out_root: Path) -> dict:
+    """One training run; its rollout success curve, end held-out success, wall per step, credit stats.
+    The run's own first evaluation is skipped (the start model is the same for every arm and seed:
+    ``start_success`` measures it once)."""
+    import agentrl.jobs.run as runner_mod
+
+    cfg = run_config(model, arm, seed, args, out_root / f"{arm}-s{seed}", args.eval_tasks)
+    orig = runner_mod.Runner.evaluate
+
+    async def evaluate(self, first: bool = False):
+        return {} if first else await orig(self)
+
+    runner_mod.Runner.evaluate = evaluate
+    t0 = time.perf_counter()
+    try:
+        runner = runner_mod.Runner(cfg, progress=False)
+        asyncio.run(runner.run())
+    finally:
+        runner_mod.Runner.evaluate = orig
+    rows = [r for r in runner.history if "rollout/reward_mean" in r]
+    final = [r for r in runner.history if "eval/solve_rate" in r]
+    step_s = [r["time/step_s"] for r in rows if "time/step_s" in r]
+    return {
+        "arm": arm,
+        "seed": seed,
+        "wall_s": time.perf_counter() - t0,
+        "step_s": step_s,
+        "reward": [r["rollout/reward_mean"] for r in rows],
+        "turns": [r.get("rollout/turns_mean") for r in rows],
+        "end_success": final[-1]["eval/solve_rate"] if final else None,
+        "end_eval": {k: v for k, v in final[-1].items() if k.startswith("eval/")} if final else None,
+        "credit": [{k: v for k, v in r.items() if k.startswith("credit/")} for r in rows],
+    }
+
+
+def start_success(model: str, args) -> dict:
+    """The start model's held-out success, measured once: the runs' end eval (``Runner.evaluate``:
+    the same eval-split tasks and sampling seeds) on the start model."""
+    from transformers import AutoTokenizer
+
+    from agentrl.engine.local import LocalEngine
+    from agentrl.envs.registry import make
+    from agentrl.episodes.config import RolloutConfig
+    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+    from agentrl.episodes.summary import eval_stats
+    from agentrl.warmstart.default_model import resolve_model_path
+
+    path = resolve_model_path(model)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    kwargs = {"difficulty": args.difficulty, "split": "eval"}
+    rcfg = RolloutConfig(
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_context=args.max_context,
+        temperature=1.0,
+        group_size=1,
+        seed=0,
+    )
+
+    async def go():
+        engine = LocalEngine.from_pretrained(str(path), device="cpu", dtype="float32", max_context=args.max_context)
+        await engine.start()
+        try:
+            mgr = EpisodeManager(engine, lambda: make("textworld", **kwargs), tok, rcfg, env_id="textworld")
+            specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(args.eval_tasks)]
+            return eval_stats(await mgr.collect(specs))
+        finally:
+            await engine.close()
+
+    return asyncio.run(go())
+
+
+def t_interval(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its two-sided 95 % t interval (0 for one value)."""
+    from scipy import stats
+
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    return m, stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def paired_p(d: list[float]) -> float | None:
+    """Two-sided paired t-test p-value of the differences ``d`` (None: fewer than 2, or all equal)."""
+    from scipy import stats
+
+    if len(d) < 2 or statistics.pstdev(d) == 0:
+        return None
+    return float(stats.ttest_1samp(d, 0.0).pvalue)
+
+
+def summarize(runs: list[dict], arms: list[str]) -> dict:
+    out = {}
+    for arm in arms:
+        mine = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
+        ends = [r["end_success"] for r in mine]
+        aucs = [statistics.fmean(r["reward"]) for r in mine]
+        m, ci = t_interval(ends)
+        shared = [c.get("credit/anchor_turns_shared") for r in mine for c in r["credit"]]
+        biggest = [c.get("credit/anchor_group_size_max") for r in mine for c in r["credit"]]
+        groups = [c.get("credit/anchor_groups") for r in mine for c in r["credit"]]
+        out[arm] = {
+            "seeds": [r["seed"] for r in mine],
+            "end_success_per_seed": ends,
+            "end_success": m,
+            "end_success_ci95": ci,
+            "auc_per_seed": aucs,
+            "auc": statistics.fmean(aucs),
+            "step_s": statistics.median(s for r in mine for s in r["step_s"])
+            if any(r["step_s"] for r in mine)
+            else None,
+            "mean_curve": [statistics.fmean(c) for c in zip(*(r["reward"] for r in mine))],
+            "anchor_turns_shared_mean": statistics.fmean(shared) if None not in shared and shared else None,
+            "anchor_groups_mean": statistics.fmean(groups) if None not in groups and groups else None,
+            "anchor_group_size_max": max(biggest) if None not in biggest and biggest else None,
+        }
+    if "outcome" in out:
+        base = out["outcome"]
+        for arm in arms:
+            if arm == "outcome":
+                continue
+            d = [a - b for a, b in zip(out[arm]["end_success_per_seed"], base["end_success_per_seed"])]
+            da = [a - b for a, b in zip(out[arm]["auc_per_seed"], base["auc_per_seed"])]
+            out[arm]["vs_outcome"] = {
+                "end_diff": statistics.fmean(d),
+                "end_diff_ci95": t_interval(d)[1],
+                "end_p": paired_p(d),
+                "seeds_ahead": sum(x > 0 for x in d),
+                "seeds_behind": sum(x < 0 for x in d),
+                "auc_diff": statistics.fmean(da),
+                "auc_p": paired_p(da),
+            }
+    return out
+
+
+def report(summary: dict, arms: list[str], start: dict, args) -> None:
+    n = len(summary[arms[0]]["seeds"])
+    print(
+        f"\ntextworld difficulty {args.difficulty}, {args.max_turns} turns, {args.groups}x{args.group_size} "
+        f"episodes/step, {args.steps} steps, {n} seeds; start held-out success "
+        f"{start.get('solve_rate', float('nan')):.3f} on {args.eval_tasks} eval tasks"
+    )
+    print(f"{'arm':<12}{'end success':>16}{'AUC':>8}{'diff vs outcome':>22}{'p':>8}{'ahead':>7}{'s/step':>8}")
+    for arm in arms:
+        s = summary[arm]
+        v = s.get("vs_outcome")
+        diff = f"{v['end_diff']:+.3f} +- {v['end_diff_ci95']:.3f}" if v else "-"
+        p = f"{v['end_p']:.3f}" if v and v["end_p"] is not None else "-"
+        ahead = f"{v['seeds_ahead']}/{n}" if v else "-"
+        print(
+            f"{arm:<12}{s['end_success']:>8.3f} +- {s['end_success_ci95']:.3f}{s['auc']:>8.3f}{diff:>22}{p:>8}"
+            f"{ahead:>7}{(s['step_s'] or 0):>8.1f}"
+        )
+    g = summary.get("gigpo")
+    if g and g["anchor_groups_mean"] is not None:
+        print(
+            f"  gigpo anchors per step: {g['anchor_groups_mean']:.1f} groups, {g['anchor_turns_shared_mean']:.1f} "
+            f"turns in groups of size > 1, largest group {g['anchor_group_size_max']}"
+        )
+
+
+def main(args, argv: list[str]) -> dict:
+    import tempfile
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    arms = [a for a in args.arms.split(",") if a] if args.arms else list(ARMS)
+    if any(a not in ARMS for a in arms):
+        raise SystemExit(f"--arms: {arms!r} must be a subset of {list(ARMS)}")
+    t0 = time.perf_counter()
+    model = args.model or "builtin:textworld"
+    runs: list[dict] = []
+    out = Path(args.out or Path(__file__).parent / "results" / "credit-textworld.json")
+    with tempfile.TemporaryDirectory(prefix="bench-credit-tw-") as tmp:
+        start = start_success(model, args)
+        print(f"start model {model}: held-out success {start.get('solve_rate')}", flush=True)
+        for seed in range(args.seed_start, args.seed_start + args.seeds):
+            for arm in arms:  # interleaved, so machine load drifts hit every arm alike
+                r = run_one(model, arm, seed, args, Path(tmp))
+                runs.append(r)
+                print(
+                    f"  {arm:<12} seed {seed}: rollout success {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}, "
+                    f"held-out end {r['end_success']:.3f} ({r['wall_s']:.0f} s)",
+                    flush=True,
+                )
+                partial = summarize(runs, [a for a in arms if any(x["arm"] == a for x in runs)])
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"partial": True, "start": start, "summary": partial, "runs": runs}))
+    summary = summarize(runs, arms)
+    report(summary, arms, start, args)
+    result = {
+        "benchmark": "credit on textworld (issue 15): outcome vs gigpo vs turn_return vs ppo",
+        "command": "python bench/bench_credit.py " + " ".join(argv),
+        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "workload": {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("out", "pattern", "turns", "threshold", "hidden", "layers", "sft_steps", "model_dir")
+        },
+        "wall_s": time.perf_counter() - t0,
+        "start": start,
+        "summary": summary,
+        "runs": runs,
+    }
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out} ({result['wall_s']:.0f} s)")
+    return result
+
+
+def add_args(ap) -> None:
+    """The textworld arguments of ``bench/bench_credit.py --env textworld``."""
+    g = ap.add_argument_group("--env textworld")
+    g.add_argument("--difficulty", type=int, default=1)
+    g.add_argument("--max-turns", type=int, default=30)
+    g.add_argument("--max-context", type=int, default=4096)
+    g.add_argument("--gamma", type=float, default=0.95)
+    g.add_argument("--omega", type=float, default=1.0, help="gigpo's step-level weight")
+    g.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks at the end of each run")
+    g.add_argument("--model", default=None, help="start model (default: builtin:textworld)")
+
+
+if __name__ == "__main__":
+    sys.exit("run it as: python bench/bench_credit.py --env textworld")

@@ -1,7 +1,7 @@
 """The ``agent:`` section of the run config: who runs an episode's agent loop.
 
 Owns the AgentConfig dataclass (every field documented with ``doc()``) and its checks, kept beside
-its user (:mod:`agentrl.agents.episodes`) so that the agents package needs nothing from the config
+its user (:mod:`agentrl.agents.runner`) so that the agents package needs nothing from the config
 tree; the tree (``agentrl.config.schema``) re-exports it. Does not run programs or serve requests.
 """
 
@@ -24,7 +24,8 @@ class AgentConfig:
     )
     command: str | None = doc(
         None,
-        "proxy: a shell command run once per episode, e.g. 'python examples/agents/openai_loop.py'. It gets "
+        "proxy: a shell command run once per episode (training and held-out eval alike), e.g. "
+        "'python examples/agents/openai_loop.py'. It gets "
         "OPENAI_BASE_URL, OPENAI_API_KEY (per episode), AGENTRL_TASK (the task as JSON: messages, tools, task) and "
         'AGENTRL_RESULT (a path to write its result JSON, e.g. {"reward": 1.0}) in its environment.',
     )
@@ -44,7 +45,8 @@ class AgentConfig:
         "program",
         "proxy: where the reward comes from. 'program': the result's 'reward' (the AGENTRL_RESULT file, "
         "else the last JSON line of stdout, or the callable's return value); none is outcome 'reward_error'. "
-        "'env': the env scores the episode's final assistant text (env.step on it, e.g. code_exec's answer check).",
+        "'env': the env scores the episode's final assistant text (env.step on it, e.g. code_exec's answer check; "
+        "an env that does not end the episode on it makes the episode truncated_turns, reward 0).",
     )
     model_name: str = doc(
         "agentrl-policy", "proxy: the model name the endpoint serves (requests naming another model are refused)."

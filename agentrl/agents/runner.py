@@ -10,7 +10,12 @@ types the outcome and reward:
 - a budget stopped it (``rollout.max_turns``, ``rollout.max_context``) -> ``truncated_turns`` /
   ``context_overflow``; its last reply hit its token limit -> ``truncated_length`` (reward 0);
 - else the reward comes from the program's result (``agent.reward: program``; none ->
-  ``reward_error``) or from the env scoring the final assistant text (``agent.reward: env``).
+  ``reward_error``) or from the env scoring the final assistant text (``agent.reward: env``; an
+  env that does not end the episode on it -- the program stopped while the model was still
+  calling tools -> ``truncated_turns``, reward 0, as the built-in loop at its turn limit).
+
+Its counters (:data:`COUNTERS`) are the run's ``agent/...`` metrics: per training step
+(``take_step``), in total (``totals``) and, for a held-out eval, those of a ``sibling`` runner.
 
 The recorder's segments go to the manager through ``state``: ``state["ep"]`` the last (the
 episode's trajectory), ``state["earlier"]`` the ones an agent's history rewrite closed.
@@ -40,34 +45,67 @@ async def _env_call(env: Any, name: str, *args: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(getattr(env, name), *args, **kw)
 
 
+#: The runner's counters (see :meth:`ProxyRunner.totals`), in the order metrics show them.
+COUNTERS = (
+    "episodes",
+    "requests",
+    "split_trajectories",
+    "delta_prompts",
+    "program_crashes",
+    "program_timeouts",
+    "budget_stops",
+    "unfinished",
+    "no_reward",
+)
+
+
+def proxy_runner_of(manager: Any) -> ProxyRunner | None:
+    """The ProxyRunner an episode manager runs its episodes with, or None (the built-in loop, or a
+    manager of another kind, such as the Ray backend's)."""
+    runner = getattr(manager, "runner", None)
+    return runner if isinstance(runner, ProxyRunner) else None
+
+
 class ProxyRunner:
     """Runs episodes through an outside agent program (``agent.kind: proxy``).
 
     ``make_app(engine, tokenizer, model_name)`` builds the OpenAI-compatible ASGI app over an engine
     (the serve app, handed in by the job that wires the run)."""
 
-    def __init__(self, cfg: AgentConfig, make_app: Callable[[Any, Any, str], Any]) -> None:
+    def __init__(
+        self, cfg: AgentConfig, make_app: Callable[[Any, Any, str], Any], *, endpoint: ProxyEndpoint | None = None
+    ) -> None:
         self.cfg = cfg
-        self.endpoint = ProxyEndpoint(make_app, cfg.model_name)
+        self.endpoint = endpoint or ProxyEndpoint(make_app, cfg.model_name)
         self.counts: Counter = Counter()
+        self._taken: Counter = Counter()
         self._fn = load_callable(cfg.callable) if cfg.callable else None
 
-    def metrics(self) -> dict[str, float]:
-        """Running counts: ``agent/episodes``, ``agent/requests``, ``agent/split_trajectories`` (segments
-        closed by a history rewrite), ``agent/delta_prompts``, ``agent/program_crashes``,
-        ``agent/program_timeouts``, ``agent/no_reward``."""
-        keys = (
-            "episodes",
-            "requests",
-            "split_trajectories",
-            "delta_prompts",
-            "program_crashes",
-            "program_timeouts",
-            "no_reward",
-        )
-        return {f"agent/{k}": float(self.counts[k]) for k in keys}
+    def sibling(self) -> ProxyRunner:
+        """A runner of the same agent program through the same endpoint, with its own counters (the
+        held-out eval's: its episodes are not counted with the training ones)."""
+        other = ProxyRunner(self.cfg, self.endpoint.make_app, endpoint=self.endpoint)
+        other._fn = self._fn
+        return other
+
+    def totals(self) -> dict[str, int]:
+        """The counters since this runner was built: ``episodes``, ``requests`` (completions served),
+        ``split_trajectories`` (segments closed by a history rewrite), ``delta_prompts`` (prompts built
+        from render deltas), ``program_crashes`` (non-zero exit, raised, or no request made),
+        ``program_timeouts`` (past ``agent.timeout_s``), ``budget_stops`` (ended by ``max_turns`` or
+        ``max_context``), ``unfinished`` (the env did not end the episode on the final text),
+        ``no_reward`` (no reward in the program's result)."""
+        return {k: self.counts[k] for k in COUNTERS}
+
+    def take_step(self) -> dict[str, int]:
+        """The counters' increase since the last ``take_step`` (a training step's row)."""
+        now = Counter({k: self.counts[k] for k in COUNTERS})
+        step = {k: now[k] - self._taken[k] for k in COUNTERS}
+        self._taken = now
+        return step
 
     async def close(self) -> None:
+        """Stop the endpoint (idempotent; every runner sharing it loses it)."""
         await self.endpoint.close()
 
     async def run(self, manager: Any, spec: Any, traj: Trajectory, state: dict) -> None:
@@ -131,6 +169,7 @@ class ProxyRunner:
             self.counts["program_timeouts"] += 1
             return _end(traj, Outcome.DEADLINE, res.error)
         if link.stopped:
+            self.counts["budget_stops"] += 1
             return _end(traj, Outcome(link.stopped[0]), link.stopped[1])
         if res.error:
             self.counts["program_crashes"] += 1
@@ -153,12 +192,13 @@ class ProxyRunner:
                 )
         else:
             _, reward, terminated, _, _ = await _env_call(env, "step", link.last_text)
-            if not terminated:
-                self.counts["no_reward"] += 1
+            if not terminated:  # the program gave up first: a model that never answered, as at max_turns
+                self.counts["unfinished"] += 1
                 return _end(
                     traj,
-                    Outcome.REWARD_ERROR,
-                    "the env did not end the episode on the final assistant text (did the last reply call a tool?)",
+                    Outcome.TRUNCATED_TURNS,
+                    "the agent program ended before the env ended the episode on its final assistant text "
+                    "(the last reply called a tool?): reward 0",
                 )
         traj.reward = float(reward)
         _end(traj, Outcome.OK, "")

@@ -229,6 +229,7 @@ def run(
     rows += [
         (f"rollout_{k}", rollout.get(k)) for k in ("solve_rate", "infra_failure_rate", "infra_failures", "episodes")
     ]
+    rows += [(f"agent_{k}", v) for k, v in (summary.get("agent") or {}).items()]  # proxy mode's counters
     for key, v in rows:  # solve rates count every task; an infrastructure failure is an unsolved one
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     console.print(tab)

@@ -3,7 +3,8 @@
 Owns the job of `agentrl rollout`: resolving its plan (``agentrl.config.plan``, job ``rollout``),
 having ``agentrl.jobs.build`` build the env, the model and the engine ``engine.kind`` names (local
 or SGLang), streaming trajectories to ``trajectories.jsonl`` as they finish (a crash loses nothing
-already finished), writing the resolved config and metrics, and the progress bar. Also
+already finished), writing the resolved config and metrics (in proxy mode with the agent
+programs' counters; the recording endpoint is closed at the end), and the progress bar. Also
 ``tune_gc``, which every job's entry point calls. Does not define or build any of the pieces.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.agents.runner import proxy_runner_of
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
 from agentrl.episodes.manager import EpisodeManager, make_specs
@@ -89,19 +91,22 @@ def run_rollout(
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     engine = make_engine(cfg, model_path)
 
-    async def main() -> tuple[list[Trajectory], RolloutMetrics]:
+    async def main() -> tuple[list[Trajectory], RolloutMetrics, dict]:
         await engine.start()
+        manager = episode_manager(cfg, engine, factory, tokenizer)
+        proxy = proxy_runner_of(manager)
         try:
-            manager = episode_manager(cfg, engine, factory, tokenizer)
             specs = make_specs(cfg.rollout.num_prompts, cfg.rollout.group_size, cfg.rollout.seed)
             trajs_path = out / "trajectories.jsonl"
             trajs_path.unlink(missing_ok=True)
             trajs = await collect(manager, specs, trajs_path, progress)
-            return trajs, manager.metrics
+            return trajs, manager.metrics, ({"agent": proxy.totals()} if proxy is not None else {})
         finally:
+            if proxy is not None:  # its endpoint serves the engine: closed first
+                await proxy.close()
             await engine.close()
 
-    trajs, metrics = asyncio.run(main())
-    summary: dict[str, Any] = {"model": str(model_path), **metrics.summary(), "config": to_dict(cfg)}
+    trajs, metrics, agent = asyncio.run(main())
+    summary: dict[str, Any] = {"model": str(model_path), **metrics.summary(), **agent, "config": to_dict(cfg)}
     (out / "metrics.json").write_text(json.dumps(summary, indent=2, default=str))
     return trajs, metrics, out

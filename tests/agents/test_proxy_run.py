@@ -1,42 +1,107 @@
-"""A shortened `agentrl run --agent proxy` on code_exec with the built-in warm-started model: the
-outside openai-client agent's recorded trajectories train end to end (staleness queue, ledger,
-trainer, weight sync). It asserts the run completes its steps on trainable proxy episodes; whether
-reward rises over so few steps is not asserted (see the report numbers in the run's metrics)."""
+"""`agentrl run --agent proxy` on code_exec with the built-in warm-started model: outside agent
+programs train end to end (staleness queue, ledger, trainer, weight sync), the held-out eval plays
+the same agent program, the runner's counters reach metrics.jsonl and summary.json, the recording
+endpoint is closed when the run ends or fails, and the run learns."""
 
 import asyncio
+import json
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 from agentrl.config.schema import load_config
+from agentrl.errors import InfraFailureError
 from agentrl.jobs.run import Runner
 
-pytest.importorskip("openai", reason="the example agent uses the official openai client")
-AGENT = Path(__file__).resolve().parents[2] / "examples" / "agents" / "openai_loop.py"
+pytest.importorskip("openai", reason="the example agents use the official openai client")
+import probe_agents  # noqa: E402  (imports openai)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 
 
-@pytest.mark.slow
-def test_run_trains_through_the_proxy(tmp_path):
-    cfg = load_config(
+def _cfg(out, *sets):
+    return load_config(
         [],
         [
-            f"output_dir={tmp_path}",
+            f"output_dir={out}",
             "env.id=code_exec",
             "agent.kind=proxy",
-            "agent.reward=env",
-            f"agent.command={sys.executable} {AGENT}",
             "rollout.group_size=2",
             "rollout.max_new_tokens=96",
             "rollout.max_turns=4",
             "train.groups_per_step=2",
-            "train.steps=3",
             "train.max_staleness=0",
-            "eval.num_tasks=0",
             "logging.tensorboard=false",
+            *sets,
         ],
     )
+
+
+def _rows(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_closed(url):
+    """Nothing listens on ``url``'s port any more: connecting is refused and the port binds again."""
+    port = urlparse(url).port
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
+        s.bind(("127.0.0.1", port))
+
+
+def test_counters_reach_the_metrics_and_summary_and_the_endpoint_closes(tmp_path):
+    probe_agents.URLS.clear()
+    out = tmp_path / "run"
+    cfg = _cfg(
+        out, "agent.callable=probe_agents:example_agent", "agent.reward=env", "train.steps=2", "eval.num_tasks=0"
+    )
     summary = asyncio.run(Runner(cfg, progress=False).run())
-    assert summary["steps"] == 3
-    rollout = summary["rollout"]
-    assert rollout["episodes"] >= 12 and rollout["infra_failures"] == 0, rollout
+    assert summary["steps"] == 2 and summary["rollout"]["infra_failures"] == 0, summary["rollout"]
+    steps = [r for r in _rows(out) if "rollout/reward_mean" in r]
+    per_step = [r["agent/episodes"] for r in steps]
+    # by each step's row, every episode of the batches trained so far has finished and been counted
+    assert all(sum(per_step[: k + 1]) >= 4 * (k + 1) for k in range(2)), per_step
+    total = summary["agent"]
+    assert sum(per_step) <= total["episodes"] == len(probe_agents.URLS)
+    assert sum(r["agent/requests"] for r in steps) <= total["requests"]
+    assert total["requests"] >= total["episodes"] and total["program_crashes"] == 0
+    assert json.loads((out / "summary.json").read_text())["agent"] == total
+    assert len(set(probe_agents.URLS)) == 1  # one endpoint per run
+    _assert_closed(probe_agents.URLS[0])
+
+
+def test_eval_plays_the_agent_program_and_counts_each_task_once(tmp_path):
+    """forgetful_loop rewrites its history (three segments per episode) and reports reward 1.0: an
+    eval through the built-in loop would score the tiny model's own answers (about half solved)."""
+    out = tmp_path / "run"
+    cfg = _cfg(
+        out,
+        f"agent.command={sys.executable} {EXAMPLES / 'forgetful_loop.py'}",
+        "train.steps=1",
+        "train.groups_per_step=1",
+        "eval.num_tasks=4",
+    )
+    summary = asyncio.run(Runner(cfg, progress=False).run())
+    evals = [r for r in _rows(out) if "eval/episodes" in r]
+    assert len(evals) == 2  # at the start and at the end
+    for r in evals:
+        assert r["eval/episodes"] == 4 and r["eval/solve_rate"] == 1.0 and r["eval/infra_failures"] == 0, r
+        assert r["eval/agent/episodes"] == 4 and r["eval/agent/split_trajectories"] == 8, r
+    assert summary["eval_solve_rate_start"] == summary["eval_solve_rate_end"] == 1.0
+    assert summary["agent"]["episodes"] >= 2  # the training episodes are counted apart from the evals'
+
+
+def test_a_failing_run_closes_the_endpoint(tmp_path):
+    """Every episode of the first eval crashes: the run stops (infrastructure failure) and the
+    endpoint is gone; the eval plays the agent program, not the built-in loop (which would not crash)."""
+    probe_agents.URLS.clear()
+    cfg = _cfg(tmp_path / "run", "agent.callable=probe_agents:crashing_agent", "train.steps=1", "eval.num_tasks=4")
+    with pytest.raises(InfraFailureError, match="first evaluation ended env_error"):
+        asyncio.run(Runner(cfg, progress=False).run())
+    assert len(probe_agents.URLS) == 4
+    _assert_closed(probe_agents.URLS[0])

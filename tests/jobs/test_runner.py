@@ -4,6 +4,7 @@ import asyncio
 import json
 
 import pytest
+from reward_curve import rise, step_rewards
 
 import agentrl
 from agentrl.config.schema import load_config
@@ -82,9 +83,9 @@ def test_grpo_reward_rises_and_run_writes_everything(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 20), progress=False).run())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
+    rewards = step_rewards(out)
     assert len(rewards) == 20
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    first, last = rise(rewards, 4)
     assert last > first + 0.1, f"reward did not rise: {rewards}"
     assert summary["steps"] == 20 and (out / "curves.png").stat().st_size > 1000
     assert (out / "summary.json").exists() and (out / "config.yaml").exists()
@@ -176,7 +177,7 @@ def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_m
 
 
 def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run as runner_mod
+    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     # fake monitor (the checks themselves are tested in test_monitors.py): fires at step 2
@@ -195,7 +196,7 @@ def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_p
 
 
 def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run as runner_mod
+    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     firing = {2, 3, 4, 6}  # diversity_collapse on steps 2-4, then again at 6
@@ -292,7 +293,7 @@ def test_pause_on_infra_failures_stops_before_training_when_the_first_eval_fails
 
 
 def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run as runner_mod
+    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     def fake(history, cfg):

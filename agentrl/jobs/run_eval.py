@@ -1,0 +1,69 @@
+"""Held-out evaluation of one ``agentrl run`` (a mixin of ``Runner``).
+
+Owns: ``evaluate`` (``eval.num_tasks`` held-out tasks, one episode each at ``eval.temperature``, on
+the eval env; the row every eval reports: every task in the solve rate's denominator,
+infrastructure failures counted beside it) and ``_eval_due`` (``eval.every`` steps, except the last
+step, whose eval is the final one). The run's loop calls it at the start (``first``: an eval where
+every episode failed alike stops the run), every ``eval.every`` steps and at the end.
+
+Who plays the eval episodes is who plays the training episodes: the built-in turn loop, or in
+proxy mode (``agent.kind: proxy``) the run's agent program through the same recording endpoint
+(the trained agent is the policy *and* its program: evaluating the policy in the built-in loop
+would measure another agent, and an env scored by the program's own result, such as verifiers',
+could not be scored at all). An agent that rewrote its history yields several trajectories per
+episode; the eval counts each task once, by its episode's last trajectory (which carries the
+episode's outcome and reward), and adds its agents' counters (``agent/...``) to the row. Does not
+decide what a failure is (``agentrl.episodes.summary``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentrl.agents.runner import proxy_runner_of
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+from agentrl.episodes.summary import eval_stats
+from agentrl.jobs.infra_stop import stop_if_all_failed
+from agentrl.trajectory import Trajectory
+
+#: Task seeds of the held-out eval: far from the training stream's, the same in every eval of a run.
+EVAL_SEED_BASE = 10_000_019
+
+
+def eval_specs(n: int) -> list[EpisodeSpec]:
+    """The ``n`` eval episodes: one per task, sampling seeded by the task's index."""
+    return [EpisodeSpec(f"eval-{i}", 0, EVAL_SEED_BASE + i, sampling_seed=i) for i in range(n)]
+
+
+def episode_ends(trajs: list[Trajectory]) -> list[Trajectory]:
+    """One trajectory per episode: its last. The earlier segments of a split episode
+    (``EpisodeManager.run_segments``, marked ``info["segment"]``) are left out."""
+    return [t for t in trajs if "segment" not in t.info]
+
+
+class HeldOutEval:
+    """Held-out eval of ``Runner`` (uses ``cfg``, ``engine``, ``make_eval_env``, ``tokenizer``,
+    ``backend``, ``step``)."""
+
+    async def evaluate(self, first: bool = False) -> dict[str, float]:
+        ev = self.cfg.eval
+        if ev.num_tasks <= 0:
+            return {}
+        rcfg = dataclasses.replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
+        proxy = proxy_runner_of(self.backend.episodes)
+        agent = proxy.sibling() if proxy is not None else None  # same program and endpoint, own counters
+        mgr = EpisodeManager(
+            self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, runner=agent
+        )
+        trajs = episode_ends(await mgr.collect(eval_specs(ev.num_tasks)))
+        if first:  # an eval where everything failed alike means nothing here can work: stop now
+            stop_if_all_failed(trajs, "the first evaluation")
+        stats = eval_stats(trajs)
+        if agent is not None:
+            stats.update({f"agent/{k}": v for k, v in agent.totals().items()})
+        return stats
+
+    def _eval_due(self) -> bool:
+        """An eval after this step: every ``eval.every`` steps, but not after the last (the final eval)."""
+        every = self.cfg.eval.every
+        return bool(every) and self.step % every == 0 and self.step < self.cfg.train.steps

@@ -1,0 +1,105 @@
+"""ProxyRunner's outcomes and counters, without a model: how an episode ends from what the agent
+program and the env did, the per-step increase of the counters, and an eval runner's own counts."""
+
+import asyncio
+
+import pytest
+
+from agentrl.agents.config import AgentConfig
+from agentrl.agents.program import ProgramResult
+from agentrl.agents.proxy import Budget, EpisodeLink
+from agentrl.agents.runner import COUNTERS, ProxyRunner, proxy_runner_of
+from agentrl.trajectory import Outcome, Trajectory
+
+
+class FakeEnv:
+    """Fake env: ``step`` ends the episode (reward 1) only on a text containing ``ANSWER``."""
+
+    def __init__(self):
+        self.steps = []
+
+    def step(self, action):
+        self.steps.append(action)
+        done = "ANSWER" in action
+        return "", 1.0 if done else 0.0, done, False, {}
+
+
+def _runner(**kw):
+    cfg = AgentConfig(kind="proxy", command="true", **kw)
+    return ProxyRunner(cfg, make_app=lambda engine, tokenizer, name: None)
+
+
+def _link(last_text, finish="stop"):
+    budget = Budget(8, 64, 1024, 8, 1.0, 1.0, 0)
+    link = EpisodeLink("ep", tokenizer=None, budget=budget)
+    link.recorder.record([1, 2], [3, 4], [-0.1, -0.2], [0, 0], finish)
+    link.last_text = last_text
+    return link
+
+
+def _finish(runner, link, res, env=None):
+    traj = Trajectory(episode_id="ep", group_id="g", env_id="e", prompt_len=2)
+    asyncio.run(runner._finish(traj, env or FakeEnv(), link, res))
+    return traj
+
+
+def test_env_reward_when_the_env_ends_the_episode():
+    runner = _runner(reward="env")
+    traj = _finish(runner, _link("so the ANSWER is 4"), ProgramResult())
+    assert (traj.outcome, traj.reward) == (Outcome.OK, 1.0)
+
+
+def test_a_program_that_stops_while_the_model_calls_tools_is_truncated_not_an_infra_failure():
+    runner = _runner(reward="env")
+    traj = _finish(runner, _link('<tool_call>{"name": "python"}</tool_call>'), ProgramResult())
+    assert traj.outcome == Outcome.TRUNCATED_TURNS and traj.outcome.trainable and traj.reward == 0.0
+    assert runner.totals()["unfinished"] == 1 and runner.totals()["no_reward"] == 0
+
+
+@pytest.mark.parametrize(
+    "res, link_stop, outcome, counter",
+    [
+        (ProgramResult(timed_out=True, error="past"), None, Outcome.DEADLINE, "program_timeouts"),
+        (ProgramResult(error="exited with code 3"), None, Outcome.ENV_ERROR, "program_crashes"),
+        (
+            ProgramResult(error="503"),
+            ("truncated_turns", "reached max_turns=8"),
+            Outcome.TRUNCATED_TURNS,
+            "budget_stops",
+        ),
+        (ProgramResult(result={"final": "x"}), None, Outcome.REWARD_ERROR, "no_reward"),
+    ],
+)
+def test_each_ending_is_typed_and_counted(res, link_stop, outcome, counter):
+    runner = _runner(reward="program")
+    link = _link("x")
+    link.stopped = link_stop
+    traj = _finish(runner, link, res)
+    assert traj.outcome == outcome and traj.reward == 0.0
+    assert {k: v for k, v in runner.totals().items() if v} == {counter: 1}
+
+
+def test_take_step_gives_the_increase_since_the_last_step_and_totals_keep_counting():
+    runner = _runner()
+    runner.counts.update({"episodes": 4, "requests": 9})
+    assert runner.take_step() == {**dict.fromkeys(COUNTERS, 0), "episodes": 4, "requests": 9}
+    runner.counts.update({"episodes": 2, "split_trajectories": 1})
+    step = runner.take_step()
+    assert (step["episodes"], step["requests"], step["split_trajectories"]) == (2, 0, 1)
+    assert runner.take_step() == dict.fromkeys(COUNTERS, 0)
+    assert runner.totals()["episodes"] == 6 and runner.totals()["requests"] == 9
+
+
+def test_a_sibling_shares_program_and_endpoint_but_not_counters():
+    runner = _runner()
+    runner.counts["episodes"] = 3
+    eval_runner = runner.sibling()
+    assert eval_runner.endpoint is runner.endpoint and eval_runner.cfg is runner.cfg
+    assert eval_runner.totals()["episodes"] == 0
+
+
+def test_proxy_runner_of_finds_only_a_proxy_runner():
+    runner = _runner()
+    assert proxy_runner_of(type("M", (), {"runner": runner})()) is runner
+    assert proxy_runner_of(type("M", (), {"runner": None})()) is None
+    assert proxy_runner_of(object()) is None  # e.g. the Ray backend's episode workers

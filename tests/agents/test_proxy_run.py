@@ -55,12 +55,28 @@ def _assert_closed(url):
 
 
 def test_counters_reach_the_metrics_and_summary_and_the_endpoint_closes(tmp_path):
+    """`agentrl run --agent proxy` through the CLI with the example agent in-process (agent.callable)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+
     probe_agents.URLS.clear()
     out = tmp_path / "run"
-    cfg = _cfg(
-        out, "agent.callable=probe_agents:example_agent", "agent.reward=env", "train.steps=2", "eval.num_tasks=0"
-    )
-    summary = asyncio.run(Runner(cfg, progress=False).run())
+    sets = [
+        "agent.callable=probe_agents:example_agent",
+        "agent.reward=env",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=96",
+        "rollout.max_turns=4",
+        "train.groups_per_step=2",
+        "train.max_staleness=0",
+        "eval.num_tasks=0",
+        "logging.tensorboard=false",
+    ]
+    args = ["run", "--env", "code_exec", "--agent", "proxy", "--steps", "2", "--out", str(out), "-q"]
+    res = CliRunner().invoke(app, [*args, *(a for kv in sets for a in ("--set", kv))], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["rollout"]["infra_failures"] == 0, summary["rollout"]
     steps = [r for r in _rows(out) if "rollout/reward_mean" in r]
     per_step = [r["agent/episodes"] for r in steps]
@@ -70,7 +86,8 @@ def test_counters_reach_the_metrics_and_summary_and_the_endpoint_closes(tmp_path
     assert sum(per_step) <= total["episodes"] == len(probe_agents.URLS)
     assert sum(r["agent/requests"] for r in steps) <= total["requests"]
     assert total["requests"] >= total["episodes"] and total["program_crashes"] == 0
-    assert json.loads((out / "summary.json").read_text())["agent"] == total
+    shown = {line.split()[1]: line.split()[3] for line in res.output.splitlines() if " agent_" in line}
+    assert shown["agent_requests"] == str(total["requests"]), res.output  # in the run's summary table
     assert len(set(probe_agents.URLS)) == 1  # one endpoint per run
     _assert_closed(probe_agents.URLS[0])
 

@@ -212,12 +212,8 @@ def _split_pid_namespace(plan: dict, err_w: int, chan: int | None) -> int:
     up_w, ack_r = _raise_fds([up_w, ack_r])
     mounts.unshare(mounts.CLONE_NEWPID, "unshare(CLONE_NEWPID)")
     init = os.fork()
-    if init:  # the first stage, in the host's pid namespace
-        os.close(err_w)
-        if chan is not None:
-            os.close(chan)
-        os.close(up_w)
-        os.close(ack_r)
+    if init:  # the first stage, in the host's pid namespace: it keeps nothing of the run's (its pipes above all)
+        _close_all_but({up_r, ack_w})
         _first_stage(init, up_r, ack_w)
     os.close(up_r)
     os.close(ack_w)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from test_ray import RUN_ARGS, _assert_no_leak, _ray_or_skip, _ray_pids  # also registers test/RayCount-v0
+from ray_local import RUN_ARGS, assert_no_leak, ray_or_skip, ray_pids  # also registers test/RayCount-v0
 
 from agentrl.config.plan import resolve
 from agentrl.config.schema import load_config
@@ -128,7 +128,7 @@ def test_stagers_on_one_disk_never_clobber_each_other(tmp_path, tiny_model_dir):
 
 # -- a simulated multi-node cluster ----------------------------------------------------------------
 def _cluster(worker_cpus=(2, 2)):
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     from ray.cluster_utils import Cluster
 
     try:
@@ -142,13 +142,13 @@ def _cluster(worker_cpus=(2, 2)):
 
 @pytest.fixture(scope="class")  # torn down before the node-loss tests start clusters of their own
 def three_nodes():
-    before = _ray_pids()
+    before = ray_pids()
     ray, c, workers = _cluster()
     ray.init(address=c.address)
     yield ray, c, workers
     ray.shutdown()
     c.shutdown()
-    _assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before, timeout_s=60)
 
 
 class Stager:
@@ -301,7 +301,7 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     from agentrl.jobs.crash_harness import ledger_check
     from agentrl.jobs.run import Runner
 
-    before = _ray_pids()
+    before = ray_pids()
     ray, c, workers = _cluster()
     out = tmp_path / "run"
     steps = 6
@@ -374,7 +374,7 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     assert chk["steps"] == list(range(1, steps + 1)), chk
     assert chk["duplicates"] == [] and chk["lost"] == [], chk
     assert (out / "checkpoints" / f"step_{steps:06d}" / "COMPLETE").exists()
-    _assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before, timeout_s=60)
 
 
 # -- the object-store path on real SGLang engine actors (skips without SGLang) ----------------------
@@ -392,7 +392,7 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
     from agentrl.engine.base import SamplingParams
     from agentrl.weights.factory import make_weight_sync
 
-    before = _ray_pids()
+    before = ray_pids()
     ray, c, workers = _cluster(worker_cpus=(3, 3))
     try:
         cfg = resolve(
@@ -445,4 +445,4 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
         if ray.is_initialized():
             ray.shutdown()
         c.shutdown()
-    _assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before, timeout_s=60)

@@ -11,30 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_local import RUN_ARGS, assert_no_leak, ray_or_skip, ray_pids, ray_run_cfg  # also registers test/RayCount-v0
 
-import agentrl
 from agentrl.config.schema import load_config
 from agentrl.distributed import RayConfig, plan
-from agentrl.envs.base import AgentEnv, join_messages, new_stats
 from agentrl.errors import ConfigError
-
-
-class CountEnv(AgentEnv):
-    """One turn; reward = 1 - chars/40 (the tests/jobs/test_runner.py ShortEnv). Registered from this
-    module, so a rollout worker can only build it if the driver's env spec reaches it."""
-
-    has_eval_split = False  # no held-out tasks: eval runs on the same kind of prompts
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        msgs = [{"role": "user", "content": f"Say a number ({self.np_random.integers(100)})."}]
-        return join_messages(msgs), {"messages": msgs, "tools": [], "task": {"id": seed}}
-
-    def step(self, action):
-        return "", 1.0 - min(len(action), 40) / 40, True, False, {"messages": [], "tool_stats": new_stats()}
-
-
-agentrl.register("test/RayCount-v0", entry_point=CountEnv, override=True)
 
 
 def _cfg(*sets: str):
@@ -42,17 +23,6 @@ def _cfg(*sets: str):
     from agentrl.config.plan import resolve
 
     return resolve(load_config([], [*RUN_ARGS, *sets]), "run").cfg
-
-
-RUN_ARGS = [
-    "env.id=test/RayCount-v0",
-    "env.kwargs={}",
-    "rollout.max_new_tokens=6",
-    "rollout.max_turns=1",
-    "rollout.score_truncated=true",
-    "rollout.group_size=4",
-    "rollout.temperature=1.0",
-]
 
 
 # -- without Ray -----------------------------------------------------------------------------------
@@ -98,33 +68,13 @@ def test_ray_mode_rejects_what_it_cannot_run():
 
 
 # -- a local Ray instance --------------------------------------------------------------------------
-def _ray_or_skip():
-    try:
-        import ray
-    except ImportError as e:
-        pytest.skip(f"Ray is not installed ({e}); pip install 'agentrl[ray]'")
-    return ray
-
-
-def _ray_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::|default_worker.py"], capture_output=True, text=True)
-    return {int(p) for p in out.stdout.split()}
-
-
-def _assert_no_leak(before: set[int], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (left := _ray_pids() - before) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, f"Ray processes left running: {left}"
-
-
 @pytest.fixture(scope="class")
 def ray_session():
     """One local Ray instance (2 CPUs) for a class of tests, shut down after it."""
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     from agentrl.distributed.cluster import RayCluster
 
-    before = _ray_pids()
+    before = ray_pids()
     cluster = RayCluster(RayConfig(num_cpus=2))
     try:
         cluster.connect()
@@ -134,7 +84,7 @@ def ray_session():
     yield ray
     cluster.close()
     assert not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
 
 
 def _pg_of(info: dict) -> str:
@@ -192,7 +142,7 @@ class TestOnLocalRay:
     @pytest.mark.slow
     def test_two_ray_ranks_match_one_process(self, ray_session, tmp_path):
         """The non-Ray version of this check is tests/trainer/test_trainer_dist.py (torchrun)."""
-        from test_trainer_dist import STEPS, config, run
+        from trainer_dist import STEPS, config, run
 
         from agentrl.distributed import RayBackend
         from agentrl.trainer import Trainer
@@ -258,19 +208,19 @@ class TestOnLocalRay:
 @pytest.mark.slow
 def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir, tmp_path, monkeypatch):
     """A Ray head started apart (as on a cluster); RAY_ADDRESS points the unchanged config at it.
-    The env class of this test module reaches the workers by value (no shared import path)."""
+    The env class (tests/ray_local.py's CountEnv) reaches the workers by value (no shared import path)."""
     import os
     import shutil
     import signal
     import sys
 
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     from agentrl.distributed import RayBackend
     from agentrl.episodes.manager import make_specs
     from agentrl.trainer.dist import free_port
 
     cli = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
-    before = _ray_pids()
+    before = ray_pids()
     port = free_port()
     log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen(
@@ -325,32 +275,7 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
         current = Path("/tmp/ray/ray_current_cluster")  # `ray start` recorded our head there
         if current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
-    _assert_no_leak(before, timeout_s=60)
-
-
-def _run_cfg(model_dir, out, mode: str, steps: int = 3):
-    return load_config(
-        [],
-        [
-            f"output_dir={out}",
-            f"model.path={model_dir}",
-            *RUN_ARGS,
-            "train.groups_per_step=2",
-            f"train.steps={steps}",
-            "train.max_staleness=0",
-            "train.checkpoint_every=2",
-            "eval.num_tasks=4",
-            "eval.every=0",
-            "eval.env_kwargs={}",
-            "trainer.lr=2e-2",
-            "trainer.loss_agg=token-mean",
-            "logging.tensorboard=false",
-            f"distributed={mode}",
-            "ray.num_cpus=2",
-            "ray.placement=split",
-            "ray.workers_per_engine=2",
-        ],
-    )
+    assert_no_leak(before, timeout_s=60)
 
 
 @pytest.mark.ray
@@ -358,16 +283,16 @@ def _run_cfg(model_dir, out, mode: str, steps: int = 3):
 def test_agentrl_run_with_distributed_ray_completes_and_cleans_up(tiny_model_dir, tmp_path):
     """A shortened `agentrl run` (as in tests/jobs/test_runner.py) with distributed: ray: trains, syncs
     weights into the engine actors, checkpoints, evaluates, and leaves no Ray process behind."""
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     from agentrl.jobs.run import Runner
 
-    before = _ray_pids()
+    before = ray_pids()
     out = tmp_path / "ray"
     t0 = time.perf_counter()
-    summary = asyncio.run(Runner(_run_cfg(tiny_model_dir, out, "ray"), progress=False).run())
+    summary = asyncio.run(Runner(ray_run_cfg(tiny_model_dir, out, "ray"), progress=False).run())
     print(f"\nagentrl run, distributed=ray, 3 steps: {time.perf_counter() - t0:.1f}s wall")
     assert not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
     assert summary["steps"] == 3 and summary["eval_solve_rate_end"] is not None
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "rollout/reward_mean" in r]

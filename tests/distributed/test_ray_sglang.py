@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ray import RUN_ARGS, _assert_no_leak, _ray_or_skip, _ray_pids  # also registers test/RayCount-v0
+from ray_local import RUN_ARGS, assert_no_leak, ray_or_skip, ray_pids  # also registers test/RayCount-v0
 
 from agentrl.config.schema import load_config
 from agentrl.distributed.config import RayConfig
@@ -123,13 +123,13 @@ def _cfg(*sets: str):
 @pytest.mark.sglang
 @pytest.mark.timeout(900)
 def test_the_actor_owns_its_server_serves_workers_over_http_and_a_killed_actor_leaves_no_server(sglang_model_dir):
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     _sglang_or_skip()
     from agentrl.distributed import RayBackend
     from agentrl.engine.base import SamplingParams
     from agentrl.episodes.manager import make_specs
 
-    before = _ray_pids()
+    before = ray_pids()
     rc = RayConfig(num_cpus=2, num_engines=1, workers_per_engine=1, placement="colocate")
     backend = RayBackend.start(_cfg(), sglang_model_dir, rc=rc)
     server = reaper = None
@@ -180,7 +180,7 @@ def test_the_actor_owns_its_server_serves_workers_over_http_and_a_killed_actor_l
             os.killpg(server, signal.SIGKILL)
             pytest.fail(f"server {server} was still running after close()")
     assert not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
 
 
 @pytest.mark.ray
@@ -193,7 +193,7 @@ def test_a_failed_start_stops_the_servers_already_launched(sglang_model_dir, tmp
     import shutil
     import threading
 
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     _sglang_or_skip()
     from agentrl.distributed import RayBackend
 
@@ -209,7 +209,7 @@ def test_a_failed_start_stops_the_servers_already_launched(sglang_model_dir, tmp
             seen.update(int(p) for p in out.stdout.split())
             time.sleep(0.2)
 
-    before = _ray_pids()
+    before = ray_pids()
     t = threading.Thread(target=spy, daemon=True)
     t.start()
     try:
@@ -221,7 +221,7 @@ def test_a_failed_start_stops_the_servers_already_launched(sglang_model_dir, tmp
     assert seen, "the engine actor never launched its server"
     assert _wait_gone(seen) == set(), f"servers {seen} outlived a failed start"
     assert not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
 
 
 @pytest.mark.ray
@@ -232,7 +232,7 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
     """A 2-step `agentrl run` with distributed=ray and engine.kind=sglang: episodes are served by the
     server the engine actor launched, each step's weights reach it (its weight_version moves), the
     summary is written, and no server, actor or Ray process is left."""
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     _sglang_or_skip()
     import httpx
 
@@ -286,7 +286,7 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
             "ray.placement=colocate",
         ],
     )
-    before = _ray_pids()
+    before = ray_pids()
     t0 = time.perf_counter()
     summary = asyncio.run(ProbedRunner(cfg, progress=False).run())
     print(f"\nagentrl run, distributed=ray, engine.kind=sglang, 2 steps: {time.perf_counter() - t0:.1f}s wall")
@@ -316,7 +316,7 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
 
     assert _wait_gone([info["pid"], info["reaper_pid"]]) == set(), "a server or watchdog outlived the run"
     assert not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
 
 
 @pytest.mark.ray
@@ -325,7 +325,7 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
 def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_dir, tmp_path):
     """``engine.urls`` under Ray: no engine actors; workers and driver attach to the running server,
     weights pushed from the driver reach it, and closing the backend leaves the server (not ours) up."""
-    ray = _ray_or_skip()
+    ray = ray_or_skip()
     _sglang_or_skip()
     from conftest import start_sglang_or_skip
 
@@ -334,7 +334,7 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
     from agentrl.weights.factory import make_weight_sync
 
     server = start_sglang_or_skip(sglang_model_dir, max_total_tokens=4096)
-    before = _ray_pids()
+    before = ray_pids()
     try:
         cfg = _cfg(f'engine.urls=["{server.url}"]')
         backend = RayBackend.start(cfg, sglang_model_dir, rc=RayConfig(num_cpus=2, workers_per_engine=2))
@@ -385,7 +385,7 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
     finally:
         server.stop()
     assert not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
 
 
 DRIVER = textwrap.dedent("""
@@ -409,9 +409,9 @@ def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
     """The crash the resume tests inject (SIGKILL of `agentrl run`), with SGLang engine actors: the
     local Ray instance goes with its driver, the actors with it, and each actor's watchdog then
     reaps its server."""
-    _ray_or_skip()
+    ray_or_skip()
     _sglang_or_skip()
-    before = _ray_pids()
+    before = ray_pids()
     code = DRIVER.format(
         here=str(Path(__file__).resolve().parent),
         tests=str(Path(__file__).resolve().parents[1]),
@@ -439,14 +439,14 @@ def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
             f"server {info['pid']} or its watchdog outlived a SIGKILLed driver"
         )
         t1 = time.monotonic()
-        _assert_no_leak(before, timeout_s=120)
+        assert_no_leak(before, timeout_s=120)
         print(
             f"\nafter the driver's SIGKILL: server reaped in {t1 - t0:.1f}s, Ray gone in {time.monotonic() - t0:.1f}s"
         )
     finally:
         driver.kill()
         log.close()
-        left = _ray_pids() - before  # what the dead driver's Ray left (a failed check above): ours to stop
+        left = ray_pids() - before  # what the dead driver's Ray left (a failed check above): ours to stop
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -291,7 +291,7 @@ def test_judged_env_in_agentrl_run(tiny_model_dir, tmp_path, key):
     reward is the judge's 0.7, and the run trains and writes its metrics."""
     import json
 
-    from test_runner import _cfg
+    from short_run import short_run_cfg as _cfg
 
     from agentrl.jobs.run import Runner
 

@@ -171,7 +171,7 @@ def test_runner_drains_weight_updates_when_partial_rollouts_is_false(tiny_model_
     (how often turns span depends on timing, so it is printed, not asserted)."""
     import json
 
-    from test_runner import _cfg
+    from short_run import short_run_cfg as _cfg
 
     from agentrl.jobs.run import Runner
 
@@ -215,18 +215,18 @@ def test_ray_run_drains_every_rollout_worker(tiny_model_dir, tmp_path):
     trained turn spans versions; no Ray process is left."""
     import json
 
-    from test_ray import _assert_no_leak, _ray_or_skip, _ray_pids, _run_cfg
+    from ray_local import assert_no_leak, ray_or_skip, ray_pids, ray_run_cfg
 
     from agentrl.jobs.run import Runner
 
-    ray = _ray_or_skip()
-    before = _ray_pids()
+    ray = ray_or_skip()
+    before = ray_pids()
     out = tmp_path / "ray-drained"
-    cfg = _run_cfg(tiny_model_dir, out, "ray", steps=4)
+    cfg = ray_run_cfg(tiny_model_dir, out, "ray", steps=4)
     cfg.rollout.partial_rollouts, cfg.train.max_staleness, cfg.rollout.max_new_tokens = False, 2, 96
     summary = asyncio.run(Runner(cfg, progress=False).run())
     assert summary["steps"] == 4 and not ray.is_initialized()
-    _assert_no_leak(before)
+    assert_no_leak(before)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "rollout/mixed_version_turns" in r]
     print(f"ray drained: drain_wait_s={[round(r['time/drain_wait_s'], 3) for r in steps]}")

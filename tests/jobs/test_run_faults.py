@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 import leak_probe
 import pytest
-import test_runner  # noqa: F401  (registers test/Short-v0)
+import short_run  # noqa: F401  (registers test/Short-v0)
 
 from agentrl.config.schema import load_config
 from agentrl.jobs.run import Runner

@@ -5,31 +5,12 @@ import json
 
 import pytest
 from reward_curve import rise, step_rewards
+from short_run import ShortEnv
+from short_run import short_run_cfg as _cfg
 
 import agentrl
 from agentrl.config.schema import load_config
-from agentrl.envs.base import AgentEnv, join_messages, new_stats
 from agentrl.jobs.run import Runner
-
-
-class ShortEnv(AgentEnv):
-    """One turn of a fixed number of tokens; reward = 1 - chars/40: shorter tokens score higher. Any
-    byte-level BPE vocabulary mixes one-character and long merged tokens, so a random tiny model has
-    reward variance from step 0 and room to improve: the reward must rise if the loop really learns."""
-
-    has_eval_split = False  # no held-out tasks: eval runs on the same kind of prompts
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        msgs = [{"role": "user", "content": f"Say a number ({self.np_random.integers(100)})."}]
-        return join_messages(msgs), {"messages": msgs, "tools": [], "task": {"id": seed}}
-
-    def step(self, action):
-        reward = 1.0 - min(len(action), 40) / 40
-        return "", reward, True, False, {"messages": [], "tool_stats": new_stats()}
-
-
-agentrl.register("test/Short-v0", entry_point=ShortEnv, override=True)
 
 
 class BrokenSandboxEnv(ShortEnv):
@@ -50,35 +31,6 @@ class BrokenSandboxEnv(ShortEnv):
 agentrl.register("test/BrokenSandbox-v0", entry_point=BrokenSandboxEnv, override=True)
 
 
-def _cfg(model_dir, out, steps, extra=()):
-    return load_config(
-        [],
-        [
-            f"output_dir={out}",
-            f"model.path={model_dir}",
-            "env.id=test/Short-v0",
-            "env.kwargs={}",
-            "rollout.max_new_tokens=6",
-            "rollout.max_turns=1",
-            "rollout.score_truncated=true",
-            "rollout.group_size=8",
-            "rollout.temperature=1.0",
-            "train.groups_per_step=4",
-            f"train.steps={steps}",
-            "train.max_staleness=0",
-            "train.checkpoint_every=2",
-            "eval.num_tasks=16",
-            "eval.every=0",
-            "eval.env_kwargs={}",
-            "trainer.lr=2e-2",
-            "trainer.loss_agg=token-mean",
-            "logging.tensorboard=false",
-            *extra,
-        ],
-    )
-
-
-@pytest.mark.slow
 def test_grpo_reward_rises_and_run_writes_everything(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 20), progress=False).run())

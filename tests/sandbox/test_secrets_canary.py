@@ -129,7 +129,7 @@ def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_
     assert all(e["outcome"] == "reward_error" for e in eps)  # judged by the live endpoint: garbage
 
     # 3. a shortened `agentrl run` (train, metrics, TensorBoard, checkpoint, config.yaml)
-    from test_runner import _cfg
+    from short_run import short_run_cfg as _cfg
 
     from agentrl.jobs.run import Runner
 

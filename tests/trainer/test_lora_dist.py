@@ -2,32 +2,25 @@
 
 This file is also the worker: torchrun runs it as a script (see ``_worker``). The 2-process run
 trains policy adapters and a LoRA critic (uneven micro-batch counts across ranks, from
-test_trainer_dist's batch), gathers merged weights and writes a checkpoint that one process resumes.
+tests/trainer_dist.py's batch), gathers merged weights and writes a checkpoint that one process resumes.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from trainer_dist import batch, run, torchrun
 
 from agentrl.trainer import Trainer, TrainerConfig
-from agentrl.trainer import dist as D
 from agentrl.trainer import lora as L
 from agentrl.trainer.checkpoint import gather_model
 from agentrl.trainer.config import LoraConfig
 
-sys.path.insert(0, str(Path(__file__).parent))  # the worker runs as a script: find test_trainer_dist
-from test_trainer_dist import batch  # noqa: E402
-
 STEPS = 2
-TIMEOUT_S = 300
 
 
 def config() -> TrainerConfig:
@@ -42,18 +35,13 @@ def config() -> TrainerConfig:
     )
 
 
-def run(t: Trainer) -> dict:
-    metrics = [t.train_step(batch(s)) for s in range(STEPS)]
-    return {"metrics": metrics, "logprobs": t.logprobs(batch(0)), "values": t.values(batch(0))}
-
-
 def _worker(model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     out = Path(out_dir)
     with Trainer(model_dir, config(), critic=True) as t:
         assert t.world == 2
         assert L.count_trainable(t.model) > 0
-        res = run(t)
+        res = run(t, STEPS)
         merged, adapters = t.full_state_dict(), gather_model(t.model)
         t.save(out / "ck")
         if t.rank == 0:
@@ -73,39 +61,13 @@ def model_dir(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("lora-dist-model"), hidden_size=64, num_layers=2))
 
 
-def _torchrun(model_dir: str, out_dir: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={D.free_port()}",
-        __file__,
-        model_dir,
-        str(out_dir),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        log, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers
-        log, _ = proc.communicate()
-        pytest.fail(f"2-process LoRA run did not finish in {TIMEOUT_S}s:\n{log[-4000:]}")
-    assert proc.returncode == 0, log[-6000:]
-
-
 @pytest.mark.slow
 def test_two_process_lora_matches_one_and_resumes(model_dir, tmp_path):
-    _torchrun(model_dir, tmp_path)
+    torchrun(__file__, [model_dir, str(tmp_path)], "2-process LoRA run")
     two = json.loads((tmp_path / "result.json").read_text())
     p2 = torch.load(tmp_path / "params.pt")
     with Trainer(model_dir, config(), critic=True) as t:
-        one = run(t)
+        one = run(t, STEPS)
         merged1 = t.full_state_dict()
         adapters1 = {k: v for k, v in gather_model(t.model).items() if L.is_adapter(k)}
         t.train_step(batch(7))
@@ -131,7 +93,7 @@ def test_two_process_lora_matches_one_and_resumes(model_dir, tmp_path):
 def test_agentrl_run_with_lora_end_to_end(tiny_model_dir, tmp_path):
     """`agentrl run --set trainer.lora.rank=8` on a tiny model: trains, syncs merged weights to the
     engine every step, writes adapter checkpoints and a merged HF export."""
-    from test_runner import ShortEnv  # noqa: F401  (registers test/Short-v0)
+    import short_run  # noqa: F401  (registers test/Short-v0)
     from typer.testing import CliRunner
 
     from agentrl.cli.main import app

@@ -1,67 +1,24 @@
 """Two trainer processes (gloo on CPU, launched with torchrun) match one process on the same data.
 
-This file is also the worker: torchrun runs it as a script (see ``_worker``). The run covers every
-collective path: policy + frozen reference (KL in the loss) + critic, uneven micro-batch counts
-across ranks (one rank runs an empty micro-batch), TIS, seq-mean aggregation, gathered logprobs /
-values, and a checkpoint written by 2 processes then resumed by 1.
+This file is also the worker: torchrun runs it as a script (see ``_worker``); the batch, config and
+launch are tests/trainer_dist.py's. The run covers every collective path: policy + frozen reference
+(KL in the loss) + critic, uneven micro-batch counts across ranks (one rank runs an empty
+micro-batch), TIS, seq-mean aggregation, gathered logprobs / values, and a checkpoint written by 2
+processes then resumed by 1.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from trainer_dist import MICRO_BATCH_TOKENS, STEPS, batch, config, run, torchrun
 
-from agentrl.trainer import Trainer, TrainerConfig, TrainSample, pack
+from agentrl.trainer import Trainer, pack
 from agentrl.trainer import dist as D
-
-STEPS = 3
-MICRO_BATCH_TOKENS = 48
-TIMEOUT_S = 300
-
-
-def batch(seed: int) -> list[TrainSample]:
-    # Lengths chosen so the two ranks get different numbers of micro-batches (checked below).
-    rng = random.Random(seed)
-    out = []
-    for i, n in enumerate([45, 20, 20, 20, 3]):
-        p = 4 if i != 4 else n  # the last sample has no loss tokens at all
-        mask = [0] * p + [1] * (n - p)
-        out.append(
-            TrainSample(
-                token_ids=[rng.randrange(5, 1000) for _ in range(n)],
-                loss_mask=mask,
-                behaviour_logprobs=[rng.uniform(-7.5, -6.5) * m for m in mask],
-                advantages=[rng.choice([-1.0, 0.5, 1.0]) * m for m in mask],
-                returns=[rng.uniform(-1, 1) * m for m in mask],
-            )
-        )
-    return out
-
-
-def config() -> TrainerConfig:
-    return TrainerConfig(
-        lr=1e-3,
-        micro_batch_tokens=MICRO_BATCH_TOKENS,
-        kl_coef=0.05,
-        entropy_coef=0.01,
-        tis_cap=2.0,
-        loss_agg="seq-mean-token-mean",
-        critic_lr=1e-3,
-        dist_timeout_s=120,
-    )
-
-
-def run(t: Trainer) -> dict:
-    metrics = [t.train_step(batch(s)) for s in range(STEPS)]
-    return {"metrics": metrics, "logprobs": t.logprobs(batch(0)), "values": t.values(batch(0))}
 
 
 def _worker(model_dir: str, out_dir: str) -> None:
@@ -93,35 +50,9 @@ def test_the_data_gives_ranks_uneven_micro_batch_counts():
     assert counts[0] != counts[1], counts
 
 
-def _torchrun(model_dir: str, out_dir: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={D.free_port()}",
-        __file__,
-        model_dir,
-        str(out_dir),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        log, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers
-        log, _ = proc.communicate()
-        pytest.fail(f"2-process run did not finish in {TIMEOUT_S}s:\n{log[-4000:]}")
-    assert proc.returncode == 0, log[-6000:]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one(model_dir, tmp_path):
-    _torchrun(model_dir, tmp_path)
+    torchrun(__file__, [model_dir, str(tmp_path)], "2-process run")
     two = json.loads((tmp_path / "result.json").read_text())
     p2 = torch.load(tmp_path / "params.pt")
 

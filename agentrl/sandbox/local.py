@@ -23,12 +23,12 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    host files, the docker socket, other processes' ``/proc/*/environ`` and ``~/.ssh`` out of reach
    by plain permissions, makes ``kill -9 -1`` reach only the run's own processes, and lets us kill
    everything of that uid after the run (``setsid`` orphans, daemons; as root without bwrap the
-   run's own pid namespace does that). The work dir is a tmpfs of
-   ``disk_mb`` (inodes capped) mounted for the run (inside the run's own mount namespace for a
-   one-shot run whose files the trainer neither writes nor collects): filling the disk or the
-   inodes fills only that. A Python prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible
-   read-only at its own path. Stale mounts of a crashed trainer go at the next LocalSandbox.
-3. As root without bwrap: private mount, network, IPC, UTS and pid namespaces made in the child:
+   run's own pid namespace does that). The work dir is a tmpfs of ``disk_mb`` (inodes capped)
+   mounted for the run (inside the run's own mount namespace for a one-shot run whose files the
+   trainer neither writes nor collects): filling the disk or the inodes fills only that. A Python
+   prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible read-only at its own
+   path. Stale mounts of a crashed trainer go at the next LocalSandbox.
+3. As root without bwrap: private mount, network, IPC, UTS, cgroup and pid namespaces made in the child:
    no network at all (loopback down), tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm`` of ``disk_mb``,
    an init of ours as pid 1 and a ``/proc`` that shows only the run (when the run ends its init
    exits and the kernel kills everything left in the namespace).
@@ -62,9 +62,9 @@ What it does NOT isolate:
 
 Statuses: ``oom`` when the program dies with a ``MemoryError`` (Python under RLIMIT_AS); other
 programs meet allocation failure their own way (often SIGSEGV: ``killed``). Exceeding the CPU-time
-limit (SIGXCPU) is ``timeout``. Under the bwrap program an exit code 129..192 is reported as death by signal
-(bwrap folds the two together). A program that could not be started (``python3`` missing from
-the sandbox, say) raises SandboxError.
+limit (SIGXCPU) is ``timeout``. Under the bwrap program an exit code 129..192 is reported as death
+by signal (bwrap folds the two together). A program that could not be started (``python3`` missing
+from the sandbox, say) raises SandboxError.
 """
 
 from __future__ import annotations

@@ -222,8 +222,13 @@ class LocalSandbox(SubprocessSandbox):
 
     def _drop_workdir(self, wd: Workdir) -> None:
         # No process of the uid is left here: every run ended in _kill (and its pid namespace).
-        if not wd.private:  # a jail's own work dir went with its mount namespace
+        if wd.mounted:  # (only we mount on a host work dir: a program's mounts stay in its namespace)
             jail.remove_mountpoint(wd.path, contents=True)
+        elif not wd.private:  # a jail's own work dir went with its mount namespace
+            try:
+                os.rmdir(wd.path)  # the common case: left empty
+            except OSError:
+                shutil.rmtree(wd.path, ignore_errors=True)
         wd.mounted = False
         if wd.owner is not None:
             jail.give_uid(wd.owner[0])

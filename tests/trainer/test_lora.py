@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from test_trainer import make_samples, max_diff
+from trainer_helpers import assert_engine_reproduces_trainer, make_samples, max_diff
 
 from agentrl.config.schema import field_docs, load_config
 from agentrl.errors import ConfigError
@@ -158,35 +158,7 @@ def test_merged_state_dict_is_pure_and_rejects_a_half_adapter():
 def test_weight_sync_of_merged_weights_to_the_local_engine(model_dir):
     """The merged full_state_dict goes through the existing LocalEngine.update_weights path; the
     engine then samples with the trainer's distribution (mismatch ~ 0)."""
-    import asyncio
-
-    from agentrl.engine.base import SamplingParams
-    from agentrl.engine.local import LocalEngine
-    from agentrl.trainer import TrainSample
-
-    samples = make_samples(2)
-    with Trainer(model_dir, lora_cfg(policy_loss="sft")) as t:
-        for _ in range(2):
-            t.train_step(samples)
-        sd = t.full_state_dict()
-        prompt = samples[0].token_ids[:5]
-
-        async def sample():
-            engine = LocalEngine(model_dir, max_batch_size=2, eos_token_ids=())
-            try:
-                await engine.update_weights(sd, t.version)
-                return await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=1.0))
-            finally:
-                await engine.close()
-
-        gen = asyncio.run(sample())
-        ids = prompt + gen.token_ids
-        s = TrainSample(
-            ids, [0] * len(prompt) + [1] * len(gen.token_ids), [0.0] * len(prompt) + gen.logprobs, [0.0] * len(ids)
-        )
-        m = t.train_step([s])
-    assert set(gen.versions) == {2}
-    assert m["mismatch/abs_diff_max"] < 1e-5
+    assert_engine_reproduces_trainer(model_dir, lora_cfg(policy_loss="sft"))
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_trainer import make_samples
+from trainer_helpers import make_samples
 
 from agentrl.trainer import Trainer, TrainerConfig
 

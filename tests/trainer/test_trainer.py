@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from trainer_helpers import assert_engine_reproduces_trainer, make_samples, max_diff
 
 from agentrl.config.schema import field_docs
 from agentrl.errors import ConfigError
@@ -23,35 +24,8 @@ def model_dir(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("trainer-model"), hidden_size=64, num_layers=2))
 
 
-def make_samples(
-    n: int = 6, seed: int = 0, *, adv: float | list[float] = 1.0, returns: bool = False
-) -> list[TrainSample]:
-    """Multi-turn-shaped samples: prompt (mask 0), reply (1), tool output (0), reply (1)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        p, r1, o, r2 = rng.randint(3, 8), rng.randint(2, 10), rng.randint(1, 6), rng.randint(2, 10)
-        mask = [0] * p + [1] * r1 + [0] * o + [1] * r2
-        a = adv[i] if isinstance(adv, list) else adv
-        out.append(
-            TrainSample(
-                token_ids=[rng.randrange(5, 1000) for _ in mask],
-                loss_mask=mask,
-                behaviour_logprobs=[-6.0 * m for m in mask],
-                advantages=[a * m for m in mask],
-                returns=[float(i % 3) * m for m in mask] if returns else None,
-            )
-        )
-    return out
-
-
 def params(t: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in t.full_state_dict().items()}
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 def masked_mean(lps: list[list[float]], samples: list[TrainSample], i: int) -> float:
@@ -300,33 +274,7 @@ def test_process_group_is_shared_and_released(model_dir):
 def test_weight_sync_to_the_local_engine_reproduces_trainer_logprobs(model_dir):
     """full_state_dict -> LocalEngine.update_weights; the engine then samples with the trainer's
     distribution, so the trainer's recomputed logprobs match the engine's (mismatch ~ 0)."""
-    import asyncio
-
-    from agentrl.engine.base import SamplingParams
-    from agentrl.engine.local import LocalEngine
-
-    samples = make_samples(2)
-    with Trainer(model_dir, TrainerConfig(lr=1e-2, policy_loss="sft")) as t:
-        for _ in range(2):
-            t.train_step(samples)
-        sd = t.full_state_dict()
-        prompt = samples[0].token_ids[:5]
-
-        async def sample():
-            engine = LocalEngine(model_dir, max_batch_size=2, eos_token_ids=())
-            try:
-                await engine.update_weights(sd, t.version)
-                return await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=1.0))
-            finally:
-                await engine.close()
-
-        gen = asyncio.run(sample())
-        ids = prompt + gen.token_ids
-        mask = [0] * len(prompt) + [1] * len(gen.token_ids)
-        s = TrainSample(ids, mask, [0.0] * len(prompt) + gen.logprobs, [0.0] * len(ids))
-        m = t.train_step([s])  # reports the trainer-vs-engine mismatch before updating
-    assert set(gen.versions) == {2}
-    assert m["mismatch/abs_diff_max"] < 1e-5
+    assert_engine_reproduces_trainer(model_dir, TrainerConfig(lr=1e-2, policy_loss="sft"))
 
 
 # -- several optimizer steps per train_step (PPO epochs x mini-batches) ----------------------------

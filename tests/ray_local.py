@@ -21,7 +21,9 @@ from agentrl.envs.base import AgentEnv, join_messages, new_stats
 
 
 class CountEnv(AgentEnv):
-    """One turn; reward = 1 - chars/40 (tests/short_run.py's ShortEnv), registered from this module."""
+    """One turn; reward = 1 - chars/40, as tests/short_run.py's ShortEnv. A copy, not a subclass: the
+    whole class travels to the Ray workers by value, and a base class from short_run would travel by
+    reference to workers that cannot import tests/."""
 
     has_eval_split = False  # no held-out tasks: eval runs on the same kind of prompts
 

@@ -165,6 +165,8 @@ class DockerSandbox(Sandbox):
         self.env = sandbox_env()
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pool] = weakref.WeakKeyDictionary()
         self._closed = False
+        #: what every run's ``execute`` is given besides the call: the environment and the host's grace
+        self._host = {"env": self.env, "grace_s": host_grace_s}
 
     # ------------------------------------------------------------------------------ pools
     def _pool(self) -> Pool:
@@ -236,8 +238,8 @@ class DockerSandbox(Sandbox):
             box = await pool.acquire(limits)
             reusable = False
             try:
-                res, reusable, _ = await self._execute(
-                    box, argv, stdin, timeout_s, files, collect, reset=self.mode == "reset"
+                res, reusable, _ = await execute(
+                    self.daemon, box, argv, stdin, timeout_s, files, collect, **self._host, reset=self.mode == "reset"
                 )
                 return res
             finally:
@@ -259,33 +261,6 @@ class DockerSandbox(Sandbox):
                 pool.abandon()
         self._pools.clear()
         await loop.run_in_executor(None, self.daemon.close)
-
-    # ------------------------------------------------------------------------------ one run
-    async def _execute(
-        self,
-        box: Box,
-        argv: list[str],
-        stdin: bytes | None,
-        timeout_s: float,
-        files: Mapping[str, bytes] | None,
-        collect: Sequence[str],
-        *,
-        reset: bool,
-    ) -> tuple[ExecResult, bool, bool]:
-        """Run on ``box`` (:func:`agentrl.sandbox.docker_run.execute`): (result, clean for reuse,
-        container still alive)."""
-        return await execute(
-            self.daemon,
-            box,
-            argv,
-            stdin,
-            timeout_s,
-            files,
-            collect,
-            env=self.env,
-            grace_s=self.host_grace_s,
-            reset=reset,
-        )
 
 
 class DockerSession(SandboxSession):
@@ -328,8 +303,9 @@ class DockerSession(SandboxSession):
                 self._pool = pool
             ok = False
             try:
-                res, _, alive = await self.sandbox._execute(
-                    self._box, argv, stdin, timeout_s, files, collect, reset=False
+                sb = self.sandbox
+                res, _, alive = await execute(
+                    sb.daemon, self._box, argv, stdin, timeout_s, files, collect, **sb._host, reset=False
                 )
                 ok = True
             except SpawnError:

@@ -48,6 +48,7 @@ HIGH_FD = 10  # our own descriptors (error pipe, channel, relay pipes) live abov
 # first stage keeps READY_NAME throughout (renaming would cost it a wake-up): its init's name tells.
 READY_NAME, JAIL_NAME = b"agentrl-ready", b"agentrl-jail"
 _RESET = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)
+REPORTED = b"\0reported"  # on the error pipe: the init told the client how the program ended
 
 
 def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err_w: int, startup: frozenset) -> None:
@@ -70,8 +71,10 @@ def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err
                 mounts.enter_root()
             else:
                 mounts.isolate_host(plan, host_workdir, jail["disk_mb"])
-        relay = _split_pid_namespace(plan, err_w, chan) if plan and plan.get("pidns") else None
-        if req is None:
+        pidns = plan and plan.get("pidns")
+        relay = _split_pid_namespace(plan, err_w, chan, jail.get("pdeathsig", True)) if pidns else None
+        if req is None:  # prepared: the executor hands us over now
+            _on_channel(chan, lambda sock: wire.send(sock, {"prepared": True}))
             got = _on_channel(chan, wire.recv)
             if got is None:
                 os._exit(0)  # nobody will send a request: let go
@@ -115,7 +118,7 @@ def _close_all_but(keep: set[int]) -> None:
     os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), 65536))
 
 
-def _set_name(name: bytes) -> None:
+def set_name(name: bytes) -> None:
     _LIBC.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
 
 
@@ -125,7 +128,7 @@ def prepare(jail: dict, keep: set[int], ready: bool) -> None:
     (nothing of the executor's, its socket above all, may reach the program), default signal
     dispositions, the parent-death signal."""
     os.setsid()
-    _set_name(READY_NAME if ready else JAIL_NAME)
+    set_name(READY_NAME if ready else JAIL_NAME)
     for sig in _RESET:
         signal.signal(sig, signal.SIG_DFL)  # what subprocess's restore_signals does, and ours
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -141,7 +144,7 @@ def start(
     """Apply the request and run the program (never returns): its descriptors at 0-2 (3),
     the work dir made for the run given to its uid, then as the program (no pid namespace) or as
     the namespace's init (``relay``: the pipe to the first stage; ``chan``: where to report)."""
-    _set_name(JAIL_NAME)  # (a pid namespace's first stage keeps READY_NAME: the host tells by its init's)
+    set_name(JAIL_NAME)  # (a pid namespace's first stage keeps READY_NAME: the host tells by its init's)
     status = bool(req.get("status_fd"))
     for target, fd in enumerate(fds[: 4 if status else 3]):
         os.dup2(fd, target)  # dup2 clears CLOEXEC on the copy
@@ -197,7 +200,7 @@ def end_like(code: int) -> None:
     os._exit(128 - code)
 
 
-def _split_pid_namespace(plan: dict, err_w: int, chan: int | None) -> int:
+def _split_pid_namespace(plan: dict, err_w: int, chan: int | None, jail_pdeathsig: bool = True) -> int:
     """Run the rest in a new pid namespace with an init of ours. ``unshare(CLONE_NEWPID)``
     applies to the next child: it becomes pid 1 and mounts a /proc that shows only the namespace.
     The first process stays in the host namespace, for the executor to wait on and the trainer to
@@ -215,6 +218,9 @@ def _split_pid_namespace(plan: dict, err_w: int, chan: int | None) -> int:
     if init:  # the first stage, in the host's pid namespace: it keeps nothing of the run's (its pipes above all)
         _close_all_but({up_r, ack_w})
         _first_stage(init, up_r, ack_w)
+    if jail_pdeathsig:  # cleared by fork: a ready init must not outlive its first stage (nor run a request then);
+        # had the first stage died before this, the write to it below kills us (SIGPIPE)
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.close(up_r)
     os.close(ack_w)
     mounts.mount_proc("/proc")
@@ -262,27 +268,49 @@ def _run_as_init(req: dict, err_w: int, relay_w: int, chan: int | None, startup:
             if e.errno != errno.ENOMEM:  # ENOMEM: this process is over RLIMIT_AS; a fork does not need more
                 raise
     if program is None:
-        program = os.fork()
-        if program == 0:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by fork
-            os.close(relay_w)
-            if chan is not None:
-                os.close(chan)
-            if req.get("warm"):
-                os.close(err_w)
-                end_like(run_python(env, startup))
-            os.execvpe(argv[0], argv, env)
-    os.close(err_w)
-    _close_all_but({relay_w, *([chan] if chan is not None else [])})  # the pipes close when the program's do
+        program = _fork_program(req, relay_w, chan, err_w, startup)
+    _close_all_but({err_w, relay_w, *([chan] if chan is not None else [])})  # the pipes close when the program's do
     code = _wait_for(program)
     if chan is not None:
         try:
             _on_channel(chan, lambda sock: wire.send(sock, {"exit": code}, flags=socket.MSG_DONTWAIT))
+            os.write(err_w, REPORTED)  # the executor need not tell the client again
         except OSError:
             pass  # the client is gone, or busy: the executor's note tells it
     if code < 0:
         os.write(relay_w, str(-code).encode())
     os._exit(code if code >= 0 else 0)
+
+
+def _fork_program(req: dict, relay_w: int, chan: int | None, err_w: int, startup: frozenset) -> int:
+    """The program in a fork of the init (the warm run, or an exec when posix_spawn cannot); an
+    exec that fails raises here, as posix_spawn's would."""
+    argv, env = req["argv"], req["env"]
+    x_r, x_w = os.pipe2(os.O_CLOEXEC)
+    program = os.fork()
+    if program == 0:
+        try:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by fork
+            for fd in (x_r, relay_w, err_w, *([chan] if chan is not None else [])):
+                os.close(fd)
+            if req.get("warm"):
+                os.close(x_w)
+                end_like(run_python(env, startup))
+            os.execvpe(argv[0], argv, env)
+        except BaseException as e:
+            try:
+                os.write(x_w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
+            except OSError:
+                pass
+        finally:
+            os._exit(127)
+    os.close(x_w)
+    with os.fdopen(x_r, "rb") as f:
+        failed = f.read()  # EOF at a successful exec (or as the warm run starts)
+    if failed:
+        _wait_for(program)
+        raise OSError(errno.ENOEXEC, failed.decode("utf-8", "replace"))
+    return program
 
 
 def _which(name: str, path: str) -> str:

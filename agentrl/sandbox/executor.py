@@ -30,8 +30,9 @@ Messages (``agentrl.sandbox.executor_wire``). On the first socket (its fd is arg
 keeps one per event loop); the first socket closing stops the executor, which then kills
 everything it started. On a connection, from the client: a request ``{"id", "jail", "argv", "env",
 "cwd", "workdir", "uid", "rlimits", "warm", "status_fd"}`` with the child's stdin, stdout, stderr
-(and bwrap's status pipe) attached; ``{"kill": pid}`` kills that jail if it was not reaped yet
-(also before it made its session). To the client: ``{"id", "pid"}`` once a cold jail has the
+(and bwrap's status pipe) attached; ``{"kill": pid}`` (or ``{"kill_id": id}``, for a request
+whose jail the client does not know yet) kills that jail if it was not reaped yet (also before it
+made its session). To the client: ``{"id", "pid"}`` once a cold jail has the
 request, ``{"ready": kind, "pid"}`` handing over a ready jail, each with the jail's channel
 attached when it has one (a jail with its own pid namespace reports ``{"exit"}`` there as soon as
 its program ended, before the namespace is torn down; a ready jail takes its request there),
@@ -87,6 +88,8 @@ class Jail:
     err_r: int
     conn: Conn | None = None
     kind: str | None = None
+    rid: object = None  # a cold jail's request id
+    chan: socket.socket | None = None  # a ready jail's channel while it prepares (handed over once prepared)
 
 
 @dataclass
@@ -115,6 +118,8 @@ class Executor:
         self.wake_r = wake_r
         self.sel.register(control, selectors.EVENT_READ, "control")
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        with open("/proc/self/comm", "rb") as f:
+            self.name = f.read().strip()
 
     # -------------------------------------------------------------------------- the loop
     def serve(self) -> None:
@@ -128,6 +133,8 @@ class Executor:
                         return self.shutdown()
                 elif key.data == "wake":
                     _drain(self.wake_r)
+                elif isinstance(key.data, Jail):
+                    self.on_prepared(key.data)
                 else:
                     if mask & selectors.EVENT_WRITE:
                         self.flush(key.data)
@@ -166,11 +173,14 @@ class Executor:
         if got is None:
             return self.drop(conn)
         req, fds = got
-        if "kill" in req:
+        if "kill" in req or "kill_id" in req:
             for fd in fds:
                 os.close(fd)
-            if req["kill"] in conn.jails:
-                _kill_jail(req["kill"])
+            for pid in (
+                [req["kill"]] if "kill" in req else [p for p in conn.jails if self.jails[p].rid == req["kill_id"]]
+            ):
+                if pid in conn.jails:
+                    _kill_jail(pid)
             return None
         self.start(conn, req, fds)
 
@@ -185,7 +195,7 @@ class Executor:
         finally:
             for fd in fds:
                 os.close(fd)  # the jail has them; the client holds the other ends
-        jail.conn = conn
+        jail.conn, jail.rid = conn, rid
         conn.jails.add(jail.pid)
         self.note(conn, {"id": rid, "pid": jail.pid}, [chan.detach()] if chan else [])
         kind = wire.jail_kind(plan)
@@ -206,9 +216,11 @@ class Executor:
         ours = theirs = None
         if req is None or (plan.get("mounts") or {}).get("pidns"):
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        child.set_name(child.READY_NAME if req is None else child.JAIL_NAME)  # inherited: the host can tell at once
         try:
             pid = os.fork()
         except OSError:
+            child.set_name(self.name)
             for s in (ours, theirs):
                 if s is not None:
                     s.close()
@@ -217,6 +229,7 @@ class Executor:
             raise
         if pid == 0:
             child.run_jail(plan, req, fds, theirs.detach() if theirs else None, err_w, STARTUP_MODULES)
+        child.set_name(self.name)
         os.close(err_w)
         if theirs is not None:
             theirs.close()
@@ -238,7 +251,13 @@ class Executor:
             for kind, pid in list(conn.ready.items()):
                 if (conn.sock.fileno(), kind) not in keep:
                     del conn.ready[kind]
-                    self.jails[pid].kind = None
+                    jail = self.jails[pid]
+                    jail.kind = None
+                    if jail.chan is not None:  # not handed over yet: it ends at the EOF
+                        self.sel.unregister(jail.chan)
+                        jail.chan.close()
+                        jail.chan = None
+                        continue
                     # Not killed: the client may be sending it a request right now. Unless it has,
                     # it lets go of the channel, and the jail ends at the EOF.
                     self.note(conn, {"drop": kind, "pid": pid})
@@ -250,11 +269,26 @@ class Executor:
             except OSError:
                 self.wanted.pop(key)  # cannot fork now: requests will, and say why
                 return
-            jail.conn, jail.kind = conn, key[1]
+            jail.conn, jail.kind, jail.chan = conn, key[1], chan
             conn.jails.add(jail.pid)
             conn.ready[key[1]] = jail.pid
-            self.note(conn, {"ready": key[1], "pid": jail.pid}, [chan.detach()])
+            self.sel.register(chan, selectors.EVENT_READ, jail)  # handed over once prepared
             return
+
+    def on_prepared(self, jail: Jail) -> None:
+        """A ready jail says it is prepared: hand it over (unless it was let go meanwhile)."""
+        chan, jail.chan = jail.chan, None
+        if chan is None:  # let go earlier in this round of events
+            return
+        self.sel.unregister(chan)
+        try:
+            got = wire.recv(chan, socket.MSG_DONTWAIT)
+        except (OSError, ValueError):
+            got = None
+        if got is None or jail.kind is None or jail.conn is None:
+            chan.close()  # died (reaped as any jail), or not wanted any more: it ends at the EOF
+            return
+        self.note(jail.conn, {"ready": jail.kind, "pid": jail.pid}, [chan.detach()])
 
     def reap(self) -> None:
         while self.jails:
@@ -265,9 +299,16 @@ class Executor:
             if pid == 0:
                 return
             jail = self.jails.pop(pid, None)
-            if jail is None or jail.conn is None:
+            if jail is None:
                 continue
-            conn, error = jail.conn, _read_error(jail.err_r)
+            error = _read_error(jail.err_r)
+            if jail.chan is not None:  # a ready jail that died preparing
+                self.sel.unregister(jail.chan)
+                jail.chan.close()
+                jail.chan = None
+            if jail.conn is None:
+                continue
+            conn = jail.conn
             conn.jails.discard(pid)
             if jail.kind is not None and conn.ready.get(jail.kind) == pid:
                 del conn.ready[jail.kind]  # used (or lost): the next refill replaces it
@@ -276,6 +317,8 @@ class Executor:
                     self.wanted.pop(key, None)  # it cannot be prepared: cold jails will say why
                 elif key in self.wanted:
                     self.wanted.move_to_end(key)  # a ready jail's request never came here: its end tells
+            if error == child.REPORTED.decode():
+                continue  # its init told the client already
             msg = {"pid": pid, "exit": os.waitstatus_to_exitcode(status)}
             self.note(conn, {**msg, "error": error} if error else msg)
 
@@ -308,7 +351,12 @@ class Executor:
             del self.wanted[key]
         for pid in conn.jails:
             _kill_jail(pid)
-            self.jails[pid].conn = None  # reaped silently
+            jail = self.jails[pid]
+            jail.conn = None  # reaped silently
+            if jail.chan is not None:
+                self.sel.unregister(jail.chan)
+                jail.chan.close()
+                jail.chan = None
         for _, fds in conn.out:
             for fd in fds:
                 os.close(fd)

@@ -114,8 +114,10 @@ class ExecProcess:
     def kill(self) -> None:
         """SIGKILL the jail's process group; until its end is known also ask the executor (which
         reaches it even before it made its session). Before the jail is known: as soon as it is."""
-        if self.pid is None:
+        if self.pid is None:  # its request is on its way to the executor, which kills what it started for it
             self.abandoned = True
+            if not self.ended:
+                self.conn.send({"kill_id": self.rid})
             return
         try:
             os.killpg(self.pid, signal.SIGKILL)

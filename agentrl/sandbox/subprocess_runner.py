@@ -130,6 +130,8 @@ async def _settle(proto: _Protocol) -> None:
     """Wait for the killed program to be reaped and its pipes to deliver their tail; give up on
     pipes after a short grace (an escaped setsid child may hold them open for ever)."""
     for fut, grace in ((proto.exited, _EXIT_GRACE_S), (proto.pipes_closed, _PIPE_GRACE_S)):
+        if fut.done():  # the common case: no timer, no trip round the loop
+            continue
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=grace)
         except asyncio.TimeoutError:

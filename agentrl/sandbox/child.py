@@ -48,7 +48,8 @@ HIGH_FD = 10  # our own descriptors (error pipe, channel, relay pipes) live abov
 # first stage keeps READY_NAME throughout (renaming would cost it a wake-up): its init's name tells.
 READY_NAME, JAIL_NAME = b"agentrl-ready", b"agentrl-jail"
 _RESET = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)
-REPORTED = b"\0reported"  # on the error pipe: the init told the client how the program ended
+# On the error pipe: the init told the client how the program ended; a ready jail failed before its request.
+REPORTED, UNPREPARED = "\0reported", "\0unprepared: "
 
 
 def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err_w: int, startup: frozenset) -> None:
@@ -73,8 +74,7 @@ def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err
                 mounts.isolate_host(plan, host_workdir, jail["disk_mb"])
         pidns = plan and plan.get("pidns")
         relay = _split_pid_namespace(plan, err_w, chan, jail.get("pdeathsig", True)) if pidns else None
-        if req is None:  # prepared: the executor hands us over now
-            _on_channel(chan, lambda sock: wire.send(sock, {"prepared": True}))
+        if req is None:  # prepared: the request may be waiting already
             got = _on_channel(chan, wire.recv)
             if got is None:
                 os._exit(0)  # nobody will send a request: let go
@@ -85,7 +85,8 @@ def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err
         start(jail, req, fds, err_w, relay, chan, startup)
     except BaseException as e:
         try:
-            os.write(err_w, f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
+            stage = UNPREPARED if req is None else ""
+            os.write(err_w, f"{stage}{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
         finally:
             os._exit(127)
 
@@ -274,7 +275,7 @@ def _run_as_init(req: dict, err_w: int, relay_w: int, chan: int | None, startup:
     if chan is not None:
         try:
             _on_channel(chan, lambda sock: wire.send(sock, {"exit": code}, flags=socket.MSG_DONTWAIT))
-            os.write(err_w, REPORTED)  # the executor need not tell the client again
+            os.write(err_w, REPORTED.encode())  # the executor need not tell the client again
         except OSError:
             pass  # the client is gone, or busy: the executor's note tells it
     if code < 0:

@@ -89,7 +89,6 @@ class Jail:
     conn: Conn | None = None
     kind: str | None = None
     rid: object = None  # a cold jail's request id
-    chan: socket.socket | None = None  # a ready jail's channel while it prepares (handed over once prepared)
 
 
 @dataclass
@@ -133,8 +132,6 @@ class Executor:
                         return self.shutdown()
                 elif key.data == "wake":
                     _drain(self.wake_r)
-                elif isinstance(key.data, Jail):
-                    self.on_prepared(key.data)
                 else:
                     if mask & selectors.EVENT_WRITE:
                         self.flush(key.data)
@@ -251,13 +248,7 @@ class Executor:
             for kind, pid in list(conn.ready.items()):
                 if (conn.sock.fileno(), kind) not in keep:
                     del conn.ready[kind]
-                    jail = self.jails[pid]
-                    jail.kind = None
-                    if jail.chan is not None:  # not handed over yet: it ends at the EOF
-                        self.sel.unregister(jail.chan)
-                        jail.chan.close()
-                        jail.chan = None
-                        continue
+                    self.jails[pid].kind = None
                     # Not killed: the client may be sending it a request right now. Unless it has,
                     # it lets go of the channel, and the jail ends at the EOF.
                     self.note(conn, {"drop": kind, "pid": pid})
@@ -269,26 +260,12 @@ class Executor:
             except OSError:
                 self.wanted.pop(key)  # cannot fork now: requests will, and say why
                 return
-            jail.conn, jail.kind, jail.chan = conn, key[1], chan
+            jail.conn, jail.kind = conn, key[1]
             conn.jails.add(jail.pid)
             conn.ready[key[1]] = jail.pid
-            self.sel.register(chan, selectors.EVENT_READ, jail)  # handed over once prepared
+            # Handed over at once: a request sent before it is prepared waits in the channel.
+            self.note(conn, {"ready": key[1], "pid": jail.pid}, [chan.detach()])
             return
-
-    def on_prepared(self, jail: Jail) -> None:
-        """A ready jail says it is prepared: hand it over (unless it was let go meanwhile)."""
-        chan, jail.chan = jail.chan, None
-        if chan is None:  # let go earlier in this round of events
-            return
-        self.sel.unregister(chan)
-        try:
-            got = wire.recv(chan, socket.MSG_DONTWAIT)
-        except (OSError, ValueError):
-            got = None
-        if got is None or jail.kind is None or jail.conn is None:
-            chan.close()  # died (reaped as any jail), or not wanted any more: it ends at the EOF
-            return
-        self.note(jail.conn, {"ready": jail.kind, "pid": jail.pid}, [chan.detach()])
 
     def reap(self) -> None:
         while self.jails:
@@ -302,10 +279,6 @@ class Executor:
             if jail is None:
                 continue
             error = _read_error(jail.err_r)
-            if jail.chan is not None:  # a ready jail that died preparing
-                self.sel.unregister(jail.chan)
-                jail.chan.close()
-                jail.chan = None
             if jail.conn is None:
                 continue
             conn = jail.conn
@@ -313,12 +286,13 @@ class Executor:
             if jail.kind is not None and conn.ready.get(jail.kind) == pid:
                 del conn.ready[jail.kind]  # used (or lost): the next refill replaces it
                 key = (conn.sock.fileno(), jail.kind)
-                if error:
+                if error.startswith(child.UNPREPARED):
                     self.wanted.pop(key, None)  # it cannot be prepared: cold jails will say why
                 elif key in self.wanted:
                     self.wanted.move_to_end(key)  # a ready jail's request never came here: its end tells
-            if error == child.REPORTED.decode():
+            if error == child.REPORTED:
                 continue  # its init told the client already
+            error = error.removeprefix(child.UNPREPARED)
             msg = {"pid": pid, "exit": os.waitstatus_to_exitcode(status)}
             self.note(conn, {**msg, "error": error} if error else msg)
 
@@ -351,12 +325,7 @@ class Executor:
             del self.wanted[key]
         for pid in conn.jails:
             _kill_jail(pid)
-            jail = self.jails[pid]
-            jail.conn = None  # reaped silently
-            if jail.chan is not None:
-                self.sel.unregister(jail.chan)
-                jail.chan.close()
-                jail.chan = None
+            self.jails[pid].conn = None  # reaped silently
         for _, fds in conn.out:
             for fd in fds:
                 os.close(fd)

@@ -335,3 +335,17 @@ def test_only_the_most_recently_used_kinds_keep_a_ready_jail():
         assert '"disk_mb": 16,' in str(ready) and '"disk_mb": 18,' not in str(ready), ready
 
     asyncio.run(main())
+
+
+def test_a_missing_program_in_a_ready_jail_is_an_error_and_the_next_jail_is_readied(sb):
+    async def main():
+        await _ready_jail(["true"], sb)
+        with pytest.raises(SandboxError, match="agentrl-no-such-program"):
+            await sb.run(["agentrl-no-such-program"], timeout_s=10)
+        conn = executor()._conn()
+        deadline = time.monotonic() + 10
+        while not any(conn.ready.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert any(conn.ready.values()), "a failed request in a ready jail stopped the executor readying its kind"
+
+    asyncio.run(main())

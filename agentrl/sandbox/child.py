@@ -75,6 +75,8 @@ def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err
         pidns = plan and plan.get("pidns")
         relay = _split_pid_namespace(plan, err_w, chan, jail.get("pdeathsig", True)) if pidns else None
         if req is None:  # prepared: the request may be waiting already
+            _rehearse()
+            _on_channel(chan, lambda sock: None)
             got = _on_channel(chan, wire.recv)
             if got is None:
                 os._exit(0)  # nobody will send a request: let go
@@ -89,6 +91,36 @@ def run_jail(jail: dict, req: dict | None, fds: list[int], chan: int | None, err
             os.write(err_w, f"{stage}{type(e).__name__}: {e}".encode("utf-8", "replace")[:2000])
         finally:
             os._exit(127)
+
+
+_SAMPLE = {
+    "argv": ["true"],
+    "env": {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8"},
+    "cwd": "/work",
+    "workdir": None,
+    "uid": 1,
+    "rlimits": [[0, 1, 2]],
+    "warm": False,
+    "status_fd": False,
+    "id": 1,
+}
+
+
+def _rehearse() -> None:
+    """Walk the request's path once without its effects, while a ready jail waits: a fresh fork
+    shares every page with its parent, and the first write to each (a reference count) costs a
+    copy-on-write fault (~3 us on a virtual machine); taken now, they are not taken under a request."""
+    req = wire.json.loads(wire.json.dumps(_SAMPLE))
+    for name in ("argv", "env", "cwd", "workdir", "uid", "rlimits", "warm", "status_fd", "id"):
+        req.get(name)
+    touched = (os.dup2, os.closerange, os.chown, os.chdir, os.setgroups, os.setresgid, os.setresuid)
+    touched += (os.posix_spawn, os.wait, os.waitstatus_to_exitcode, os.write, os.fork, resource.setrlimit)
+    _LIBC.prctl(16, ctypes.create_string_buffer(16), 0, 0, 0)  # PR_GET_NAME: the ctypes call path
+    _which("true", "/usr/bin:/bin")
+    wire.pack({"exit": 0}, [])
+    for fn in (start, drop_privileges, _run_as_init, _wait_for, _close_all_but, set_name, _on_channel, os.execvpe):
+        touched += (fn.__code__, *fn.__code__.co_consts)  # what a call takes a reference to
+    del touched
 
 
 def _on_channel(chan: int, use: Callable[[socket.socket], Any]) -> Any:

@@ -212,22 +212,26 @@ class Executor:
             for fd in ours + theirs:
                 os.close(fd)
             raise
-        out = ours[1:] if stdin else ours
+        # Each file object owns its descriptor; once handed to connect_*_pipe, the transport does
+        # (and closes it, a loop round later, even when cancelled: never close its number again).
+        files: list = [os.fdopen(fd, "rb", 0) for fd in (ours[1:] if stdin else ours)]
+        if stdin:
+            files.append(os.fdopen(ours[0], "wb", 0))
         try:
-            for fd, num in zip(out, (1, 2)):
-                t, _ = await loop.connect_read_pipe(lambda n=num: _PipeReader(proto, n), os.fdopen(fd, "rb", 0))
+            for i, num in enumerate((1, 2)):
+                f, files[i] = files[i], None
+                t, _ = await loop.connect_read_pipe(lambda n=num: _PipeReader(proto, n), f)
                 proc.transports.append(t)
-            out = []
             if stdin:
-                proc.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(ours[0], "wb", 0))
+                f, files[2] = files[2], None
+                proc.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, f)
                 proc.transports.append(proc.stdin)
             await proc.started
         except BaseException:
             proc.kill()
-            for fd in out:
-                os.close(fd)
-            if stdin and proc.stdin is None:
-                os.close(ours[0])
+            for f in files:
+                if f is not None:
+                    f.close()
             proc.close()
             raise
         return proc

@@ -41,6 +41,8 @@ class ExecProcess:
         self.lost: str | None = None
         self.ended = False
         self.abandoned = False
+        self.reports = False  # its init reports the end on the channel
+        self.killing = False
         self.transports: list[asyncio.BaseTransport] = []
         self.stdin: asyncio.WriteTransport | None = None
 
@@ -48,7 +50,7 @@ class ExecProcess:
         self.pid = pid
         self.conn.by_pid[pid] = self
         if chan is not None:
-            self.chan = chan
+            self.chan, self.reports = chan, True
             self.conn.loop.add_reader(chan.fileno(), self._on_chan)
         if self.abandoned:
             self.kill()
@@ -88,10 +90,16 @@ class ExecProcess:
             del self.conn.by_pid[self.pid]
         if "lost" in msg:  # the executor died: whatever the child did, its result is unknown
             self.lost = msg["lost"]
+        elif "pid" in msg and self.reports and not self.killing and not msg.get("error"):
+            # The executor reaped a jail whose init never reported: it was killed from outside (its
+            # program may never have run), an infrastructure failure, not the program's end.
+            self.lost = f"the sandbox jail of {self.argv0!r} was killed before it reported (exit {msg.get('exit')})"
         self.returncode = msg.get("exit")
         self.error = msg.get("error") or None
         if not self.started.done():  # it never had a jail (the fork failed, or the executor died)
             self.started.set_exception(SandboxError(self.lost or self.error or "the jail ended unstarted"))
+            if self.abandoned:
+                self.started.exception()  # nobody waits for it any more: retrieved
         self.proto.process_exited()
 
     def get_pid(self) -> int:
@@ -114,6 +122,7 @@ class ExecProcess:
     def kill(self) -> None:
         """SIGKILL the jail's process group; until its end is known also ask the executor (which
         reaches it even before it made its session). Before the jail is known: as soon as it is."""
+        self.killing = True
         if self.pid is None:  # its request is on its way to the executor, which kills what it started for it
             self.abandoned = True
             if not self.ended:

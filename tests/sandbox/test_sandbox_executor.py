@@ -239,9 +239,10 @@ def test_a_pause_readies_a_jail_and_the_next_run_takes_it(sb):
 
 def test_a_ready_jail_that_died_is_passed_over(sb):
     async def main():
-        _, pid = await _ready_jail(["true"], sb)
+        kind, pid = await _ready_jail(["true"], sb)
         os.kill(pid, signal.SIGKILL)
-        while _alive(pid):
+        conn = executor()._conn()
+        while pid in [p for p, _ in conn.ready.get(kind, [])]:  # the executor's note of its end
             await asyncio.sleep(0.01)
         r = await sb.run(["sh", "-c", "echo fine"], timeout_s=10)
         assert (r.status, r.stdout) == ("ok", "fine\n")

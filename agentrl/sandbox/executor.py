@@ -63,7 +63,6 @@ import os
 import selectors
 import signal
 import socket
-from dataclasses import dataclass, field
 
 if __package__:  # imported as agentrl.sandbox.executor
     from agentrl.sandbox import child
@@ -80,25 +79,28 @@ MAX_WANTED = 64  # pairs remembered at all
 REFILL_IDLE_S = 0.002  # prepare ready jails only after this long without an event: never in a request's way
 
 
-@dataclass
 class Jail:
     """One forked jail: ready (``kind``, waiting for its request) or running one, for ``conn``."""
 
-    pid: int
-    err_r: int
-    conn: Conn | None = None
-    kind: str | None = None
-    rid: object = None  # a cold jail's request id
+    __slots__ = ("pid", "err_r", "conn", "kind", "rid")
+
+    def __init__(self, pid: int, err_r: int) -> None:
+        self.pid, self.err_r = pid, err_r
+        self.conn: Conn | None = None
+        self.kind: str | None = None
+        self.rid: object = None  # a cold jail's request id
 
 
-@dataclass
 class Conn:
     """A client connection: the notes waiting to go out on it, its jails, its ready ones by kind."""
 
-    sock: socket.socket
-    out: collections.deque = field(default_factory=collections.deque)  # (payload, fds)
-    jails: set[int] = field(default_factory=set)
-    ready: dict[str, int] = field(default_factory=dict)  # kind -> pid of the ready jail handed over
+    __slots__ = ("sock", "out", "jails", "ready")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.out: collections.deque = collections.deque()  # (payload, fds)
+        self.jails: set[int] = set()
+        self.ready: dict[str, int] = {}  # kind -> pid of the ready jail handed over
 
 
 class Executor:

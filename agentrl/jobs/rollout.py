@@ -93,9 +93,10 @@ def run_rollout(
 
     async def main() -> tuple[list[Trajectory], RolloutMetrics, dict]:
         await engine.start()
-        manager = episode_manager(cfg, engine, factory, tokenizer)
-        proxy = proxy_runner_of(manager)
+        proxy = None
         try:
+            manager = episode_manager(cfg, engine, factory, tokenizer)
+            proxy = proxy_runner_of(manager)
             specs = make_specs(cfg.rollout.num_prompts, cfg.rollout.group_size, cfg.rollout.seed)
             trajs_path = out / "trajectories.jsonl"
             trajs_path.unlink(missing_ok=True)

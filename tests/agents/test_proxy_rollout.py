@@ -2,6 +2,7 @@
 agent written against the official `openai` client trains through the recording endpoint, and what
 is recorded is exactly what the engine sampled."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from agentrl.config.schema import load_config
 from agentrl.engine.base import Engine
 
 pytest.importorskip("openai", reason="the example agents use the official openai client")
+import probe_agents  # noqa: E402  (imports openai)
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 
 
@@ -131,3 +134,25 @@ def test_a_crashing_agent_is_an_infrastructure_outcome(tmp_path, monkeypatch):
     trajs, metrics, _ = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)
     assert [t.outcome.value for t in trajs] == ["env_error", "env_error"]
     assert all("exited with code 3" in t.outcome_detail and not t.trainable for t in trajs)
+
+
+def test_rollout_metrics_carry_the_agent_counters_and_the_endpoint_closes(tmp_path):
+    probe_agents.URLS.clear()
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={tmp_path / 'out'}",
+            "env.id=code_exec",
+            "agent.kind=proxy",
+            "agent.callable=probe_agents:example_agent",
+            "agent.reward=env",
+            "rollout.num_prompts=1",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=96",
+        ],
+    )
+    trajs, metrics, out = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)
+    agent = json.loads((out / "metrics.json").read_text())["agent"]
+    assert agent["episodes"] == len(probe_agents.URLS) == 2 and agent["program_crashes"] == 0, agent
+    assert agent["requests"] == sum(t.info["agent"]["requests"] for t in trajs) >= 2, agent
+    probe_agents.assert_closed(probe_agents.URLS[0])

@@ -32,8 +32,9 @@ everything it started. On a connection, from the client: a request ``{"id", "jai
 "cwd", "workdir", "uid", "rlimits", "warm", "status_fd"}`` with the child's stdin, stdout, stderr
 (and bwrap's status pipe) attached; ``{"kill": pid}`` (or ``{"kill_id": id}``, for a request
 whose jail the client does not know yet) kills that jail if it was not reaped yet (also before it
-made its session). To the client: ``{"id", "pid"}`` once a cold jail has the
-request, ``{"ready": kind, "pid"}`` handing over a ready jail, each with the jail's channel
+made its session); ``{"remove": path}`` hands over a host work dir to remove when idle. To the
+client: ``{"id", "pid"}`` once a cold jail has the request, ``{"ready": kind, "pid"}`` handing
+over a ready jail, each with the jail's channel
 attached when it has one (a jail with its own pid namespace reports ``{"exit"}`` there as soon as
 its program ended, before the namespace is torn down; a ready jail takes its request there),
 ``{"drop": kind, "pid"}`` asking it to let go of a ready jail it has not used (closing the
@@ -45,9 +46,9 @@ Warm Python: for ``python3 -`` (the ``python`` tool), when the requested interpr
 the jail does not exec: it runs the program from stdin in a fork of this warm interpreter
 (``agentrl.sandbox.warm_python``), saving the interpreter start-up of every call.
 
-Does not: decide any policy (the client sends the whole plan), pick uids, make host work dirs,
-enforce deadlines or read output (the client holds the other ends of the pipes and kills the
-jail's process group). Runs as a script (``python -I executor.py FD``) with only the standard
+Does not: decide any policy (the client sends the whole plan), pick uids, make host work dirs (it
+removes those handed over), enforce deadlines or read output (the client holds the other ends of
+the pipes and kills the jail's process group). Runs as a script (``python -I executor.py FD``) with only the standard
 library and its sibling modules: nothing of agentrl (nor numpy, whose import starts threads).
 """
 
@@ -77,6 +78,7 @@ else:  # run as a script (python -I executor.py FD): nothing of agentrl is on th
 MAX_READY = 4  # (connection, kind) pairs that keep a ready jail: the most recently used
 MAX_WANTED = 64  # pairs remembered at all
 REFILL_IDLE_S = 0.002  # prepare ready jails only after this long without an event: never in a request's way
+WORKDIR_PREFIX = "agentrl-sbx-"  # (agentrl.sandbox.subprocess_runner's)
 
 
 class Jail:
@@ -113,6 +115,7 @@ class Executor:
         self.jails: dict[int, Jail] = {}  # pid -> every jail not yet reaped
         # (connection fd, kind) -> (connection, plan), least recently used first
         self.wanted: collections.OrderedDict[tuple[int, str], tuple[Conn, dict]] = collections.OrderedDict()
+        self.trash: collections.deque[str] = collections.deque()  # work dirs to remove when idle
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
@@ -125,9 +128,10 @@ class Executor:
     # -------------------------------------------------------------------------- the loop
     def serve(self) -> None:
         while True:
-            events = self.sel.select(REFILL_IDLE_S if self._refill_due() else None)
-            if not events:
-                self.refill()  # idle: prepare a jail for a connection's next request
+            refill = self._refill_due()
+            events = self.sel.select(REFILL_IDLE_S if refill or self.trash else None)
+            if not events:  # idle: prepare a jail for a connection's next request, or clean up
+                self.refill() if refill else _remove_workdir(self.trash.popleft())
             for key, mask in events:
                 if key.data == "control":
                     if not self.on_control():
@@ -172,6 +176,9 @@ class Executor:
         if got is None:
             return self.drop(conn)
         req, fds = got
+        if "remove" in req:  # a work dir nobody uses any more (see _remove_workdir)
+            self.trash.append(req["remove"])
+            return None
         if "kill" in req or "kill_id" in req:
             for fd in fds:
                 os.close(fd)
@@ -338,6 +345,26 @@ class Executor:
     def shutdown(self) -> None:
         for pid in list(self.jails):
             _kill_jail(pid)
+        while self.trash:
+            _remove_workdir(self.trash.popleft())
+
+
+def _remove_workdir(path: str) -> None:
+    """Remove a work dir the client handed over after its run (off the run's path: ``rmdir`` on a
+    busy ext4 ``/tmp`` takes milliseconds). Only a real directory named as ours."""
+    import shutil
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not (os.path.isabs(path) and stat.S_ISDIR(st.st_mode) and os.path.basename(path).startswith(WORKDIR_PREFIX)):
+        return
+    try:
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_jail(pid: int) -> None:

@@ -162,6 +162,16 @@ class Executor:
             conn = self._conns[id(loop)] = Conn(loop, ours, lambda: self._lost_why(gen))
             return conn
 
+    def discard(self, path: str) -> bool:
+        """Hand a work dir no process uses any more to the executor, which removes it when idle;
+        False (remove it yourself) without a running event loop here."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        self._conn().send({"remove": path})
+        return True
+
     def close(self) -> None:
         """Stop the executor (it kills what it still runs). The next spawn starts a new one."""
         with self._lock:

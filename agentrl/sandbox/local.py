@@ -224,7 +224,9 @@ class LocalSandbox(SubprocessSandbox):
         # No process of the uid is left here: every run ended in _kill (and its pid namespace).
         if wd.mounted:  # (only we mount on a host work dir: a program's mounts stay in its namespace)
             jail.remove_mountpoint(wd.path, contents=True)
-        elif not wd.private:  # a jail's own work dir went with its mount namespace
+        elif wd.private:
+            pass  # a jail's own work dir went with its mount namespace
+        elif wd.owner is not None or not executor().discard(wd.path):  # (no dedicated uid: off the run's path)
             try:
                 os.rmdir(wd.path)  # the common case: left empty
             except OSError:

@@ -350,3 +350,27 @@ def test_a_missing_program_in_a_ready_jail_is_an_error_and_the_next_jail_is_read
         assert any(conn.ready.values()), "a failed request in a ready jail stopped the executor readying its kind"
 
     asyncio.run(main())
+
+
+def test_work_dirs_handed_to_the_executor_are_removed_when_it_is_idle(tmp_path):
+    ours = tmp_path / "agentrl-sbx-handed-over"
+    (ours / "sub").mkdir(parents=True)
+    (ours / "sub" / "f").write_text("x")
+    other = tmp_path / "not-a-work-dir"
+    other.mkdir()
+    link = tmp_path / "agentrl-sbx-link"
+    link.symlink_to(other)
+
+    async def main():
+        assert (await make_sandbox("local", bwrap=False).run(["true"], timeout_s=10)).ok
+        for path in (ours, other, link):
+            assert executor().discard(str(path))
+        deadline = time.monotonic() + 10
+        while ours.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert not ours.exists()
+    assert other.is_dir() and link.is_symlink()  # only real directories named as work dirs go
+    assert not executor().discard(str(ours))  # no running loop: the caller removes it

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -49,6 +50,9 @@ def leftovers() -> tuple[list[str], list[str]]:
 @pytest.fixture(autouse=True)
 def no_leftovers():
     yield
+    deadline = time.monotonic() + 5  # (without a dedicated uid the executor removes work dirs when idle)
+    while leftovers() != ([], []) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert leftovers() == ([], [])
 
 

@@ -134,7 +134,9 @@ async def run_callable(
     fn: Callable[..., Any], base_url: str, api_key: str, task: dict, timeout_s: float
 ) -> ProgramResult:
     """Call ``fn(task, base_url=..., api_key=...)``: awaited when async, else in a thread (a thread
-    past the limit cannot be killed: it is abandoned and its episode ends)."""
+    past the limit cannot be killed: it is abandoned and its episode ends). Whatever the function
+    raises is its episode's error, a CancelledError that is not this task's cancellation included
+    (one escaping would end the episode with no trajectory at all)."""
     out = ProgramResult()
     try:
         async with asyncio.timeout(timeout_s):
@@ -144,6 +146,13 @@ async def run_callable(
                 value = await asyncio.to_thread(fn, task, base_url=base_url, api_key=api_key)
     except TimeoutError:
         out.timed_out, out.error = True, f"the agent callable ran past agent.timeout_s={timeout_s:g}s"
+        return out
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the episode or the run is being cancelled
+        # raised inside the agent's own code (a library's cancel scope): its failure, not a cancellation
+        out.error = "the agent callable raised CancelledError without being cancelled"
         return out
     except Exception as e:  # noqa: BLE001 - the agent's bug ends its episode, not the run
         out.error = f"the agent callable raised {type(e).__name__}: {e}"

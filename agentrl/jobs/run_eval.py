@@ -12,7 +12,8 @@ proxy mode (``agent.kind: proxy``) the run's agent program through the same reco
 would measure another agent, and an env scored by the program's own result, such as verifiers',
 could not be scored at all). An agent that rewrote its history yields several trajectories per
 episode; the eval counts each task once, by its episode's last trajectory (which carries the
-episode's outcome and reward), and adds its agents' counters (``agent/...``) to the row. Does not
+episode's outcome and reward; a task with none is an infrastructure failure: :func:`per_task`), and
+adds its agents' counters (``agent/...``) to the row. Does not
 decide what a failure is (``agentrl.episodes.summary``).
 """
 
@@ -21,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 
 from agentrl.agents.runner import proxy_runner_of
-from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+from agentrl.episodes.manager import EpisodeManager
+from agentrl.episodes.spec import EpisodeSpec
 from agentrl.episodes.summary import eval_stats
 from agentrl.jobs.infra_stop import stop_if_all_failed
-from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Outcome, Trajectory
 
 #: Task seeds of the held-out eval: far from the training stream's, the same in every eval of a run.
 EVAL_SEED_BASE = 10_000_019
@@ -35,10 +37,25 @@ def eval_specs(n: int) -> list[EpisodeSpec]:
     return [EpisodeSpec(f"eval-{i}", 0, EVAL_SEED_BASE + i, sampling_seed=i) for i in range(n)]
 
 
-def episode_ends(trajs: list[Trajectory]) -> list[Trajectory]:
-    """One trajectory per episode: its last. The earlier segments of a split episode
-    (``EpisodeManager.run_segments``, marked ``info["segment"]``) are left out."""
-    return [t for t in trajs if "segment" not in t.info]
+def per_task(specs: list[EpisodeSpec], trajs: list[Trajectory], env_id: str) -> list[Trajectory]:
+    """One trajectory per eval task, in the specs' order: its episode's last. The earlier segments of
+    a split episode (``EpisodeManager.run_segments``, marked ``info["segment"]``) are left out; a task
+    that got no trajectory back counts as an infrastructure failure (``env_error``, saying so), so the
+    denominator is every task whatever happened."""
+    last = {(t.group_id, t.sample_index): t for t in trajs if "segment" not in t.info}
+    return [last.get((s.group_id, s.sample_index)) or _lost(s, env_id) for s in specs]
+
+
+def _lost(spec: EpisodeSpec, env_id: str) -> Trajectory:
+    return Trajectory(
+        episode_id=f"{spec.group_id}-{spec.sample_index}",
+        group_id=spec.group_id,
+        env_id=env_id,
+        prompt_len=0,
+        sample_index=spec.sample_index,
+        outcome=Outcome.ENV_ERROR,
+        outcome_detail="the episode manager returned no trajectory for this task",
+    )
 
 
 class HeldOutEval:
@@ -55,7 +72,8 @@ class HeldOutEval:
         mgr = EpisodeManager(
             self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, runner=agent
         )
-        trajs = episode_ends(await mgr.collect(eval_specs(ev.num_tasks)))
+        specs = eval_specs(ev.num_tasks)
+        trajs = per_task(specs, await mgr.collect(specs), self.cfg.env.id)
         if first:  # an eval where everything failed alike means nothing here can work: stop now
             stop_if_all_failed(trajs, "the first evaluation")
         stats = eval_stats(trajs)

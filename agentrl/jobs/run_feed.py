@@ -16,7 +16,8 @@ import asyncio
 
 from agentrl.batches.samples import has_signal
 from agentrl.batches.staleness import StalenessQueue
-from agentrl.episodes.manager import EpisodeManager, make_specs
+from agentrl.episodes.manager import EpisodeManager
+from agentrl.episodes.spec import make_specs
 
 
 class RunFeed:

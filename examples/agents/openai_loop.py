@@ -30,6 +30,7 @@ from openai import AsyncOpenAI
 
 MAX_TURNS = int(os.environ.get("AGENT_MAX_TURNS", "4"))
 TOOL_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 600.0
 
 
 async def run_python(code: str) -> str:
@@ -74,7 +75,9 @@ async def call_tool(call) -> str:
 
 async def run(task: dict, *, base_url: str | None = None, api_key: str | None = None) -> dict:
     """One episode of ``task`` ({"messages": [...], "tools": [...] or None}) against the endpoint."""
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:
+    # one timeout for connecting too (the client's default connect timeout is 5 s): in-process, the
+    # endpoint shares the event loop with the whole run, which a busy training step can hold for seconds
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=REQUEST_TIMEOUT_S) as client:
         model = (await client.models.list()).data[0].id
         messages = list(task["messages"])
         kwargs = {"tools": task["tools"]} if task.get("tools") else {}

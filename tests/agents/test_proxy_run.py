@@ -5,12 +5,11 @@ endpoint is closed when the run ends or fails, and the run learns."""
 
 import asyncio
 import json
-import socket
 import sys
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
+from reward_curve import rise, step_rewards
 
 from agentrl.config.schema import load_config
 from agentrl.errors import InfraFailureError
@@ -42,16 +41,6 @@ def _cfg(out, *sets):
 
 def _rows(out):
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
-def _assert_closed(url):
-    """Nothing listens on ``url``'s port any more: connecting is refused and the port binds again."""
-    port = urlparse(url).port
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
-        s.bind(("127.0.0.1", port))
 
 
 def test_counters_reach_the_metrics_and_summary_and_the_endpoint_closes(tmp_path):
@@ -89,7 +78,7 @@ def test_counters_reach_the_metrics_and_summary_and_the_endpoint_closes(tmp_path
     shown = {line.split()[1]: line.split()[3] for line in res.output.splitlines() if " agent_" in line}
     assert shown["agent_requests"] == str(total["requests"]), res.output  # in the run's summary table
     assert len(set(probe_agents.URLS)) == 1  # one endpoint per run
-    _assert_closed(probe_agents.URLS[0])
+    probe_agents.assert_closed(probe_agents.URLS[0])
 
 
 def test_eval_plays_the_agent_program_and_counts_each_task_once(tmp_path):
@@ -121,4 +110,57 @@ def test_a_failing_run_closes_the_endpoint(tmp_path):
     with pytest.raises(InfraFailureError, match="first evaluation ended env_error"):
         asyncio.run(Runner(cfg, progress=False).run())
     assert len(probe_agents.URLS) == 4
-    _assert_closed(probe_agents.URLS[0])
+    probe_agents.assert_closed(probe_agents.URLS[0])
+
+
+#: Asserted rise of the held-out solve rate, start -> end, mean over the two seeds (see below).
+RISE_MIN = 0.03
+
+
+@pytest.mark.slow
+def test_the_run_learns_through_the_proxy(tmp_path, monkeypatch):
+    """The example agent (examples/agents/openai_loop.py: the official openai client, multi-turn, runs
+    its python tool calls itself), in-process as agent.callable=openai_loop:run, trained on the default
+    task (code_exec) and model (the built-in warm-started one) for 10 steps of the default batch (32
+    groups x 8), seeds 0 and 1, on-policy, at the recipe's lr held constant (its default cosine decays
+    over the run's steps: 10 here, 120 in the full run).
+
+    Compared: the held-out solve rate of the trained agent (the eval plays the agent program) on the
+    same 500 eval-split tasks (the default eval) at the start (the warm-started model sampled with
+    fixed seeds: 0.494 for both seeds) and at the end. Asserted: every seed rises, and the mean rise
+    over the two seeds is over RISE_MIN. Measured (2 cores under a load of 15-20): at 917114d with 500
+    tasks, +0.138 / +0.108 (seed 0 / 1); before, with 256 tasks (start 0.523), three runs: +0.105 /
+    +0.090, +0.051 / +0.121, +0.113 / +0.039. A run whose policy does not improve scores 0 +- 0.022
+    (binomial sd of 500 tasks), so the test can fail. Smaller batches learned less or not at all (16
+    groups: +0.055 on 128 tasks, one seed; 4 groups x 30 steps: down, in the built-in loop too) and a
+    larger lr (5e-4, 1e-3) collapsed. The built-in loop's statistic, the per-step training reward of
+    the first vs the last steps (reward_curve.rise; measured +0.044 / +0.079 at 500 tasks, +0.094 /
+    +0.129, +0.029 / +0.065 and +0.052 / +0.137 before), is reported, not asserted: each step draws
+    other tasks, whose mix moves it by +-0.05."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    rises, windows = [], []
+    for seed in (0, 1):
+        out = tmp_path / f"seed{seed}"
+        cfg = _cfg(
+            out,
+            "agent.callable=openai_loop:run",
+            "agent.reward=env",
+            "rollout.group_size=8",
+            "rollout.max_new_tokens=256",
+            "rollout.max_turns=8",
+            f"rollout.seed={seed}",
+            f"trainer.seed={seed}",
+            "train.steps=10",
+            "train.groups_per_step=32",
+            "trainer.lr_schedule=constant",
+            "eval.num_tasks=500",
+            "eval.every=0",
+        )
+        summary = asyncio.run(Runner(cfg, progress=False).run())
+        assert summary["steps"] == 10 and summary["rollout"]["infra_failure_rate"] < 0.01, summary["rollout"]
+        assert summary["eval_infra_failure_rate_start"] == summary["eval_infra_failure_rate_end"] == 0.0
+        rises.append(summary["eval_solve_rate_end"] - summary["eval_solve_rate_start"])
+        windows.append(rise(step_rewards(out), 3))
+    report = f"eval rises {rises}; per-step reward (first 3, last 3) {windows}"
+    print(report)
+    assert min(rises) > 0 and sum(rises) / len(rises) > RISE_MIN, report

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from agentrl.agents.config import AgentConfig
-from agentrl.agents.program import ProgramResult
+from agentrl.agents.program import ProgramResult, run_callable
 from agentrl.agents.proxy import Budget, EpisodeLink
 from agentrl.agents.runner import COUNTERS, ProxyRunner, proxy_runner_of
 from agentrl.trajectory import Outcome, Trajectory
@@ -103,3 +103,29 @@ def test_proxy_runner_of_finds_only_a_proxy_runner():
     assert proxy_runner_of(type("M", (), {"runner": runner})()) is runner
     assert proxy_runner_of(type("M", (), {"runner": None})()) is None
     assert proxy_runner_of(object()) is None  # e.g. the Ray backend's episode workers
+
+
+async def _raises_cancelled(task, *, base_url, api_key):
+    raise asyncio.CancelledError()  # as a library's cancel scope can, with nobody cancelling
+
+
+def test_a_cancelled_error_from_the_agent_is_its_failure_not_a_lost_episode():
+    res = asyncio.run(run_callable(_raises_cancelled, "http://x/v1", "k", {}, 5.0))
+    assert res.error == "the agent callable raised CancelledError without being cancelled" and not res.timed_out
+
+
+def test_cancelling_the_episode_still_cancels_its_agent():
+    async def main():
+        started = asyncio.Event()
+
+        async def slow(task, *, base_url, api_key):
+            started.set()
+            await asyncio.sleep(60)
+
+        episode = asyncio.create_task(run_callable(slow, "http://x/v1", "k", {}, 120.0))
+        await started.wait()
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+
+    asyncio.run(main())

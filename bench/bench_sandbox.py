@@ -40,24 +40,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandbox_common import sandbox_true, summary, throughput
+from sandbox_docker import docker_rows
+
 from agentrl.sandbox import make_sandbox
 from agentrl.tools.python import make_python_tool
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
-
-
-def summary(xs: list[float]) -> dict:
-    return {
-        "n": len(xs),
-        "p50_ms": pct(xs, 50) * 1e3,
-        "p99_ms": pct(xs, 99) * 1e3,
-        "mean_ms": statistics.mean(xs) * 1e3,
-    }
 
 
 async def bare_true() -> float:
@@ -67,14 +56,6 @@ async def bare_true() -> float:
     )
     await proc.communicate()
     return time.perf_counter() - t0
-
-
-async def sandbox_true(sb) -> float:
-    t0 = time.perf_counter()
-    r = await sb.run(["true"], timeout_s=30)
-    took = time.perf_counter() - t0
-    assert r.ok, r
-    return took
 
 
 async def bare_python() -> float:
@@ -257,98 +238,11 @@ def run_mode(mode: str, n: int, gap_s: float, reps: int) -> dict:
     return asyncio.run(mode_bench(mode, n, gap_s, reps))
 
 
-def docker_run_cold(image: str) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", image, "true"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return time.perf_counter() - t0
-
-
-def sdk_cold(client, image: str) -> float:
-    t0 = time.perf_counter()
-    c = client.containers.run(image, ["true"], detach=True, network_mode="none")
-    c.wait()
-    c.remove(force=True)
-    return time.perf_counter() - t0
-
-
-async def docker_warm_vs_cold(n: int) -> dict:
-    import docker
-
-    from agentrl.sandbox.docker import DockerSandbox
-
-    sb = DockerSandbox(pool_size=1, max_concurrency=1)
-    client = docker.from_env()
-    image = sb.image
-    warm, cold, cold_sdk, ratios, ratios_sdk = [], [], [], [], []
-    try:
-        await sb.start()
-        for _ in range(5):
-            await sandbox_true(sb)
-        for _ in range(n):
-            tc = await asyncio.to_thread(docker_run_cold, image)
-            tw = await sandbox_true(sb)
-            ts = await asyncio.to_thread(sdk_cold, client, image)
-            tw2 = await sandbox_true(sb)
-            cold.append(tc)
-            cold_sdk.append(ts)
-            warm += [tw, tw2]
-            ratios.append(tc / tw)
-            ratios_sdk.append(ts / tw2)
-    finally:
-        await sb.aclose()
-    return {
-        "docker_run_cold_cli": summary(cold),
-        "cold_sdk": summary(cold_sdk),
-        "warm_pool": summary(warm),
-        "ratio_median_vs_cli": statistics.median(ratios),
-        "ratio_median_vs_sdk": statistics.median(ratios_sdk),
-        "target": ">= 30",
-    }
-
-
-async def throughput(sb, concurrency: int, total: int) -> dict:
-    done = 0
-
-    async def worker(k: int) -> None:
-        nonlocal done
-        for _ in range(k):
-            r = await sb.run(["true"], timeout_s=60)
-            assert r.ok, r
-            done += 1
-
-    per = total // concurrency
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker(per) for _ in range(concurrency)])
-    wall = time.perf_counter() - t0
-    return {"concurrency": concurrency, "runs": done, "wall_s": wall, "runs_per_s": done / wall}
-
-
 async def throughput_local(concurrency: int, total: int) -> dict:
     sb = make_sandbox("local", max_concurrency=concurrency)
     try:
         await throughput(sb, concurrency, concurrency)  # warm-up
         return await throughput(sb, concurrency, total)
-    finally:
-        await sb.aclose()
-
-
-async def throughput_docker(concurrency: int, total: int) -> dict:
-    from agentrl.sandbox.docker import DockerSandbox
-
-    sb = DockerSandbox(pool_size=concurrency, max_concurrency=concurrency)
-    try:
-        t0 = time.perf_counter()
-        await sb.start()
-        start_s = time.perf_counter() - t0
-        await throughput(sb, concurrency, concurrency)  # every container used once
-        out = await throughput(sb, concurrency, total)
-        out["pool_start_s"] = start_s
-        return out
     finally:
         await sb.aclose()
 
@@ -399,6 +293,8 @@ def main() -> None:
 
         reason = unavailable_reason()
         if reason is None:
+            from sandbox_docker import docker_warm_vs_cold, throughput_docker
+
             out["docker_warm_vs_cold"] = asyncio.run(docker_warm_vs_cold(n_cold))
             out["throughput_docker"] = asyncio.run(throughput_docker(args.concurrency, total))
         else:
@@ -463,46 +359,10 @@ def table(out: dict) -> str:
                 "p99 <= 2000, 0",
             )
         )
-    if "docker_warm_vs_cold" in out:
-        d = out["docker_warm_vs_cold"]
-        rows += [
-            (
-                "docker run --rm (cold, CLI)",
-                f"{d['docker_run_cold_cli']['p50_ms']:.1f}",
-                f"{d['docker_run_cold_cli']['p99_ms']:.1f}",
-                "",
-                "",
-            ),
-            (
-                "cold via SDK (create+start+rm)",
-                f"{d['cold_sdk']['p50_ms']:.1f}",
-                f"{d['cold_sdk']['p99_ms']:.1f}",
-                "",
-                "",
-            ),
-            (
-                "docker warm pool (acquire+exec)",
-                f"{d['warm_pool']['p50_ms']:.2f}",
-                f"{d['warm_pool']['p99_ms']:.2f}",
-                f"{d['ratio_median_vs_cli']:.0f}x faster than CLI cold ({d['ratio_median_vs_sdk']:.0f}x vs SDK cold)",
-                ">= 30x",
-            ),
-        ]
+    rows += docker_rows(out, "warm")
     tl = out["throughput_local"]
     rows.append((f"throughput local @{tl['concurrency']}", "", "", f"{tl['runs_per_s']:.0f} runs/s", ""))
-    if "throughput_docker" in out:
-        td = out["throughput_docker"]
-        rows.append(
-            (
-                f"throughput docker @{td['concurrency']}",
-                "",
-                "",
-                f"{td['runs_per_s']:.0f} runs/s (pool start {td['pool_start_s']:.0f} s)",
-                "",
-            )
-        )
-    if "docker_skipped" in out:
-        rows.append(("docker", "", "", f"skipped: {out['docker_skipped']}", ""))
+    rows += docker_rows(out, "throughput")
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))

@@ -25,22 +25,7 @@ hundreds of idle jails would be waste). Without a ready jail (a burst), the requ
 a cold jail is forked for it. Each jail still serves exactly one request: fresh process, fresh
 namespaces, fresh work dir. A ready jail is named ``agentrl-ready`` on the host.
 
-Messages (``agentrl.sandbox.executor_wire``). On the first socket (its fd is argv[1]):
-``{"connect": true}`` with a socket attached adds that socket as a client connection (the client
-keeps one per event loop); the first socket closing stops the executor, which then kills
-everything it started. On a connection, from the client: a request ``{"id", "jail", "argv", "env",
-"cwd", "workdir", "uid", "rlimits", "warm", "status_fd"}`` with the child's stdin, stdout, stderr
-(and bwrap's status pipe) attached; ``{"kill": pid}`` (or ``{"kill_id": id}``, for a request
-whose jail the client does not know yet) kills that jail if it was not reaped yet (also before it
-made its session); ``{"remove": path}`` hands over a host work dir to remove when idle. To the
-client: ``{"id", "pid"}`` once a cold jail has the request, ``{"ready": kind, "pid"}`` handing
-over a ready jail, each with the jail's channel
-attached when it has one (a jail with its own pid namespace reports ``{"exit"}`` there as soon as
-its program ended, before the namespace is torn down; a ready jail takes its request there),
-``{"drop": kind, "pid"}`` asking it to let go of a ready jail it has not used (closing the
-channel: the jail ends at the EOF), and ``{"pid", "exit", "error"?}`` when a jail was reaped
-(``error``: why the program could not be started, if so; the client keeps the first exit it
-hears). A connection closing kills its jails.
+The messages it takes and sends are listed in ``agentrl.sandbox.executor_wire``.
 
 Warm Python: for ``python3 -`` (the ``python`` tool), when the requested interpreter is this one,
 the jail does not exec: it runs the program from stdin in a fork of this warm interpreter

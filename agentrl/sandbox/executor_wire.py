@@ -6,7 +6,26 @@ one back (``recv``: received descriptors are close-on-exec). Used by the trainer
 executor, and the jails it keeps ready. Imports only the standard library (the executor loads it
 without agentrl on its path).
 
-Does not: decide what a message says (``agentrl.sandbox.executor`` documents the messages).
+The messages. On the executor's first socket (its fd is argv[1]): ``{"connect": true}`` with a
+socket attached adds that socket as a client connection (the client keeps one per event loop);
+the first socket closing stops the executor, which then kills everything it started.
+
+From the client on a connection: a request ``{"id", "jail", "argv", "env", "cwd", "workdir",
+"uid", "rlimits", "warm", "status_fd"}`` with the child's stdin, stdout, stderr (and bwrap's
+status pipe) attached; ``{"kill": pid}`` (or ``{"kill_id": id}``, for a request whose jail the
+client does not know yet) kills that jail if it was not reaped yet (also before it made its
+session); ``{"remove": path}`` hands over a host work dir to remove when idle.
+
+To the client: ``{"id", "pid"}`` once a cold jail has the request, ``{"ready": kind, "pid"}``
+handing over a ready jail, each with the jail's channel attached when it has one (a ready jail
+takes its request there; a jail with its own pid namespace reports ``{"exit"}`` there as soon as
+its program ended, before the namespace is torn down); ``{"drop": kind, "pid"}`` asking it to let
+go of a ready jail it has not used (closing the channel: the jail ends at the EOF); and ``{"pid",
+"exit", "error"?}`` when a jail was reaped (``error``: why the program could not be started, if
+so; the client keeps the first exit it hears). A connection closing kills its jails.
+
+Does not: act on a message (``agentrl.sandbox.executor``, ``agentrl.sandbox.executor_conn`` and
+``agentrl.sandbox.child`` do).
 """
 
 from __future__ import annotations

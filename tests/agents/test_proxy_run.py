@@ -118,6 +118,7 @@ RISE_MIN = 0.03
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two runs of 10 x 256 episodes + 4 evals of 500: 12-26 min on 2 loaded cores
 def test_the_run_learns_through_the_proxy(tmp_path, monkeypatch):
     """The example agent (examples/agents/openai_loop.py: the official openai client, multi-turn, runs
     its python tool calls itself), in-process as agent.callable=openai_loop:run, trained on the default

@@ -18,7 +18,8 @@ call save/load (gathering is collective); rank 0 writes, every rank reads (share
 
 With LoRA (``trainer.lora.rank`` > 0) the HF files at the top are the *merged* weights, written only
 with ``lora.export_merged``; the trainable state is the adapters (``adapter/``, loadable with
-``peft.PeftModel.from_pretrained(base, PATH/adapter)``), the adapters' optimizer state and, for a
+``peft.PeftModel.from_pretrained(base, PATH/adapter)``; with ``lora.train_norms`` the trained gains
+are in it too, as peft's modules_to_save), the adapters' optimizer state and, for a
 critic, its adapters + value head. Resuming rebuilds the frozen base from the trainer's model path.
 
 Owns: writing/reading that layout and HF export of a full state dict. Does not: decide when to
@@ -209,18 +210,19 @@ def _write_policy(trainer, tmp: Path, model_sd: dict[str, torch.Tensor]) -> None
     if not lora.rank:
         write_hf(tmp, model_sd, trainer.model, trainer.model_path)
         return
-    L.save_adapter(tmp / "adapter", model_sd, lora, trainer.model_path)
+    L.save_adapter(tmp / "adapter", model_sd, lora, trainer.model_path, L.trained_gains(trainer.model))
     if lora.export_merged:
         write_hf(tmp, L.merged_state_dict(model_sd, lora.scaling), trainer.model, trainer.model_path)
 
 
 def _load_policy(trainer, path: Path, opts: StateDictOptions) -> None:
-    """The policy's weights: the whole model, or (LoRA) its adapters on the base it was built from."""
+    """The policy's weights: the whole model, or (LoRA) its adapters (and trained gains) on the base
+    it was built from."""
     if not trainer.cfg.lora.rank:
         set_model_state_dict(trainer.model, read_hf(path, trainer.model), options=opts)
         return
     sd = L.load_adapter(path / "adapter", trainer.cfg.lora)
-    ours = {n for n, _ in trainer.model.named_parameters() if L.is_adapter(n)}
+    ours = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     if set(sd) != ours:
         diff = sorted(set(sd) ^ ours)
         raise ConfigError(

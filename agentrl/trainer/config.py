@@ -51,6 +51,14 @@ class LoraConfig:
         "Module-name suffixes that get adapters (default: the attention and MLP projections of "
         "Qwen2/Qwen3/Llama). A PPO critic's body gets the same adapters; its value head trains fully.",
     )
+    train_norms: bool = doc(
+        False,
+        "Also train the normalization gains (the 1-D RMSNorm/LayerNorm weights, a few thousand parameters) "
+        "beside the adapters, at trainer.lr * trainer.norm_lr_scale. Checkpoints save them in the adapter "
+        "(peft's modules_to_save), so PeftModel.from_pretrained restores them. For a model whose RL moves "
+        "mostly its gains (the built-in tiny one: its recipe trains them at 300x the lr); with a larger "
+        "trainer.lr for the adapters, lower norm_lr_scale to keep the gains' rate.",
+    )
     export_merged: bool = doc(
         True,
         "Checkpoints also hold the merged weights as an HF model directory (what `agentrl serve` and "

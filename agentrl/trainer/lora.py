@@ -2,14 +2,16 @@
 
 Owns: putting peft LoRA layers into a loaded model *in place* (no PeftModel wrapper, so FSDP2 sharding,
 the forward helpers and the critic's ``ValueModel`` see the same module tree as without LoRA),
-freezing everything but the adapters (and, for the critic, its value head), and pure functions over
+freezing everything but the adapters (and, for the critic, its value head; with ``train_norms`` the
+normalization gains), and pure functions over
 state dicts: the merged weights under the base model's names (what engines and HF exports get) and
 the conversion to and from peft's adapter file format.
 
 Names: an adapted projection ``P`` (e.g. ``model.layers.0.self_attn.q_proj``) holds
 ``P.base_layer.weight`` (frozen), ``P.lora_A.default.weight`` [r, in] and ``P.lora_B.default.weight``
 [out, r]; merged, ``P.weight = W + (B @ A) * alpha / r``. peft's files name the adapters
-``base_model.model.P.lora_A.weight`` (no adapter name).
+``base_model.model.P.lora_A.weight`` (no adapter name). Trained gains are peft ``modules_to_save``:
+``base_model.model.G`` for a gain ``G`` (e.g. ``model.layers.0.input_layernorm.weight``).
 
 Does not: decide when to save or sync (checkpoint / the run loop), or shard (``models.shard``).
 """
@@ -24,6 +26,7 @@ from torch import nn
 
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import LoraConfig
+from agentrl.trainer.optim import is_norm_gain
 
 ADAPTER = "default"
 _A, _B, _BASE = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight", ".base_layer."
@@ -31,7 +34,13 @@ _PEFT_PREFIX = "base_model.model."
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 
 
-def peft_config(cfg: LoraConfig, *, base_path: str | None = None, task_type: str | None = "CAUSAL_LM"):
+def peft_config(
+    cfg: LoraConfig,
+    *,
+    base_path: str | None = None,
+    task_type: str | None = "CAUSAL_LM",
+    modules_to_save: list[str] | None = None,
+):
     from peft import LoraConfig as PeftLoraConfig
 
     return PeftLoraConfig(
@@ -42,13 +51,15 @@ def peft_config(cfg: LoraConfig, *, base_path: str | None = None, task_type: str
         bias="none",
         task_type=task_type,
         base_model_name_or_path=base_path,
+        modules_to_save=modules_to_save or None,
     )
 
 
 def apply(model: nn.Module, cfg: LoraConfig, *, keep_trainable: tuple[str, ...] = ()) -> nn.Module:
     """Inject LoRA adapters into ``model`` in place (fp32 adapters; B = 0, so the function is
     unchanged) and freeze every other parameter except those whose name starts with one of
-    ``keep_trainable`` (the critic's value head). ConfigError when no module matches the targets."""
+    ``keep_trainable`` (the critic's value head) and, with ``cfg.train_norms``, the normalization
+    gains (in their own dtype). ConfigError when no module matches the targets."""
     from peft import inject_adapter_in_model
 
     leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -59,7 +70,8 @@ def apply(model: nn.Module, cfg: LoraConfig, *, keep_trainable: tuple[str, ...] 
         )
     inject_adapter_in_model(peft_config(cfg, task_type=None), model, adapter_name=ADAPTER)
     for name, p in model.named_parameters():
-        p.requires_grad_(is_adapter(name) or name.startswith(keep_trainable))
+        gain = cfg.train_norms and is_norm_gain(name, p)
+        p.requires_grad_(is_adapter(name) or gain or name.startswith(keep_trainable))
         if is_adapter(name) and p.dtype != torch.float32:
             p.data = p.data.float()
     return model
@@ -104,35 +116,49 @@ def merged_state_dict(sd: dict[str, torch.Tensor], scaling: float) -> dict[str, 
     return out
 
 
-def to_peft(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter entries of ``sd`` under peft's file names (what PeftModel.from_pretrained reads)."""
-    return {_PEFT_PREFIX + n.replace(f".{ADAPTER}.weight", ".weight"): t for n, t in sd.items() if is_adapter(n)}
+def trained_gains(model: nn.Module) -> list[str]:
+    """Names of the normalization gains that train (``lora.train_norms``); [] otherwise."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and is_norm_gain(n, p)]
+
+
+def to_peft(sd: dict[str, torch.Tensor], gains: tuple[str, ...] | list[str] = ()) -> dict[str, torch.Tensor]:
+    """The adapter entries of ``sd`` (and the ``gains`` named, as peft's modules_to_save) under
+    peft's file names (what PeftModel.from_pretrained reads)."""
+    out = {_PEFT_PREFIX + n.replace(f".{ADAPTER}.weight", ".weight"): t for n, t in sd.items() if is_adapter(n)}
+    out.update({_PEFT_PREFIX + n: sd[n] for n in gains})
+    return out
 
 
 def from_peft(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Inverse of ``to_peft``: peft file names -> this module's parameter names."""
     out = {}
     for n, t in sd.items():
-        if not n.startswith(_PEFT_PREFIX) or not is_adapter(n):
-            raise ValueError(f"{n!r} is not a peft LoRA adapter weight name")
-        out[n[len(_PEFT_PREFIX) :].removesuffix(".weight") + f".{ADAPTER}.weight"] = t
+        if not n.startswith(_PEFT_PREFIX):
+            raise ValueError(f"{n!r} is not a peft adapter file's weight name (no {_PEFT_PREFIX!r} prefix)")
+        name = n[len(_PEFT_PREFIX) :]
+        out[name.removesuffix(".weight") + f".{ADAPTER}.weight" if is_adapter(n) else name] = t
     return out
 
 
-def save_adapter(out: Path, sd: dict[str, torch.Tensor], cfg: LoraConfig, base_path: str) -> None:
-    """Write the adapters of ``sd`` as a peft adapter directory (adapter_config.json + weights)."""
+def save_adapter(
+    out: Path, sd: dict[str, torch.Tensor], cfg: LoraConfig, base_path: str, gains: list[str] | None = None
+) -> None:
+    """Write the adapters of ``sd`` (and the trained ``gains``, as modules_to_save: their modules'
+    leaf names) as a peft adapter directory (adapter_config.json + weights)."""
     from safetensors.torch import save_file
 
+    gains = gains or []
     out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in to_peft(sd).items()}, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"}
-    )
-    peft_config(cfg, base_path=base_path).save_pretrained(str(out))
+    weights = {k: v.contiguous() for k, v in to_peft(sd, gains).items()}
+    save_file(weights, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    modules = sorted({g.rsplit(".", 2)[-2] for g in gains})
+    peft_config(cfg, base_path=base_path, modules_to_save=modules).save_pretrained(str(out))
 
 
 def load_adapter(path: Path, cfg: LoraConfig) -> dict[str, torch.Tensor]:
     """Adapter weights of a directory written by ``save_adapter``, under this module's names;
-    ConfigError when its rank or alpha differ from ``cfg`` (the scaling would silently change)."""
+    ConfigError when its rank or alpha differ from ``cfg`` (the scaling would silently change) or
+    it has trained gains and ``cfg.train_norms`` is off, or the other way round."""
     from safetensors.torch import load_file
 
     saved = json.loads((path / ADAPTER_CONFIG).read_text())
@@ -140,6 +166,11 @@ def load_adapter(path: Path, cfg: LoraConfig) -> dict[str, torch.Tensor]:
         raise ConfigError(
             f"{path}: adapters of rank {saved.get('r')}, alpha {saved.get('lora_alpha')}; this "
             f"trainer has trainer.lora.rank={cfg.rank}, alpha={cfg.alpha}: resume with the same"
+        )
+    if bool(saved.get("modules_to_save")) != cfg.train_norms:
+        raise ConfigError(
+            f"{path}: adapters {'with' if saved.get('modules_to_save') else 'without'} trained normalization "
+            f"gains; this trainer has trainer.lora.train_norms={str(cfg.train_norms).lower()}: resume with the same"
         )
     return from_peft(load_file(str(path / ADAPTER_WEIGHTS)))
 

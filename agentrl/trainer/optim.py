@@ -32,19 +32,24 @@ def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
     return factor
 
 
+def is_norm_gain(name: str, p: torch.Tensor) -> bool:
+    """A normalization gain: a 1-D weight of a module whose name contains ``norm`` (RMSNorm/LayerNorm,
+    e.g. ``model.layers.0.input_layernorm.weight``, ``...self_attn.q_norm.weight``, ``model.norm.weight``)."""
+    return p.ndim == 1 and "norm" in name.rsplit(".", 2)[-2]
+
+
 def build_optimizer(
     model: torch.nn.Module, cfg: TrainerConfig, lr: float, gain_scale: float | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``model``'s trainable parameters (with LoRA: the adapters only) and its schedule.
+    """AdamW over ``model``'s trainable parameters (with LoRA: the adapters, and the gains with
+    ``lora.train_norms``) and its schedule.
     With ``gain_scale`` (the policy's ``norm_lr_scale``) not 1 the normalization gains (1-D
     ``*norm*`` weights) are a second group at ``lr * gain_scale`` (the first group's lr is
     reported). The critic's gains keep its lr."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": params}]
     if gain_scale not in (None, 1.0):
-        gains = [
-            p for n, p in model.named_parameters() if p.requires_grad and p.ndim == 1 and "norm" in n.rsplit(".", 2)[-2]
-        ]
+        gains = [p for n, p in model.named_parameters() if p.requires_grad and is_norm_gain(n, p)]
         ids = {id(p) for p in gains}
         groups = [{"params": [p for p in params if id(p) not in ids]}]
         if gains:

@@ -43,7 +43,14 @@ def raw(t: Trainer, critic: bool = False) -> dict[str, torch.Tensor]:
 # -- config --------------------------------------------------------------------------------------
 def test_lora_fields_are_documented_set_from_the_command_line_and_checked():
     docs = {name: d for name, d, _ in field_docs(TrainerConfig)}
-    assert {"lora.rank", "lora.alpha", "lora.dropout", "lora.target_modules", "lora.export_merged"} <= set(docs)
+    assert {
+        "lora.rank",
+        "lora.alpha",
+        "lora.dropout",
+        "lora.target_modules",
+        "lora.export_merged",
+        "lora.train_norms",
+    } <= set(docs)
     assert all(docs[k] for k in docs if k.startswith("lora."))
     cfg = load_config([], ["trainer.lora.rank=8", "trainer.lora.target_modules=[q_proj,v_proj]"]).trainer
     assert cfg.lora.rank == 8 and cfg.lora.target_modules == ["q_proj", "v_proj"] and cfg.lora.scaling == 4.0
@@ -219,3 +226,81 @@ def test_adapter_only_checkpoints_and_mismatched_resumes_are_clear(model_dir, tm
     with Trainer(model_dir, narrow) as t:
         with pytest.raises(ConfigError, match="target_modules"):
             t.load(tmp_path / "lora")
+
+
+# -- lora.train_norms: the normalization gains train beside the adapters --------------------------
+GAINS = LAYERS * (32 + 32 + HIDDEN + HIDDEN) + HIDDEN  # q_norm, k_norm (head_dim 32), 2 layernorms; model.norm
+
+
+def norms_cfg(**kw) -> TrainerConfig:
+    return TrainerConfig(lr=1e-2, lora=LoraConfig(rank=RANK, alpha=8.0, train_norms=True), **kw)
+
+
+def test_train_norms_trains_the_gains_at_the_gain_rate_and_engines_get_them(model_dir):
+    with Trainer(model_dir, norms_cfg(norm_lr_scale=10.0)) as t:
+        gains = L.trained_gains(t.model)
+        assert len(gains) == 4 * LAYERS + 1 and sum(dict(t.model.named_parameters())[g].numel() for g in gains) == GAINS
+        assert L.count_trainable(t.model) == 11776 + GAINS  # the adapters (above) + the gains
+        adapters_group, gains_group = t.optimizer.param_groups
+        assert gains_group["lr"] == pytest.approx(10 * adapters_group["lr"]) and adapters_group["lr"] == 1e-2
+        assert sum(p.numel() for p in gains_group["params"]) == GAINS
+        before = raw(t)
+        t.train_step(make_samples(4))
+        after, merged = raw(t), t.full_state_dict()
+    assert all(not torch.equal(before[g], after[g]) for g in gains)
+    frozen = [k for k in before if not L.is_adapter(k) and k not in gains]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert all(torch.equal(merged[g], after[g]) for g in gains)  # what weight sync sends
+
+
+def test_train_norms_checkpoint_resumes_and_loads_in_peft(model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ck, batch = tmp_path / "ck", make_samples(3, seed=4)
+    with Trainer(model_dir, norms_cfg(norm_lr_scale=10.0)) as a:
+        a.train_step(make_samples(3, seed=3))
+        a.save(ck)
+        a.train_step(batch)
+        p_a = raw(a)
+    with Trainer(model_dir, norms_cfg(norm_lr_scale=10.0)) as b:
+        b.load(ck)
+        b.train_step(batch)
+        assert max_diff(p_a, raw(b)) == 0.0
+    saved = json.loads((ck / "adapter" / "adapter_config.json").read_text())
+    assert sorted(saved["modules_to_save"]) == [
+        "input_layernorm",
+        "k_norm",
+        "norm",
+        "post_attention_layernorm",
+        "q_norm",
+    ]
+    merged = AutoModelForCausalLM.from_pretrained(ck)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert not torch.equal(merged.model.norm.weight, base.model.norm.weight)  # the export has the trained gains
+    peft = PeftModel.from_pretrained(base, str(ck / "adapter"))
+    ids = torch.tensor([batch[0].token_ids])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, peft(input_ids=ids).logits, atol=1e-5)
+    with Trainer(model_dir, lora_cfg()) as c:
+        with pytest.raises(ConfigError, match="with trained normalization gains.*train_norms=false"):
+            c.load(ck)
+
+
+def test_peft_names_of_adapters_and_gains_round_trip():
+    sd = {
+        "model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.ones(2, 3),
+        "model.layers.0.self_attn.q_proj.base_layer.weight": torch.zeros(3, 3),
+        "model.norm.weight": torch.full((3,), 2.0),
+    }
+    files = L.to_peft(sd, ["model.norm.weight"])
+    assert set(files) == {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+        "base_model.model.model.norm.weight",
+    }
+    back = L.from_peft(files)
+    assert set(back) == {"model.layers.0.self_attn.q_proj.lora_A.default.weight", "model.norm.weight"}
+    assert torch.equal(back["model.norm.weight"], sd["model.norm.weight"])
+    assert set(L.to_peft(sd)) == {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"}
+    with pytest.raises(ValueError, match="prefix"):
+        L.from_peft({"model.norm.weight": torch.ones(1)})

@@ -17,7 +17,11 @@ loop writes to ``metrics.jsonl`` (oldest first; missing keys are skipped, never 
   alert per collapse, at the step it has lasted ``collapse_steps``; it re-arms once the condition
   has been off as long.
 - ``length_anomaly``: sampled tokens per episode (``rollout/tokens_per_episode``) leave their moving
-  band by more than ``length_z`` standard deviations (and by more than 20%: tiny noise is ignored).
+  band (more than ``length_z`` standard deviations and more than 20% from the moving mean of the
+  ``window`` steps before the excursion began) for ``length_steps`` steps in a row, or at once by a
+  factor of ``length_jump`` (x or 1/x). A step where a handful of episodes ramble to the token cap
+  lifts the mean 20-45% for a step in a healthy run; a policy whose length runs away stays out.
+  One alert per excursion.
 - ``infra_failures``: more than ``infra_failure_max`` of a step's rollout episodes, or of an eval's
   episodes (``rollout/infra_failure_rate``, ``eval/infra_failure_rate``), ended with an
   infrastructure outcome (tool timeout, sandbox/engine/env error...): every step it happens.
@@ -68,6 +72,12 @@ class MonitorConfig:
         min=1,
     )
     length_z: float = doc(4.0, "length_anomaly: tokens per episode this many std devs from the moving mean.", min=0.0)
+    length_steps: int = doc(
+        3, "length_anomaly: ... for this many steps in a row (a one-step blip is not an alert).", min=1
+    )
+    length_jump: float = doc(
+        2.0, "length_anomaly: ... or, in a single step, this factor above (or 1/factor below) the moving mean.", min=1.0
+    )
     infra_failure_max: float = doc(
         0.01,
         "infra_failures: alert when more than this fraction of a step's (or an "
@@ -173,20 +183,35 @@ def diversity_collapse(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert
     return alerts
 
 
+def _length_out(value: float, past: list[float], cfg: MonitorConfig) -> tuple[bool, str]:
+    mean, sd = statistics.fmean(past), statistics.pstdev(past)
+    out = abs(value - mean) > cfg.length_z * max(sd, 1e-9) and abs(value - mean) > 0.2 * mean
+    return out, f"{mean:.1f} +- {sd:.1f} ({(value - mean) / max(sd, 1e-9):+.1f} sd)"
+
+
 def length_anomaly(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
     series = _series(history, "rollout/tokens_per_episode")
-    alerts = []
+    alerts, start, fired = [], None, False
     for i in range(cfg.window, len(series)):
         step, value = series[i]
-        past = [v for _, v in series[i - cfg.window : i]]
-        mean, sd = statistics.fmean(past), statistics.pstdev(past)
-        if abs(value - mean) > cfg.length_z * max(sd, 1e-9) and abs(value - mean) > 0.2 * mean:
+        base = i if start is None else start  # an excursion is judged against the band before it
+        past = [v for _, v in series[base - cfg.window : base]]
+        out, band = _length_out(value, past, cfg)
+        if not out:
+            start, fired = None, False
+            continue
+        start = base
+        mean = statistics.fmean(past)
+        jump = mean > 0 and max(value / mean, mean / max(value, 1e-9)) >= cfg.length_jump
+        if not fired and (jump or i - start + 1 >= cfg.length_steps):
+            fired = True
+            steps = i - start + 1
             alerts.append(
                 Alert(
                     step,
                     "length_anomaly",
-                    f"rollout/tokens_per_episode={value:.1f} vs moving mean "
-                    f"{mean:.1f} +- {sd:.1f} ({(value - mean) / max(sd, 1e-9):+.1f} sd)",
+                    f"rollout/tokens_per_episode={value:.1f} vs moving mean {band}"
+                    + (f", out of band for {steps} steps" if steps > 1 else ""),
                 )
             )
     return alerts

@@ -95,6 +95,12 @@ class EngineConfig:
         "local", "Rollout engine: 'local' (in-process HF transformers) or 'sglang' (SGLang servers over HTTP)."
     )
     max_batch_size: int = doc(128, "Most sequences decoded together by the local engine.", min=1)
+    prefix_cache_tokens: int = doc(
+        32768,
+        "kind=local: tokens whose K/V the engine keeps between an episode's turns (LRU over episodes), so a "
+        "turn prefills only what it adds to the last prompt and completion; 0 turns the cache off.",
+        min=0,
+    )
     urls: list = doc(
         [], "kind=sglang: attach to these running SGLang servers (http://host:port); empty launches num_servers."
     )

@@ -170,6 +170,7 @@ class RayBackend:
                 dtype=cfg.model.dtype,
                 max_batch_size=cfg.engine.max_batch_size,
                 max_context=mc,
+                prefix_cache_tokens=cfg.engine.prefix_cache_tokens,
             )
             for s in slots
         ]

@@ -42,7 +42,16 @@ class EngineActor(_Placed):
     """An async actor holding a LocalEngine: concurrent ``generate`` calls from rollout workers
     meet on the actor's event loop and are batched by the engine as in-process calls are."""
 
-    def __init__(self, model_path: str, *, device: str, dtype: str, max_batch_size: int, max_context: int) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str,
+        dtype: str,
+        max_batch_size: int,
+        max_context: int,
+        prefix_cache_tokens: int = 32768,
+    ) -> None:
         import torch
 
         from agentrl.engine.local import LocalEngine
@@ -53,6 +62,7 @@ class EngineActor(_Placed):
             dtype=getattr(torch, dtype),
             max_batch_size=max_batch_size,
             max_context=max_context,
+            prefix_cache_tokens=prefix_cache_tokens,
         )
 
     async def start(self) -> None:

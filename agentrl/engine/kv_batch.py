@@ -24,28 +24,6 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def prefill_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``valid`` [B, P] (left padding False) -> causal mask [B, 1, P, P]. Padding queries may see
-    themselves: a fully masked row would give NaN K/V at pad columns, and NaN survives masking."""
-    p = valid.shape[1]
-    causal = torch.ones(p, p, dtype=torch.bool).tril_()
-    eye = torch.eye(p, dtype=torch.bool)
-    allowed = causal[None] & (valid[:, None, :] | eye[None])
-    return additive_mask(allowed, dtype)[:, None]
-
-
-class PrefillCache:
-    """Duck-typed HF cache for a prefill from empty: keeps each layer's K/V as computed."""
-
-    def __init__(self) -> None:
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
-        return key_states, value_states
-
-
 class KVBatch:
     """Right-aligned K/V for up to ``max_rows`` sequences. Also the HF cache object of a decode step:
     the model calls :meth:`update` once per layer between :meth:`begin_step` and :meth:`end_step`."""
@@ -136,6 +114,12 @@ class KVBatch:
         else:  # the window shrinks to the longest row still in flight
             self.start = min(self.first)
         return list(zip(movers, holes))
+
+    def row_kv(self, row: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """Copies of ``row``'s K/V over its tokens (columns ``[first, end)``): per layer
+        [kv_heads, tokens, head_dim]. Copies, so they outlive the buffers and do not pin them."""
+        f, e = self.first[row], self.end
+        return tuple(k[row, :, f:e].clone() for k in self.k), tuple(v[row, :, f:e].clone() for v in self.v)
 
     # --- one decode step -------------------------------------------------------------------
     def begin_step(self) -> torch.Tensor:

@@ -27,9 +27,13 @@ Conventions (the same as SGLang's ``return_logprob``):
 - ``update_weights`` copies tensors into the model in place between two decode steps. Sequences in
   flight keep the K/V their prefix got from the old weights (as SGLang does without a cache flush);
   every token is stamped with the version of the weights that sampled it.
+- ``session`` (one per episode) keys a prefix cache (:mod:`agentrl.engine.prefix_cache`): a finished
+  request leaves its K/V there and the session's next one prefills only the tokens after the prefix
+  they share (:mod:`agentrl.engine.local_prefill`): O(T), not O(T^2), prefill for T turns, the same
+  tokens and logprobs up to float rounding. A weight update flushes it (as SGLang's flush_cache).
 
-Does not: page the K/V cache or share prefixes, run on several devices, support sliding-window
-attention, or guard a model shared with a trainer that mutates it while the engine is generating.
+Does not: page the K/V cache or share prefixes across sessions, run on several devices, support
+sliding-window attention, or guard a model shared with a trainer that mutates it while generating.
 """
 
 from __future__ import annotations
@@ -45,9 +49,18 @@ from typing import Any
 import torch
 
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
-from agentrl.engine.kv_batch import KVBatch, PrefillCache, additive_mask, prefill_mask
-from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_update, deliver, notify
+from agentrl.engine.kv_batch import KVBatch, additive_mask
+from agentrl.engine.local_prefill import build_prefill, plan_groups
+from agentrl.engine.local_requests import (
+    LocalRequest,
+    WeightUpdate,
+    check_update,
+    deliver,
+    load_stop_tokenizer,
+    notify,
+)
 from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
+from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache
 from agentrl.errors import EngineError
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -80,13 +93,15 @@ class LocalEngine(Engine):
         prefill_tokens: int = 8192,
         seed: int = 0,
         tokenizer: Any | None = None,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         """``model``: a path to an HF directory (loaded with ``dtype`` on ``device``) or an already
         loaded ``PreTrainedModel``, used as is and shared, not copied (``device``/``dtype`` ignored).
         ``device``/``dtype`` ``auto``: cuda + bfloat16 when a CUDA GPU is visible, else cpu + float32
         (``placement``). ``prefill_tokens`` bounds the padded tokens of one prefill forward.
         ``tokenizer`` (anything with ``decode(ids) -> str``) is only used for stop strings; when
-        ``model`` is a path it defaults to that directory's tokenizer, loaded on first use."""
+        ``model`` is a path it defaults to that directory's tokenizer, loaded on first use.
+        ``prefix_cache_tokens`` caps the tokens whose K/V the per-session prefix cache keeps (0: off)."""
         self._tokenizer = tokenizer
         self._tokenizer_dir = str(model) if isinstance(model, (str, Path)) else None
         if isinstance(model, (str, Path)):
@@ -126,8 +141,11 @@ class LocalEngine(Engine):
         self._thread: threading.Thread | None = None
         self._closed = False
         self._dead: BaseException | None = None
-        #: counters for tests and metrics
-        self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0}
+        self._prefix = PrefixCache(prefix_cache_tokens)
+        #: counters for tests and metrics; prefilled_tokens counts the prompt tokens computed (not
+        #: reused); prefix_*: the prefix cache's hits, tokens_reused, evictions, flushes
+        self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "prefilled_tokens": 0}
+        self._sync_prefix_stats()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> LocalEngine:
@@ -152,7 +170,7 @@ class LocalEngine(Engine):
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
     ) -> Generation:
-        return await self._submit(prompt_ids, params, None)
+        return await self._submit(prompt_ids, params, None, session)
 
     async def generate_streaming(
         self,
@@ -162,10 +180,14 @@ class LocalEngine(Engine):
         *,
         session: str | None = None,
     ) -> Generation:
-        return await self._submit(prompt_ids, params, on_token)
+        return await self._submit(prompt_ids, params, on_token, session)
 
     async def _submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams, on_token: Callable[[int, float], None] | None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        on_token: Callable[[int, float], None] | None,
+        session: str | None,
     ) -> Generation:
         prompt = [int(t) for t in prompt_ids]
         check_prompt(prompt, self._vocab, self._max_context)
@@ -185,6 +207,7 @@ class LocalEngine(Engine):
             stop_strs=params.stop,
             stop_window=max((len(s.encode()) for s in params.stop), default=0) + 1,
             on_token=on_token,
+            session=session,
         )
         with self._cond:
             self._check_usable()
@@ -199,19 +222,7 @@ class LocalEngine(Engine):
     def _stop_decoder(self) -> Any:
         """The tokenizer stop strings are decoded with (loaded from the model dir on first use)."""
         if self._tokenizer is None:
-            if self._tokenizer_dir is None:
-                raise EngineError(
-                    "stop strings need a tokenizer: this LocalEngine was built from a loaded model; "
-                    "pass tokenizer= to LocalEngine"
-                )
-            from transformers import AutoTokenizer
-
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_dir)
-            except Exception as e:
-                raise EngineError(
-                    f"stop strings need a tokenizer, and none loads from {self._tokenizer_dir}: {type(e).__name__}: {e}"
-                ) from e
+            self._tokenizer = load_stop_tokenizer(self._tokenizer_dir)
         return self._tokenizer
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
@@ -232,6 +243,7 @@ class LocalEngine(Engine):
             thread = self._thread
         if thread is not None:
             await asyncio.to_thread(thread.join)
+        self._prefix.clear()  # the worker is gone: free the cached K/V now
         self._fail_all(EngineError("the local engine was closed"))
 
     def _check_usable(self) -> None:
@@ -286,7 +298,12 @@ class LocalEngine(Engine):
             for name, tensor in upd.state_dict.items():
                 params[name].copy_(tensor)
         self._version = upd.version
+        self._prefix.clear()  # every cached K/V came from the old weights
+        self._sync_prefix_stats()
         deliver(upd.loop, upd.future, None)
+
+    def _sync_prefix_stats(self) -> None:
+        self.stats.update({f"prefix_{k}": v for k, v in self._prefix.stats.items()})
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(
@@ -300,29 +317,25 @@ class LocalEngine(Engine):
         return out.logits[:, -1, :].float().cpu()
 
     def _prefill(self) -> None:
-        # Sorting by length keeps the padding of each group small.
-        todo = sorted(self._admitted, key=lambda r: len(r.prompt))
-        while todo:
-            p = len(todo[0].prompt)
-            group = [todo.pop(0)]
-            while todo and (len(group) + 1) * max(p, len(todo[0].prompt)) <= self.prefill_tokens:
-                group.append(todo.pop(0))
-                p = len(group[-1].prompt)
-            ids = torch.zeros(len(group), p, dtype=torch.long)
-            valid = torch.zeros(len(group), p, dtype=torch.bool)
-            for i, r in enumerate(group):
-                ids[i, p - len(r.prompt) :] = torch.tensor(r.prompt)
-                valid[i, p - len(r.prompt) :] = True
-            pos = (valid.long().cumsum(1) - 1).clamp_(min=0)
-            cache = PrefillCache()
-            logits = self._forward(ids, prefill_mask(valid, self.model.dtype), pos, cache)
-            self._kv.add_rows(cache.keys, cache.values, valid)
-            for r in group:
+        reqs = self._admitted
+        found = [self._prefix.match(r.session, r.prompt) for r in reqs]
+        for idx in plan_groups([len(r.prompt) for r in reqs], [n for _, n in found], self.prefill_tokens):
+            group = [reqs[i] for i in idx]
+            batch = build_prefill(
+                [r.prompt for r in group], [found[i][0] for i in idx], [found[i][1] for i in idx], self.model.dtype
+            )
+            logits = self._forward(batch.ids, batch.mask, batch.pos, batch.cache)
+            self._kv.add_rows(batch.cache.keys, batch.cache.values, batch.valid)
+            for r, reused in zip(group, batch.reused):
                 r.kv_len, r.admitted_step = len(r.prompt), self.stats["steps"]
+                r.cached_tokens, r.cache_epoch = reused, self._prefix.epoch
+                self._prefix.note_reuse(reused)
+                self.stats["prefilled_tokens"] += len(r.prompt) - reused
             self._rows += group
             self._admitted = [r for r in self._admitted if r not in group]
             self.stats["prefills"] += 1
             self._sample(group, logits)
+        self._sync_prefix_stats()
 
     def _decode(self) -> None:
         rows = self._rows
@@ -354,15 +367,32 @@ class LocalEngine(Engine):
             if r.reason:
                 finished.append(r)
         self.stats["generated_tokens"] += len(reqs)
+        self._keep_prefixes(finished)  # before the answers: a caller's next turn finds them
         for r in finished:
             info = {
                 "prompt_tokens": len(r.prompt),
+                "cached_tokens": r.cached_tokens,
                 "admitted_step": r.admitted_step,
                 "finished_step": self.stats["steps"],
                 "latency_s": time.perf_counter() - r.submitted,
             }
             deliver(r.loop, r.future, Generation(r.tokens, r.logprobs, r.reason, r.versions, info))
         self._retire(finished)
+
+    def _keep_prefixes(self, finished: list[LocalRequest]) -> None:
+        """Store the K/V of finished requests that carry a session (and whose K/V are all from
+        the current weights) in the prefix cache, before their rows leave the batch."""
+        keep = [r for r in finished if r.session is not None and r.cache_epoch == self._prefix.epoch]
+        if not keep or not self._prefix.enabled:
+            return
+        row = {id(r): i for i, r in enumerate(self._rows)}
+        for r in keep:
+            keys, values = self._kv.row_kv(row[id(r)])
+            if keys[0].shape[1] != r.kv_len:
+                raise EngineError(f"K/V of a finished row holds {keys[0].shape[1]} tokens, expected {r.kv_len}")
+            ids = tuple((r.prompt + r.tokens)[: r.kv_len])
+            self._prefix.store(r.session, CachedPrefix(ids, keys, values), r.cache_epoch)
+        self._sync_prefix_stats()
 
     def _retire(self, reqs: list[LocalRequest]) -> None:
         if not reqs:

@@ -2,9 +2,9 @@
 
 Owns :class:`LocalRequest` (one generation in flight: prompt, limits, the tokens sampled so far,
 the caller's loop and future), :class:`WeightUpdate` (a pending weight load), the check an update
-passes before it is queued (:func:`check_update`: EngineError naming the bad value), and
-:func:`deliver` / :func:`notify`, which hand a result or a streamed token to the caller's event
-loop from the worker thread.
+passes before it is queued (:func:`check_update`: EngineError naming the bad value), the tokenizer
+stop strings are decoded with (:func:`load_stop_tokenizer`), and :func:`deliver` / :func:`notify`,
+which hand a result or a streamed token to the caller's event loop from the worker thread.
 
 Does not run the model, sample or schedule (see :mod:`agentrl.engine.local`).
 """
@@ -46,6 +46,9 @@ class LocalRequest:
     submitted: float = field(default_factory=time.perf_counter)
     admitted_step: int = -1
     on_token: Callable[[int, float], None] | None = None  # generate_streaming's callback
+    session: str | None = None  # the episode it belongs to: its K/V are kept for the next turn
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    cache_epoch: int = -1  # the prefix cache's epoch at prefill (another one: its K/V are stale)
 
     def hit_stop_string(self, tokenizer: Any) -> bool:
         """Whether the tail of the sampled ids, decoded, holds one of the stop strings. The tail
@@ -74,6 +77,24 @@ def check_update(params: Mapping[str, torch.Tensor], state_dict: Mapping[str, An
             raise EngineError(
                 f"update_weights: {name} has shape {tuple(tensor.shape)}, model has {tuple(params[name].shape)}"
             )
+
+
+def load_stop_tokenizer(model_dir: str | None) -> Any:
+    """The tokenizer of ``model_dir`` that stop strings are decoded with; EngineError naming the
+    directory when none loads, or when there is no directory (an engine over an in-memory model)."""
+    if model_dir is None:
+        raise EngineError(
+            "stop strings need a tokenizer: this LocalEngine was built from a loaded model; "
+            "pass tokenizer= to LocalEngine"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except Exception as e:
+        raise EngineError(
+            f"stop strings need a tokenizer, and none loads from {model_dir}: {type(e).__name__}: {e}"
+        ) from e
 
 
 def _resolve(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:

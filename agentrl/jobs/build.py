@@ -77,6 +77,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
         dtype=cfg.model.dtype,
         max_batch_size=cfg.engine.max_batch_size,
         max_context=cfg.rollout.max_context,
+        prefix_cache_tokens=cfg.engine.prefix_cache_tokens,
     )
 
 

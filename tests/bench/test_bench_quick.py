@@ -66,6 +66,11 @@ CASES = [
         ("engine_tok_s_median", "static_tok_s_median", "speedup_median_of_pair_ratios", "workload"),
     ),
     Case(
+        "bench_prefix_cache.py",
+        ("turn", "context", "prefill tok off", "prefill tok on", "wall s off", "wall s on"),
+        ("per_turn", "summary", "workload"),
+    ),
+    Case(
         "bench_trainer.py",
         ("arm", "tok/s (median)", "tok/cpu-s", "micro-batches", "padding"),
         ("arms", "speedup_vs_pad", "speedup_vs_pad_sorted", "workload"),

@@ -2,9 +2,11 @@
 manager and env, so every demonstration has exactly the token layout RL sees (prompt ids, sampled
 tool-call turns with mask 1, observation deltas with mask 0).
 
-Owns ``textworld_demonstrations``: train-split worlds (never a held-out one), the oracle's plan
-for each written as one Hermes tool call per turn by a scripted ``FakeEngine`` (which finds its
-episode's plan from the first user message, the opening room description), successes only.
+Owns ``textworld_demonstrations``: train-split worlds (never a held-out one), a planner's plan for
+each (``"explorer"``: the plan of an agent that acts on what the transcript shows, the default;
+``"oracle"``: the shortest plan, which knows where the object hides) written as one Hermes tool
+call per turn by a scripted ``FakeEngine`` (which finds its episode's plan from the first user
+message, the opening room description), successes only.
 Does not: run the SFT stage (``agentrl.warmstart.sft.run_sft`` takes these examples) or choose the
 default model's recipe (``agentrl.warmstart.default_model``, which trains on ``code_exec`` only).
 """
@@ -42,16 +44,28 @@ def demo_worlds(n: int, difficulty: int | list[int] = 2, seed: int = 0) -> list[
     return out
 
 
-async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int):
+PLANNERS = ("explorer", "oracle")
+
+
+def _planner(name: str):
+    from agentrl.envs.textworld import oracle_actions
+    from agentrl.envs.textworld.explorer import explorer_actions
+
+    if name not in PLANNERS:
+        raise ValueError(f"TextWorld demonstrations: planner must be one of {PLANNERS}, got {name!r}")
+    return explorer_actions if name == "explorer" else oracle_actions
+
+
+async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int, planner: str):
     from agentrl.engine.fake import FakeEngine
-    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call, oracle_actions
+    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call
     from agentrl.episodes.config import RolloutConfig
     from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 
-    plans = {}
+    plans, plan_of = {}, _planner(planner)
     for t in tasks:
         w = generate_world(t["seed"], t["difficulty"], t["split"])
-        plans[w.look()] = oracle_actions(w)
+        plans[w.look()] = plan_of(w)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def policy(prompt_ids, params, ctx):
@@ -68,10 +82,17 @@ async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int):
 
 
 def textworld_demonstrations(
-    tokenizer, n: int, *, difficulty: int | list[int] = 2, seed: int = 0, max_concurrency: int = 16
+    tokenizer,
+    n: int,
+    *,
+    difficulty: int | list[int] = 2,
+    seed: int = 0,
+    max_concurrency: int = 16,
+    planner: str = "explorer",
 ) -> list[SFTExample]:
-    """``n`` (or fewer, if any failed) oracle demonstrations as ``SFTExample``s."""
+    """``n`` (or fewer, if any failed) demonstrations of ``planner`` as ``SFTExample``s."""
     from agentrl.warmstart.sft import _run_sync  # works inside a running loop too (a run's setup)
 
-    trajs = _run_sync(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency))
+    _planner(planner)  # a bad name fails before any world is made
+    trajs = _run_sync(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency, planner))
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]

@@ -34,7 +34,7 @@ from pathlib import Path
 from agentrl.common.paths import cache_dir
 from agentrl.warmstart.model_cache import cached, say
 
-VERSION = "v1"
+VERSION = "v2"
 
 #: The TextWorld warm start: ``num_demos`` oracle demonstrations on train worlds of ``difficulty``
 #: (``agentrl.warmstart.textworld_demos``), then ``agentrl.warmstart.sft.SFTConfig`` fields.
@@ -42,6 +42,7 @@ TEXTWORLD_WARM_START = dict(
     num_demos=400,
     difficulty=[1],
     demo_seed=0,
+    planner="explorer",
     sft=dict(steps=60, batch_size=8, lr=3e-3, warmup_steps=6, min_lr_ratio=0.1, seed=0, micro_batch_tokens=8192),
 )
 #: The name ``model.path`` gives it.
@@ -52,7 +53,9 @@ def _demos(tokenizer, n: int) -> list:
     from agentrl.warmstart.textworld_demos import textworld_demonstrations
 
     r = TEXTWORLD_WARM_START
-    return textworld_demonstrations(tokenizer, n, difficulty=list(r["difficulty"]), seed=int(r["demo_seed"]))
+    return textworld_demonstrations(
+        tokenizer, n, difficulty=list(r["difficulty"]), seed=int(r["demo_seed"]), planner=str(r["planner"])
+    )
 
 
 def fingerprint(base: Path) -> str:

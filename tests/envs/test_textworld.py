@@ -208,13 +208,16 @@ def test_agentrl_run_textworld_with_gigpo_end_to_end(tiny_model_dir, tmp_path):
     assert saved and all(r.state_key for t in saved if t.trainable for r in t.turns)
 
 
-def test_oracle_demonstrations_are_token_exact_successes(tiny_tokenizer):
+@pytest.mark.parametrize("planner", ["explorer", "oracle"])
+def test_demonstrations_are_token_exact_successes(tiny_tokenizer, planner):
     from agentrl.warmstart.textworld_demos import textworld_demonstrations
 
-    demos = textworld_demonstrations(tiny_tokenizer, 6, difficulty=[1, 2, 3], seed=3)
+    demos = textworld_demonstrations(tiny_tokenizer, 6, difficulty=[1, 2, 3], seed=3, planner=planner)
     assert len(demos) == 6
     for d in demos:
         assert len(d.token_ids) == len(d.loss_mask) and d.loss_mask[0] == 0
         sampled = tiny_tokenizer.decode([i for i, m in zip(d.token_ids, d.loss_mask) if m])
         assert sampled.count("<tool_call>") >= 8 and '"name": "put"' in sampled  # the model's turns: the plan
         assert "You are in the" not in sampled  # observations are never trained on
+    with pytest.raises(ValueError, match="planner must be one of"):
+        textworld_demonstrations(tiny_tokenizer, 1, planner="random")

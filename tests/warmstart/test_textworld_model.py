@@ -28,6 +28,7 @@ def small_recipe(tmp_path, monkeypatch):
             num_demos=4,
             difficulty=[1],
             demo_seed=0,
+            planner="explorer",
             sft=dict(steps=2, batch_size=2, lr=1e-3, warmup_steps=1, min_lr_ratio=0.1, seed=0),
         ),
     )

@@ -11,7 +11,8 @@ turn depends on the token counts, not on what the tokens say.
 Arms: ``on`` (prefix_cache_tokens = --cache-tokens) and ``off`` (0), each a fresh engine over the
 same model, run in ABBA order --repeats times. Reported per turn (medians over repeats): tokens
 prefilled (computed, not reused) and wall time until every episode's turn is back; overall: the
-median of the per-pair ratios of the total wall time, and whether both arms sampled the same tokens.
+median of the per-pair ratios of the total wall time, and how far both arms sampled the same tokens
+(see :func:`agreement`: equal up to float rounding, which can flip a seeded sample now and then).
 
     python bench/bench_prefix_cache.py           # 8 episodes x 15 turns, ~1,700-token contexts
     python bench/bench_prefix_cache.py --quick   # smoke run, a few seconds
@@ -81,12 +82,34 @@ async def run_arm(model, args, cache_tokens: int) -> dict:
                     "wall_s": wall,
                 }
             )
-            sampled.append([g.token_ids for g in gens])
+            sampled.append([(g.token_ids, g.logprobs) for g in gens])
             for e, g in enumerate(gens):
                 prompts[e] = prompts[e] + g.token_ids + obs[e][t]
     finally:
         await eng.close()
     return {"turns": turns, "sampled": sampled, "stats": dict(eng.stats)}
+
+
+def agreement(off: list, on: list) -> dict:
+    """How far the arms' samples agree. Logprobs differ by float rounding (another summation
+    order), so a seeded sample can flip where its uniform draw falls within that rounding of a
+    CDF boundary; from there that episode's history differs. Reports the turns sampled alike, the
+    first flip, and the largest logprob difference over the tokens sampled alike."""
+    same_turns, first, lp_diff = 0, None, 0.0
+    for t, (turn_off, turn_on) in enumerate(zip(off, on)):
+        for e, ((ids_a, lp_a), (ids_b, lp_b)) in enumerate(zip(turn_off, turn_on)):
+            n = next((i for i, (a, b) in enumerate(zip(ids_a, ids_b)) if a != b), len(ids_a))
+            lp_diff = max([lp_diff, *(abs(a - b) for a, b in zip(lp_a[:n], lp_b[:n]))])
+            same_turns += n == len(ids_a)
+            if n < len(ids_a) and first is None:
+                first = {"turn": t, "episode": e, "token": n, "logprob_off": lp_a[n], "logprob_on": lp_b[n]}
+    total = sum(len(turn) for turn in off)
+    return {
+        "same_tokens": same_turns == total,
+        "turns_sampled_alike": f"{same_turns}/{total}",
+        "first_flip": first,
+        "max_logprob_diff_while_alike": lp_diff,
+    }
 
 
 def summarize(runs: dict[str, list[dict]], args) -> dict:
@@ -108,7 +131,8 @@ def summarize(runs: dict[str, list[dict]], args) -> dict:
             "pair_ratios": ratios,
             "prefilled_off": sum(x["prefilled"] for x in runs["off"][0]["turns"]),
             "prefilled_on": sum(x["prefilled"] for x in runs["on"][0]["turns"]),
-            "same_tokens": all(r["sampled"] == runs["off"][0]["sampled"] for arm in runs.values() for r in arm),
+            "same_tokens_within_arm": all(r["sampled"] == arm[0]["sampled"] for arm in runs.values() for r in arm),
+            **agreement(runs["off"][0]["sampled"], runs["on"][0]["sampled"]),
             "cache_stats_on": {k: v for k, v in runs["on"][0]["stats"].items() if k.startswith("prefix_")},
         },
     }
@@ -128,7 +152,12 @@ def print_table(result: dict) -> None:
     print(
         f"total: off {s['wall_s_off_median']:.2f} s, on {s['wall_s_on_median']:.2f} s, "
         f"speedup (median of pair ratios) {s['speedup_median_of_pair_ratios']:.2f}x; prefilled tokens "
-        f"{s['prefilled_off']} -> {s['prefilled_on']}; same tokens: {s['same_tokens']}"
+        f"{s['prefilled_off']} -> {s['prefilled_on']}"
+    )
+    print(
+        f"turns sampled alike by both arms: {s['turns_sampled_alike']} (max logprob difference while alike "
+        f"{s['max_logprob_diff_while_alike']:.1e}; first flip: {s['first_flip']}); each arm repeats itself "
+        f"exactly: {s['same_tokens_within_arm']}"
     )
 
 

@@ -48,17 +48,11 @@ from typing import Any
 
 import torch
 
+from agentrl.engine import local_requests
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.kv_batch import KVBatch, additive_mask
 from agentrl.engine.local_prefill import build_prefill, plan_groups
-from agentrl.engine.local_requests import (
-    LocalRequest,
-    WeightUpdate,
-    check_update,
-    deliver,
-    load_stop_tokenizer,
-    notify,
-)
+from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_update, deliver, notify
 from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
 from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache
 from agentrl.errors import EngineError
@@ -222,7 +216,7 @@ class LocalEngine(Engine):
     def _stop_decoder(self) -> Any:
         """The tokenizer stop strings are decoded with (loaded from the model dir on first use)."""
         if self._tokenizer is None:
-            self._tokenizer = load_stop_tokenizer(self._tokenizer_dir)
+            self._tokenizer = local_requests.load_stop_tokenizer(self._tokenizer_dir)
         return self._tokenizer
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:

@@ -10,14 +10,15 @@ under the same lock-and-rename as the default model (``agentrl.warmstart.model_c
 The base is the default model's own randomly initialised tiny Qwen3 (``base_model_path``, same
 tokenizer), so the code_exec warm start and its cache key are untouched by this recipe.
 
-Why this budget (BENCHMARKS.md, issue 15): the oracle plans with full knowledge of where the goal
-object hides, which a policy reading the transcript does not have; imitating it teaches the
-tool-call format, the action grammar and the plan's shape (walk, open, take, walk, put), not where
-to look. 40 steps x 8 left broken calls; 120 steps x 4 (1.2 epochs of 400 demonstrations, loss
-7.7 -> 0.23) writes valid calls but still names rooms that are not exits, and solved 0 of 32
-held-out worlds (difficulty 1, 30 turns): it does not leave the 0.15-0.45 room RL needs yet, and a
-longer budget was not affordable on the shared machine it was sized on. Each sequence is ~1,700
-tokens (half of it the tool schemas).
+Why this recipe (BENCHMARKS.md, issue 15): the oracle plans with full knowledge of where the goal
+object hides, which a policy reading the transcript does not have, so v1 imitated it and learnt the
+plan's shape, not where its actions come from (0 of 32 held-out worlds). v2 imitates the explorer
+(``agentrl.envs.textworld.explorer``), whose every action follows from what the transcript shows.
+Measured: 400 demonstrations x 60 steps of 8 (148 s here) still writes broken calls at T = 1; 2,000 x
+300 steps (809 s) writes valid calls in the explorer's order but makes up the names it should copy
+from the observation; both solve 0 held-out worlds (difficulty 1, 30 turns). This tiny base does not
+copy names out of a long context at these budgets, so the cheap recipe is the one shipped. The
+explorer's demonstrations are about twice as long as the oracle's (17 actions median against 8).
 
 Fingerprint: the recipe plus a sample of the demonstrations' token ids (prompt, tool schemas, the
 oracle's turns), so editing the env's prompt or tools builds a fresh model. Does not: train

@@ -6,13 +6,12 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from engine_helpers import build_tiny, load_sharp
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.kv_batch import KVBatch
 from agentrl.engine.local import LocalEngine
 from agentrl.errors import EngineError
-from agentrl.warmstart.tiny_model import build_model
 
 NO_STOP = (10**9,)  # an id the model can never sample: runs go exactly to max_new_tokens
 
@@ -21,21 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128
-    )
-
-
-def load_sharp(path):
-    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    # A random init with tied embeddings just repeats the last prompt token. Louder layers make
-    # the output depend on the whole context, so a corrupted K/V cache changes the tokens.
-    with torch.no_grad():
-        m.model.embed_tokens.weight.mul_(2.0)
-        for name, p in m.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight", "up_proj.weight", "v_proj.weight")):
-                p.mul_(8.0)
-    return m
+    return build_tiny(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +215,7 @@ async def test_top_k_and_top_p_filters(engine):
 
 async def test_update_weights(model_dir, tmp_path):
     eng = LocalEngine(load_sharp(model_dir), max_batch_size=4)
-    new_dir = build_model(tmp_path / "new", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=1)
+    new_dir = build_tiny(tmp_path / "new", seed=1)
     new_model = load_sharp(new_dir)
     p = prompts(1, seed=7)[0]
     sp = SamplingParams(max_new_tokens=15, temperature=0.0, stop_token_ids=NO_STOP)

@@ -10,13 +10,12 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from engine_helpers import build_tiny, load_sharp
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.local_prefill import build_prefill
 from agentrl.engine.prefix_cache import CachedPrefix
-from agentrl.warmstart.tiny_model import build_model
 
 NO_STOP = (10**9,)  # never sampled: every request runs to max_new_tokens
 
@@ -25,17 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = build_model(
-        tmp_path_factory.mktemp("tiny") / "m", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128
-    )
-    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    # Louder layers make the output depend on the whole context, so wrong K/V change the tokens.
-    with torch.no_grad():
-        m.model.embed_tokens.weight.mul_(2.0)
-        for name, p in m.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight", "up_proj.weight", "v_proj.weight")):
-                p.mul_(8.0)
-    return m
+    return load_sharp(build_tiny(tmp_path_factory.mktemp("tiny")))
 
 
 def rand_ids(n: int, seed: int) -> list[int]:

@@ -34,8 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-#: the shipped TextWorld run config (the defaults every arm starts from)
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "textworld.yaml"
 #: arm -> (algo preset, credit mode)
 ARMS = {
     "outcome": ("grpo", "outcome"),
@@ -47,46 +45,40 @@ ARMS = {
 
 def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int):
     """The run config of one arm and seed (everything but the arm identical across arms)."""
-    import yaml
-
-    from agentrl.config.schema import load_config, merge_layer
+    from agentrl.config.schema import load_config
 
     preset, credit = ARMS[arm]
-    shipped = yaml.safe_load(CONFIG.read_text())  # the shipped defaults, under this bench's settings
-    return load_config(
-        base=merge_layer(
-            shipped,
-            {
-                "output_dir": str(out),
-                "model": {"path": model},
-                "env": {"id": "textworld", "kwargs": {"difficulty": args.difficulty}},
-                "rollout": {
-                    "max_new_tokens": args.max_new_tokens,
-                    "max_turns": args.max_turns,
-                    "max_context": args.max_context,
-                    "group_size": args.group_size,
-                    "temperature": 1.0,
-                    "seed": seed,
-                },
-                "algo": {"name": preset, "credit": credit, "gamma": args.gamma, "gigpo_omega": args.omega},
-                "train": {
-                    "steps": args.steps,
-                    "groups_per_step": args.groups,
-                    "max_staleness": 0,
-                    "checkpoint_every": 0,
-                },
-                "eval": {"num_tasks": eval_tasks, "every": 0, "env_kwargs": {"split": "eval"}},
-                "trainer": {
-                    "lr": args.lr,
-                    "loss_agg": "token-mean",
-                    "seed": seed,
-                    "temperature": 1.0,
-                    "lr_schedule": "constant",
-                },
-                "engine": {"max_batch_size": 64},
-                "logging": {"tensorboard": False, "trajectories_per_step": 0},
+    return load_config(  # laid on TextWorld's run recipe (agentrl.envs.recipes), as `agentrl run --env textworld`
+        base={
+            "output_dir": str(out),
+            "model": {"path": model},
+            "env": {"id": "textworld", "kwargs": {"difficulty": args.difficulty}},
+            "rollout": {
+                "max_new_tokens": args.max_new_tokens,
+                "max_turns": args.max_turns,
+                "max_context": args.max_context,
+                "group_size": args.group_size,
+                "temperature": 1.0,
+                "seed": seed,
             },
-        )
+            "algo": {"name": preset, "credit": credit, "gamma": args.gamma, "gigpo_omega": args.omega},
+            "train": {
+                "steps": args.steps,
+                "groups_per_step": args.groups,
+                "max_staleness": 0,
+                "checkpoint_every": 0,
+            },
+            "eval": {"num_tasks": eval_tasks, "every": 0, "env_kwargs": {"split": "eval"}},
+            "trainer": {
+                "lr": args.lr,
+                "loss_agg": "token-mean",
+                "seed": seed,
+                "temperature": 1.0,
+                "lr_schedule": "constant",
+            },
+            "engine": {"max_batch_size": 64},
+            "logging": {"tensorboard": False, "trajectories_per_step": 0},
+        },
     )
 
 

@@ -70,7 +70,7 @@ def envs(config: list[str] | None = ConfigOpt, sets: list[str] | None = SetOpt) 
         _fail(e)
 
     tab = Table(title="registered environments")
-    for col in ("id", "entry point", "defaults"):
+    for col in ("id", "entry point", "defaults", "run recipe"):
         tab.add_column(col)
     for env_id, spec in sorted(registered().items()):
         ep = (
@@ -78,8 +78,10 @@ def envs(config: list[str] | None = ConfigOpt, sets: list[str] | None = SetOpt) 
             if isinstance(spec.entry_point, str)
             else getattr(spec.entry_point, "__qualname__", str(spec.entry_point))
         )
-        tab.add_row(env_id, ep, ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items()) or "-")
+        recipe = ", ".join(spec.run_defaults) or "-"  # the config sections it sets (agentrl.envs.recipes)
+        tab.add_row(env_id, ep, ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items()) or "-", recipe)
     console.print(tab)
+    console.print("an env's run recipe lies under your config when env.id names it: agentrl config --set env.id=ID")
 
 
 def _rollout_base(

@@ -9,12 +9,14 @@ overrides, per-field validation that names the field and the bad value (the rule
 ``agentrl.common.typed_tree``; unreadable, binary or too deeply nested files and values rejected
 through ``agentrl.common.bounded``), rejection of unknown keys, and dumping a tree.
 
-How layers combine (``load_config``): defaults <- ``base`` (a command's own options) <- each YAML
-file in order <- each ``--set`` in order. A mapping merges into the one below it key by key at every
-depth, ``env.kwargs`` included (``--set env.kwargs.split=eval --set env.kwargs.difficulty=3`` keeps
-both); an empty mapping (``--set env.kwargs={}``) clears what the layers below set; any other value
-replaces. One exception: a layer that names a different ``env.id`` than the layers below starts
-``env.kwargs`` afresh from its own (kwargs belong to their env).
+How layers combine (``load_config``): defaults <- the env's run recipe (``agentrl.envs.recipes``: the
+layer an env such as ``textworld`` registers, laid down when the merged ``env.id`` names it) <-
+``base`` (a command's own options) <- each YAML file in order <- each ``--set`` in order. A mapping
+merges into the one below it key by key at every depth, ``env.kwargs`` included (``--set
+env.kwargs.split=eval --set env.kwargs.difficulty=3`` keeps both); an empty mapping (``--set
+env.kwargs={}``) clears what the layers below set; any other value replaces. One exception: a layer
+that names a different ``env.id`` than the layers below starts ``env.kwargs`` afresh from its own
+(kwargs belong to their env).
 
 Does not check one field against another nor fill ``auto``/null fields (``agentrl.config.plan``
 does, once, for every job), and does not know how the values are used.
@@ -335,7 +337,21 @@ def load_config(files: list[str | Path] = (), overrides: list[str] = (), base: d
         data = merge_layer(data, _read_file(Path(f)))
     for o in overrides:
         data = merge_layer(data, parse_override(o))
-    return _build(RunConfig, data)
+    return _build(RunConfig, with_env_recipe(data))
+
+
+def with_env_recipe(data: dict) -> dict:
+    """``data`` laid on the run recipe of the env it names (``agentrl.envs.recipes``), if that env
+    has one: the recipe sits right above the defaults, so every layer of the user's wins over it."""
+    from agentrl.envs.registry import registered
+
+    env = data.get("env")
+    env_id = env.get("id", EnvConfig.id) if isinstance(env, dict) else EnvConfig.id
+    spec = registered().get(env_id) if isinstance(env_id, str) else None
+    if spec is None or not spec.run_defaults:
+        return data
+    recipe = _deep_merge(spec.run_defaults, {"env": {"id": env_id}})
+    return merge_layer(recipe, data)
 
 
 def to_dict(cfg: Any) -> dict:

@@ -17,6 +17,7 @@ through ``agentrl.envs.adapters.skyrl_gym`` (``skyrl/<id>`` for skyrl-gym's own 
 
 from __future__ import annotations
 
+from agentrl.envs.recipes import TEXTWORLD
 from agentrl.envs.registry import discover, register
 
 #: name -> (entry point, max_turns hint, aliases, has_eval_split)
@@ -48,9 +49,12 @@ for _id, _max_turns in SKYRL_IDS.items():
 register(
     "verifiers", "agentrl.envs.adapters.verifiers_env:VerifiersEnv", source="builtin", has_eval_split=True, gym_id=None
 )
+#: name -> its run recipe (``agentrl.envs.recipes``), shared by its aliases
+RECIPES: dict[str, dict] = {"TextWorld-v0": TEXTWORLD}
 for _name, (_ep, _max_turns, _aliases, _split) in BUILTINS.items():
-    register(_name, _ep, max_turns=_max_turns, source="builtin", has_eval_split=_split, gym_id=f"agentrl/{_name}")
+    _common = dict(max_turns=_max_turns, source="builtin", has_eval_split=_split, run_defaults=RECIPES.get(_name))
+    register(_name, _ep, gym_id=f"agentrl/{_name}", **_common)
     for _id in _aliases:
-        register(_id, _ep, max_turns=_max_turns, source="builtin", has_eval_split=_split, gym_id=None)
+        register(_id, _ep, gym_id=None, **_common)
 
 discover()

@@ -57,7 +57,8 @@ class EnvSpec:
     ``source`` says where the registration came from (``register``, ``builtin``, ``entry point ...``);
     ``has_eval_split`` is the eval-split declaration (None: read ``has_eval_split`` from the factory,
     else the factory must take ``split``; see the module docstring); ``gym_id`` the id in Gymnasium's
-    registry (None: not mirrored).
+    registry (None: not mirrored); ``run_defaults`` the env's run recipe, a config layer every job
+    that names this env lays under the user's own (``agentrl.envs.recipes``; empty: none).
     """
 
     id: str
@@ -67,6 +68,7 @@ class EnvSpec:
     source: str = "register"
     has_eval_split: bool | None = None
     gym_id: str | None = None
+    run_defaults: dict[str, Any] = field(default_factory=dict)
 
     def make(self, **overrides: Any) -> Any:
         return make(self.id, **overrides)
@@ -88,13 +90,16 @@ def register(
     source: str = "register",
     has_eval_split: bool | None = None,
     gym_id: Any = _SAME,
+    run_defaults: dict[str, Any] | None = None,
     **defaults: Any,
 ) -> EnvSpec:
     """Register ``id``. ``entry_point``: ``"module:attr"`` (imported at make time) or a callable.
 
     ``defaults`` are the env's kwargs (``make`` overrides them). ``has_eval_split``: False when
     the env has no held-out tasks (see the module docstring). ``gym_id``: the id to mirror into
-    Gymnasium's registry (default: ``id``; None: do not mirror). Re-registering an id with the
+    Gymnasium's registry (default: ``id``; None: do not mirror). ``run_defaults``: the env's run
+    recipe (a config mapping, e.g. ``{"rollout": {"max_turns": 30}}``) that every job naming this env
+    lays under the user's config (``agentrl.envs.recipes``). Re-registering an id with the
     same definition is a no-op; with a different one it is a RegistryError unless ``override``.
     """
     if not isinstance(id, str) or not id or any(c.isspace() for c in id):
@@ -109,6 +114,8 @@ def register(
         raise RegistryError(f"env {id!r}: max_turns must be a positive int or None, got {max_turns!r}")
     if has_eval_split not in (None, True, False):
         raise RegistryError(f"env {id!r}: has_eval_split must be True, False or None, got {has_eval_split!r}")
+    if run_defaults is not None and not isinstance(run_defaults, dict):
+        raise RegistryError(f"env {id!r}: run_defaults must be a config mapping or None, got {run_defaults!r:.80}")
     new = EnvSpec(
         id=id,
         entry_point=entry_point,
@@ -117,6 +124,7 @@ def register(
         source=source,
         has_eval_split=has_eval_split,
         gym_id=id if gym_id is _SAME else gym_id,
+        run_defaults=dict(run_defaults or {}),
     )
     old = _specs.get(id)
     if old is not None and not override:
@@ -129,7 +137,7 @@ def register(
 
 
 def _definition(s: EnvSpec) -> tuple:
-    return s.entry_point, s.max_turns, s.kwargs, s.has_eval_split, s.gym_id
+    return s.entry_point, s.max_turns, s.kwargs, s.has_eval_split, s.gym_id, s.run_defaults
 
 
 class GymEntry:

@@ -106,7 +106,7 @@ def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
     if path == "builtin:textworld":  # the TextWorld warm start (agentrl.warmstart.textworld_model)
         from agentrl.warmstart.textworld_model import textworld_model_path
 
-        return textworld_model_path(base_model_path())
+        return textworld_model_path()
     if path is None:
         if revision is not None:
             from agentrl.errors import ConfigError

@@ -96,3 +96,24 @@ def textworld_demonstrations(
     _planner(planner)  # a bad name fails before any world is made
     trajs = _run_sync(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency, planner))
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]
+
+
+def textworld_corpus(renderer, n: int = 300, seed: int = 0) -> list[str]:
+    """Text for a tokenizer (``agentrl.warmstart.tiny_model``): ``n`` explorer games on train-split
+    worlds of every difficulty, rendered by ``renderer`` (a tokenizer with a chat template) with the
+    env's system prompt and tool schemas, as an agent sees them. Plain rendering (no episode
+    manager): only the text matters here."""
+    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call
+    from agentrl.envs.textworld.env import SYSTEM_PROMPT
+    from agentrl.envs.textworld.explorer import explorer_actions
+
+    tools = [t.schema() for t in TextWorldEnv().tools]
+    out = []
+    for i in range(n):
+        w = generate_world(seed * 1_000_003 + i, 1 + i % 3, "train")
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": w.look()}]
+        for name, args in explorer_actions(w):
+            messages.append({"role": "assistant", "content": hermes_call((name, args))})
+            messages.append({"role": "tool", "content": w.act(name, **args)})
+        out.append(renderer.apply_chat_template(messages, tools=tools, tokenize=False))
+    return out

@@ -1,27 +1,31 @@
-"""The built-in TextWorld model: the built-in tiny base, SFT-warm-started on oracle TextWorld play, cached.
+"""The built-in TextWorld model: a tiny base with a TextWorld-aware tokenizer, SFT-warm-started on the
+explorer's TextWorld play, cached.
 
-Owns the recipe of the ``TextWorld-v0`` warm start (``TEXTWORLD_WARM_START``: demonstrations, their
-difficulty, the SFT budget) and its cache entry beside the default model's
-(``tiny-qwen3-textworld-sft-<version>-<fingerprint>`` under ``cache_dir()/models``), built once
+Owns the recipe of the ``TextWorld-v0`` warm start (``TEXTWORLD_BASE``: the base's shape and
+tokenizer; ``TEXTWORLD_WARM_START``: demonstrations, their difficulty, the SFT budget) and their
+cache entries beside the default model's (``tiny-qwen3-textworld-base-<version>-<fingerprint>``,
+``tiny-qwen3-textworld-sft-<version>-<fingerprint>`` under ``cache_dir()/models``), built once
 under the same lock-and-rename as the default model (``agentrl.warmstart.model_cache``).
 ``model.path: builtin:textworld`` selects it (``agentrl.warmstart.default_model.resolve_model_path``;
-``configs/textworld.yaml`` sets it).
+TextWorld's run recipe, ``agentrl.envs.recipes``, sets it).
 
-The base is the default model's own randomly initialised tiny Qwen3 (``base_model_path``, same
-tokenizer), so the code_exec warm start and its cache key are untouched by this recipe.
+The base has the default model's shape but its own tokenizer (``style="words"``, trained on rendered
+TextWorld play as well as the code_exec text): the default tokenizer, trained on code_exec text only,
+spelt TextWorld's names nearly letter by letter ("laundry room" was 9 ids) and differently in an
+observation and in the call that copies it; with whole-word pieces a name is the same 1-2 ids in
+both, as with a real LLM's vocabulary, and a game is ~20 % fewer ids. The code_exec warm start and its
+cache key are untouched by this recipe.
 
 Why this recipe (BENCHMARKS.md, issue 15): the oracle plans with full knowledge of where the goal
 object hides, which a policy reading the transcript does not have, so v1 imitated it and learnt the
-plan's shape, not where its actions come from (0 of 32 held-out worlds). v2 imitates the explorer
+plan's shape, not where its actions come from (0 of 32 held-out worlds). v2 and v3 imitate the explorer
 (``agentrl.envs.textworld.explorer``), whose every action follows from what the transcript shows.
-Measured: 400 demonstrations x 60 steps of 8 (148 s here) still writes broken calls at T = 1; 2,000 x
-300 steps (809 s) writes valid calls in the explorer's order but makes up the names it should copy
-from the observation; both solve 0 held-out worlds (difficulty 1, 30 turns). This tiny base does not
-copy names out of a long context at these budgets, so the cheap recipe is the one shipped. The
-explorer's demonstrations are about twice as long as the oracle's (17 actions median against 8).
+None of the budgets tried here solves held-out worlds yet (BENCHMARKS.md has each one's teacher-forced
+accuracy and held-out success). The explorer's demonstrations are about twice as long as the
+oracle's (17 actions median against 8).
 
 Fingerprint: the recipe plus a sample of the demonstrations' token ids (prompt, tool schemas, the
-oracle's turns), so editing the env's prompt or tools builds a fresh model. Does not: train
+explorer's turns), so editing the env's prompt or tools builds a fresh model. Does not: train
 (``agentrl.warmstart.sft.run_sft``) or make demonstrations (``agentrl.warmstart.textworld_demos``).
 """
 
@@ -35,7 +39,7 @@ from pathlib import Path
 from agentrl.common.paths import cache_dir
 from agentrl.warmstart.model_cache import cached, say
 
-VERSION = "v2"
+VERSION = "v3"
 
 #: The TextWorld warm start: ``num_demos`` oracle demonstrations on train worlds of ``difficulty``
 #: (``agentrl.warmstart.textworld_demos``), then ``agentrl.warmstart.sft.SFTConfig`` fields.
@@ -45,6 +49,19 @@ TEXTWORLD_WARM_START = dict(
     demo_seed=0,
     planner="explorer",
     sft=dict(steps=60, batch_size=8, lr=3e-3, warmup_steps=6, min_lr_ratio=0.1, seed=0, micro_batch_tokens=8192),
+)
+#: The base: the default model's shape (``agentrl.warmstart.default_model.BASE``) with its own
+#: tokenizer, word-level and trained on TextWorld play too (``agentrl.warmstart.tiny_model``).
+TEXTWORLD_BASE = dict(
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=512,
+    vocab_size=2048,
+    arch="qwen3",
+    seed=0,
+    tokenizer_style="words",
+    corpus="textworld",
 )
 #: The name ``model.path`` gives it.
 BUILTIN_NAME = "builtin:textworld"
@@ -59,6 +76,24 @@ def _demos(tokenizer, n: int) -> list:
     )
 
 
+def base_fingerprint() -> str:
+    """Hash of the base's recipe and of the text its tokenizer is trained on."""
+    from agentrl.warmstart.textworld_demos import textworld_corpus
+    from agentrl.warmstart.tiny_model import _byte_tokenizer, qwen25_chat_template
+
+    corpus = textworld_corpus(_byte_tokenizer(qwen25_chat_template()), n=3)
+    parts = {"version": VERSION, "base": TEXTWORLD_BASE, "corpus": corpus}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def textworld_base_path() -> Path:
+    """The cached randomly initialised TextWorld base (``TEXTWORLD_BASE``), built first if needed (seconds)."""
+    from agentrl.warmstart.tiny_model import build_model
+
+    dest = cache_dir() / "models" / f"tiny-qwen3-textworld-base-{VERSION}-{base_fingerprint()}"
+    return cached(dest, lambda tmp: build_model(tmp, **TEXTWORLD_BASE))
+
+
 def fingerprint(base: Path) -> str:
     """Hash of the recipe and of two demonstrations' tokens (see the module docstring)."""
     from transformers import AutoTokenizer
@@ -69,10 +104,10 @@ def fingerprint(base: Path) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def textworld_model_path(base: Path) -> Path:
-    """Path of the cached TextWorld warm start of ``base`` (the default model's base:
-    ``agentrl.warmstart.default_model.base_model_path``), building it first if needed (a few
-    minutes on 2 CPU cores, once)."""
+def textworld_model_path(base: Path | None = None) -> Path:
+    """Path of the cached TextWorld warm start of ``base`` (default: ``textworld_base_path()``),
+    building it first if needed (a few minutes on 2 CPU cores, once)."""
+    base = base or textworld_base_path()
     dest = cache_dir() / "models" / f"tiny-qwen3-textworld-sft-{VERSION}-{fingerprint(base)}"
     if (dest / "config.json").exists():
         return dest

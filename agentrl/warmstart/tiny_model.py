@@ -110,11 +110,27 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
     r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-STYLES = ("agent", "qwen2")
+#: a word (letters, then at most one space) or a digit run is its own piece (``style="words"``)
+WORDS_REGEX = r"\p{L}+ ?|\p{N}+"
+STYLES = ("agent", "qwen2", "words")
+#: the text a tokenizer is trained on: ``code_exec`` (rendered code_exec conversations + generic text)
+#: or ``textworld`` (that plus rendered TextWorld play, ``agentrl.warmstart.textworld_demos.textworld_corpus``)
+CORPORA = ("code_exec", "textworld")
+
+
+def _corpus(name: str) -> list[str]:
+    if name not in CORPORA:
+        raise ValueError(f"corpus must be one of {CORPORA}, got {name!r}")
+    texts = _split_added(_agent_corpus(qwen25_chat_template())) + _generic_corpus(n=1000)
+    if name == "textworld":
+        from agentrl.warmstart.textworld_demos import textworld_corpus
+
+        texts += _split_added(textworld_corpus(_byte_tokenizer(qwen25_chat_template())))
+    return texts
 
 
 @functools.lru_cache(maxsize=8)
-def _trained(vocab_size: int, style: str) -> str:
+def _trained(vocab_size: int, style: str, corpus: str = "code_exec") -> str:
     """The trained tokenizer as JSON (cached: tests build many tokenizers)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -141,6 +157,17 @@ def _trained(vocab_size: int, style: str) -> str:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
+    elif style == "words":
+        # A word is one piece wherever it stands, so a name reads as the same ids in an observation
+        # ("Exits: laundry room, pantry.") and in the call that copies it ({"room": "laundry room"}):
+        # copying is then matching ids, as with a real LLM's word-level vocabulary. The text between
+        # words (punctuation, JSON, spaces) may still merge.
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(WORDS_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     tok.decoder = decoders.ByteLevel()
@@ -150,25 +177,27 @@ def _trained(vocab_size: int, style: str) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(
-        _split_added(_agent_corpus(qwen25_chat_template())) + _generic_corpus(n=1000), trainer=trainer
-    )
+    tok.train_from_iterator(_corpus(corpus), trainer=trainer)
     return tok.to_str()
 
 
 def build_tokenizer(
-    out_dir: str | Path | None = None, vocab_size: int = 2048, chat_template: str | None = None, style: str = "agent"
+    out_dir: str | Path | None = None,
+    vocab_size: int = 2048,
+    chat_template: str | None = None,
+    style: str = "agent",
+    corpus: str = "code_exec",
 ):
-    """Train a byte-level BPE tokenizer on built-in text (rendered ``code_exec`` conversations plus
-    generic text); any string is encodable.
+    """Train a byte-level BPE tokenizer on built-in text (``corpus``: ``CORPORA``); any string is encodable.
 
     ``style="agent"`` (default): digit runs kept apart from text, merges allowed across words,
     so the default tool prompt is ~20-40 ids instead of ~250. ``style="qwen2"``: exactly the pre-tokenization that
-    transformers' ``Qwen2Tokenizer`` imposes on a ``qwen2`` model dir (NFC + Qwen's regex)."""
+    transformers' ``Qwen2Tokenizer`` imposes on a ``qwen2`` model dir (NFC + Qwen's regex). ``style="words"``:
+    every word and digit run its own piece, so a name has the same ids wherever it appears."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer.from_str(_trained(vocab_size, style))
+    tok = Tokenizer.from_str(_trained(vocab_size, style, corpus))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -197,13 +226,16 @@ def build_model(
     seed: int = 0,
     chat_template: str | None = None,
     arch: str = "qwen3",
+    tokenizer_style: str | None = None,
+    corpus: str = "code_exec",
 ) -> Path:
     """Write a randomly initialised tiny Qwen3 (or Qwen2) model and its tokenizer to ``out_dir``.
 
     Qwen3 is the default because transformers 5 loads a ``qwen2`` dir's tokenizer as
     ``Qwen2Tokenizer``, which discards tokenizer.json's pre-tokenizer (and so the compact "agent"
     tokenizer); a ``qwen3`` dir loads tokenizer.json as written. Either way the saved tokenizer is
-    checked: ``AutoTokenizer`` on ``out_dir`` must encode exactly like the tokenizer built here."""
+    checked: ``AutoTokenizer`` on ``out_dir`` must encode exactly like the tokenizer built here.
+    ``tokenizer_style``/``corpus``: ``build_tokenizer``'s (None: ``qwen2`` for a qwen2 dir, else ``agent``)."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -213,9 +245,8 @@ def build_model(
         raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(
-        out, vocab_size=vocab_size, chat_template=chat_template, style="qwen2" if arch == "qwen2" else "agent"
-    )
+    style = tokenizer_style or ("qwen2" if arch == "qwen2" else "agent")
+    tok = build_tokenizer(out, vocab_size=vocab_size, chat_template=chat_template, style=style, corpus=corpus)
     common = dict(
         vocab_size=len(tok),
         hidden_size=hidden_size,

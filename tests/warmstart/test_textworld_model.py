@@ -1,5 +1,6 @@
-"""The built-in TextWorld warm start: selected by ``model.path: builtin:textworld``, built once, cached
-beside (and independently of) the default code_exec model."""
+"""The built-in TextWorld warm start: selected by ``model.path: builtin:textworld``, built once from its
+own base (word-level tokenizer trained on TextWorld text too), cached beside (and independently of)
+the default code_exec model."""
 
 from __future__ import annotations
 
@@ -16,11 +17,9 @@ pytestmark = pytest.mark.timeout(300)
 def small_recipe(tmp_path, monkeypatch):
     """A tiny base and a 2-step warm start on 4 demonstrations, in a private cache."""
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(
-        default_model,
-        "BASE",
-        dict(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64, vocab_size=2048, arch="qwen3", seed=0),
-    )
+    small = dict(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64, vocab_size=2048, seed=0)
+    monkeypatch.setattr(default_model, "BASE", dict(small, arch="qwen3"))
+    monkeypatch.setattr(textworld_model, "TEXTWORLD_BASE", dict(small, tokenizer_style="words", corpus="textworld"))
     monkeypatch.setattr(
         textworld_model,
         "TEXTWORLD_WARM_START",
@@ -35,8 +34,8 @@ def small_recipe(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def test_builtin_textworld_is_built_from_the_default_base_and_cached(small_recipe):
-    from transformers import AutoModelForCausalLM
+def test_builtin_textworld_is_built_from_its_own_base_and_cached(small_recipe):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_model.resolve_model_path("builtin:textworld")
     assert path.parent == small_recipe / "models" and path.name.startswith("tiny-qwen3-textworld-sft-")
@@ -44,17 +43,23 @@ def test_builtin_textworld_is_built_from_the_default_base_and_cached(small_recip
     assert summary["examples"] == 4 and summary["steps"] == 2 and summary["model"] == str(path)
     assert summary["recipe"]["difficulty"] == [1]
     model = AutoModelForCausalLM.from_pretrained(str(path))
-    base = AutoModelForCausalLM.from_pretrained(str(default_model.base_model_path()))
+    base_dir = textworld_model.textworld_base_path()
+    assert base_dir.parent == path.parent and base_dir.name.startswith("tiny-qwen3-textworld-base-")
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir))
     assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), base.parameters()))
+    tok = AutoTokenizer.from_pretrained(str(path))  # the base's word-level tokenizer, saved with the model
+    name = tok.tokenize("laundry room")
+    assert len(name) == 2 and name == tok.tokenize(' {"room": "laundry room"}')[-4:-2]
+    assert name == tok.tokenize("Exits: laundry room, pantry.")[2:4]
     mtime = (path / "config.json").stat().st_mtime_ns
     assert default_model.resolve_model_path("builtin:textworld") == path  # cached: not rebuilt
     assert (path / "config.json").stat().st_mtime_ns == mtime
-    # the default model is another entry, not built by this one
-    assert not any(p.name.startswith("tiny-qwen3-sft-") for p in path.parent.iterdir())
+    # the default model and its base are other entries, not built by this one
+    assert not any(p.name.startswith(("tiny-qwen3-sft-", "tiny-qwen3-base-")) for p in path.parent.iterdir())
 
 
 def test_textworld_recipe_change_builds_a_new_model_and_leaves_the_default_key_alone(small_recipe, monkeypatch):
-    base = default_model.base_model_path()
+    base = textworld_model.textworld_base_path()
     default_key, first = default_model.fingerprint(), textworld_model.fingerprint(base)
     monkeypatch.setitem(textworld_model.TEXTWORLD_WARM_START, "num_demos", 5)
     assert textworld_model.fingerprint(base) != first

@@ -13,8 +13,8 @@ The base has the default model's shape but its own tokenizer (``style="words"``,
 TextWorld play as well as the code_exec text): the default tokenizer, trained on code_exec text only,
 spelt TextWorld's names nearly letter by letter ("laundry room" was 9 ids) and differently in an
 observation and in the call that copies it; with whole-word pieces a name is the same 1-2 ids in
-both, as with a real LLM's vocabulary, and a game is ~20 % fewer ids. The code_exec warm start and its
-cache key are untouched by this recipe.
+both, as with a real LLM's vocabulary, and a game is ~30 % fewer ids (1,608 against 2,270 on
+average at difficulty 1). The code_exec warm start and its cache key are untouched by this recipe.
 
 Why this recipe (BENCHMARKS.md, issue 15): the oracle plans with full knowledge of where the goal
 object hides, which a policy reading the transcript does not have, so v1 imitated it and learnt the
@@ -41,13 +41,17 @@ from agentrl.warmstart.model_cache import cached, say
 
 VERSION = "v3"
 
-#: The TextWorld warm start: ``num_demos`` oracle demonstrations on train worlds of ``difficulty``
-#: (``agentrl.warmstart.textworld_demos``), then ``agentrl.warmstart.sft.SFTConfig`` fields.
+#: The TextWorld warm start: ``num_demos`` demonstrations of ``planner`` on train worlds of
+#: ``difficulty`` (``agentrl.warmstart.textworld_demos``), the loss on the model's turns only
+#: (``loss_on="turns"``) or on every token of the game after the first (``"all"``: the observations
+#: too, so the model also learns the world's text, where names are copied all the time: "You open
+#: drawer 2: drawer 2 (empty)."), then ``agentrl.warmstart.sft.SFTConfig`` fields.
 TEXTWORLD_WARM_START = dict(
     num_demos=400,
     difficulty=[1],
     demo_seed=0,
     planner="explorer",
+    loss_on="all",
     sft=dict(steps=60, batch_size=8, lr=3e-3, warmup_steps=6, min_lr_ratio=0.1, seed=0, micro_batch_tokens=8192),
 )
 #: The base: the default model's shape (``agentrl.warmstart.default_model.BASE``) with its own
@@ -115,6 +119,7 @@ def textworld_model_path(base: Path | None = None) -> Path:
     def build(tmp: Path) -> None:
         from transformers import AutoTokenizer
 
+        from agentrl.warmstart.chat_data import SFTExample
         from agentrl.warmstart.sft import SFTConfig, run_sft
 
         say(f"building the TextWorld warm start in {dest} (first use only; a few minutes on CPU)")
@@ -122,7 +127,11 @@ def textworld_model_path(base: Path | None = None) -> Path:
         r = TEXTWORLD_WARM_START
         examples = _demos(AutoTokenizer.from_pretrained(str(base)), int(r["num_demos"]))
         if len(examples) < int(r["num_demos"]):
-            raise RuntimeError(f"only {len(examples)} of {r['num_demos']} TextWorld oracle demonstrations succeeded")
+            raise RuntimeError(f"only {len(examples)} of {r['num_demos']} TextWorld demonstrations succeeded")
+        if r["loss_on"] not in ("turns", "all"):
+            raise ValueError(f"TEXTWORLD_WARM_START loss_on must be 'turns' or 'all', got {r['loss_on']!r}")
+        if r["loss_on"] == "all":
+            examples = [SFTExample(e.token_ids, [0] + [1] * (len(e.token_ids) - 1), e.source) for e in examples]
         summary = run_sft(base, tmp, SFTConfig(**r["sft"], num_demos=0), examples=examples)
         summary["model"] = str(dest)
         summary["recipe"] = r

@@ -28,6 +28,7 @@ def small_recipe(tmp_path, monkeypatch):
             difficulty=[1],
             demo_seed=0,
             planner="explorer",
+            loss_on="all",
             sft=dict(steps=2, batch_size=2, lr=1e-3, warmup_steps=1, min_lr_ratio=0.1, seed=0),
         ),
     )
@@ -42,12 +43,14 @@ def test_builtin_textworld_is_built_from_its_own_base_and_cached(small_recipe):
     summary = json.loads((path / "sft_summary.json").read_text())
     assert summary["examples"] == 4 and summary["steps"] == 2 and summary["model"] == str(path)
     assert summary["recipe"]["difficulty"] == [1]
+    tok = AutoTokenizer.from_pretrained(str(path))  # the base's word-level tokenizer, saved with the model
+    demos = textworld_model._demos(tok, 4)  # loss_on="all": every token after the first is a target
+    assert summary["target_tokens"] == sum(len(d.token_ids) - 1 for d in demos) > sum(sum(d.loss_mask) for d in demos)
     model = AutoModelForCausalLM.from_pretrained(str(path))
     base_dir = textworld_model.textworld_base_path()
     assert base_dir.parent == path.parent and base_dir.name.startswith("tiny-qwen3-textworld-base-")
     base = AutoModelForCausalLM.from_pretrained(str(base_dir))
     assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), base.parameters()))
-    tok = AutoTokenizer.from_pretrained(str(path))  # the base's word-level tokenizer, saved with the model
     name = tok.tokenize("laundry room")
     assert len(name) == 2 and name == tok.tokenize(' {"room": "laundry room"}')[-4:-2]
     assert name == tok.tokenize("Exits: laundry room, pantry.")[2:4]

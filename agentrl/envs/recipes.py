@@ -25,7 +25,7 @@ TEXTWORLD: dict = {
         "temperature": 1.0,
     },
     "algo": {"gamma": 0.95},  # per-turn discount of the step returns (gigpo, turn_return, turn_gae)
-    "train": {"steps": 40, "groups_per_step": 8, "max_staleness": 0, "checkpoint_every": 0},
+    "train": {"steps": 40, "groups_per_step": 4, "max_staleness": 0, "checkpoint_every": 0},
     "eval": {"num_tasks": 64, "every": 20},
     "trainer": {"lr": 1.0e-3, "lr_schedule": "constant"},
 }

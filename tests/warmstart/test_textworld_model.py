@@ -35,10 +35,11 @@ def small_recipe(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def test_builtin_textworld_is_built_from_its_own_base_and_cached(small_recipe):
+def test_builtin_textworld_is_built_from_its_own_base_and_cached(small_recipe, capfd):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = default_model.resolve_model_path("builtin:textworld")
+    assert "TextWorld warm start: step 2/2, loss" in capfd.readouterr().err  # a long build says where it is
     assert path.parent == small_recipe / "models" and path.name.startswith("tiny-qwen3-textworld-sft-")
     summary = json.loads((path / "sft_summary.json").read_text())
     assert summary["examples"] == 4 and summary["steps"] == 2 and summary["model"] == str(path)

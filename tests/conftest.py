@@ -48,3 +48,17 @@ def sglang_server(sglang_model_dir):
     server = start_sglang_or_skip(sglang_model_dir)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def clean_registry():
+    """Restore the env registry after a test that registers ids."""
+    from agentrl.envs import registry
+
+    saved, loaded, discovered = dict(registry._specs), dict(registry._loaded), registry._discovered
+    yield
+    registry._specs.clear()
+    registry._specs.update(saved)
+    registry._loaded.clear()
+    registry._loaded.update(loaded)
+    registry._discovered = discovered

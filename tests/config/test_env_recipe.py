@@ -11,14 +11,6 @@ from agentrl.envs.recipes import TEXTWORLD
 from agentrl.errors import RegistryError
 
 
-@pytest.fixture
-def clean_registry():
-    saved = dict(registry._specs)
-    yield
-    registry._specs.clear()
-    registry._specs.update(saved)
-
-
 @pytest.mark.parametrize("env_id", ["textworld", "TextWorld-v0"])
 def test_textworld_runs_on_its_recipe(env_id):
     cfg = load_config(base={"env": {"id": env_id}, "algo": {"name": "grpo"}})

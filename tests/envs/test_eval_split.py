@@ -50,14 +50,6 @@ class SplitButSameTasks(_OneTurn):
         super().__init__()
 
 
-@pytest.fixture
-def clean_registry():
-    saved = dict(registry._specs)
-    yield
-    registry._specs.clear()
-    registry._specs.update(saved)
-
-
 def test_undeclared_env_made_with_split_is_a_config_error_naming_the_fix(clean_registry):
     registry.register("test/Undeclared-v0", Undeclared)
     registry.make("test/Undeclared-v0").close()  # training is fine

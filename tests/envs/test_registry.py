@@ -19,18 +19,6 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 THIRDPARTY = Path(__file__).resolve().parents[1] / "thirdparty_pkg"
 
 
-@pytest.fixture
-def clean_registry():
-    """Restore the registry after a test that registers ids."""
-    saved, loaded, discovered = dict(registry._specs), dict(registry._loaded), registry._discovered
-    yield
-    registry._specs.clear()
-    registry._specs.update(saved)
-    registry._loaded.clear()
-    registry._loaded.update(loaded)
-    registry._discovered = discovered
-
-
 def test_builtins_and_aliases():
     ids = registry.registered()
     assert {"code_exec", "CodeExec-v0", "noop", "Noop-v0"} <= set(ids)

@@ -21,6 +21,11 @@ t interval over seeds; the AUC of the rollout success curve; the paired differen
 success vs ``outcome`` with a two-sided paired t-test p-value (and the seeds where the arm is
 ahead); wall time per optimizer step; for gigpo the anchor-group statistics (turns sharing a
 state, largest group). JSON to ``bench/results/credit-textworld.json``.
+
+``--jobs 2`` runs two (arm, seed) runs at once in worker processes of ``--threads`` torch threads each:
+on 2 cores, 1 thread each, a 16-episode step took 22.3 s per run against 19.8 s for one run alone on 2
+threads, ~1.8x the throughput. Each run's s/step is then that of concurrent runs; the arms stay
+interleaved, so they share the load alike.
 """
 
 from __future__ import annotations
@@ -115,6 +120,31 @@ def run_one(model: str, arm: str, seed: int, args, out_root: Path) -> dict:
         "end_eval": {k: v for k, v in final[-1].items() if k.startswith("eval/")} if final else None,
         "credit": [{k: v for k, v in r.items() if k.startswith("credit/")} for r in rows],
     }
+
+
+def _set_threads(n: int) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+
+
+def run_all(model: str, todo: list[tuple[str, int]], args, out_root: Path):
+    """Yield ``run_one`` of every (arm, seed) in ``todo``: in this process one after the other, or with
+    ``--jobs N`` in N worker processes (each ``--threads`` torch threads), in order of completion.
+    With N > 1 the runs share the cores, so their wall time per step is that of N concurrent runs."""
+    if args.jobs <= 1:
+        for arm, seed in todo:
+            yield run_one(model, arm, seed, args, out_root)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_set_threads, initargs=(args.threads,)) as pool:
+        futures = [pool.submit(run_one, model, arm, seed, args, out_root) for arm, seed in todo]
+        for f in as_completed(futures):
+            yield f.result()
 
 
 def start_success(model: str, args) -> dict:
@@ -260,24 +290,29 @@ def main(args, argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-credit-tw-") as tmp:
         start = start_success(model, args)
         print(f"start model {model}: held-out success {start.get('solve_rate')}", flush=True)
-        for seed in range(args.seed_start, args.seed_start + args.seeds):
-            for arm in arms:  # interleaved, so machine load drifts hit every arm alike
-                r = run_one(model, arm, seed, args, Path(tmp))
-                runs.append(r)
-                print(
-                    f"  {arm:<12} seed {seed}: rollout success {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}, "
-                    f"held-out end {r['end_success']:.3f} ({r['wall_s']:.0f} s)",
-                    flush=True,
-                )
-                partial = summarize(runs, [a for a in arms if any(x["arm"] == a for x in runs)])
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"partial": True, "start": start, "summary": partial, "runs": runs}))
+        # interleaved (seed-major), so machine load drifts hit every arm alike
+        todo = [(arm, seed) for seed in range(args.seed_start, args.seed_start + args.seeds) for arm in arms]
+        for r in run_all(model, todo, args, Path(tmp)):
+            runs.append(r)
+            print(
+                f"  {r['arm']:<12} seed {r['seed']}: rollout success {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}, "
+                f"held-out end {r['end_success']:.3f} ({r['wall_s']:.0f} s)",
+                flush=True,
+            )
+            partial = summarize(runs, [a for a in arms if any(x["arm"] == a for x in runs)])
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"partial": True, "start": start, "summary": partial, "runs": runs}))
     summary = summarize(runs, arms)
     report(summary, arms, start, args)
     result = {
         "benchmark": "credit on textworld (issue 15): outcome vs gigpo vs turn_return vs ppo",
         "command": "python bench/bench_credit.py " + " ".join(argv),
-        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {
+            "platform": platform.platform(),
+            "threads": torch.get_num_threads(),
+            "jobs": args.jobs,
+            "torch": torch.__version__,
+        },
         "workload": {
             k: v
             for k, v in vars(args).items()
@@ -303,6 +338,9 @@ def add_args(ap) -> None:
     g.add_argument("--omega", type=float, default=1.0, help="gigpo's step-level weight")
     g.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks at the end of each run")
     g.add_argument("--model", default=None, help="start model (default: builtin:textworld)")
+    g.add_argument(
+        "--jobs", type=int, default=1, help="runs at once, in worker processes of --threads threads each (2 cores: 2)"
+    )
 
 
 if __name__ == "__main__":

@@ -205,3 +205,21 @@ def test_quick_mode_runs_and_reports(case: Case, tmp_path):
     assert not missing, f"JSON {out.name} lacks {missing}; has {sorted(first)}"
     for suffix in case.beside:
         assert out.with_suffix(suffix).exists(), f"{out.with_suffix(suffix).name} not written beside the JSON{tail}"
+
+
+@pytest.mark.slow
+def test_credit_textworld_quick_runs_two_arms_in_worker_processes(tiny_model_dir, tmp_path):
+    """``bench_credit.py --env textworld --quick --jobs 2``: both arms run in worker processes (the tiny
+    model as start model, so no TextWorld warm start is built here), and the table and JSON pair them."""
+    out = tmp_path / "credit-textworld.json"
+    cmd = [sys.executable, str(BENCH / "bench_credit.py"), "--env", "textworld", "--quick", "--jobs", "2"]
+    cmd += ["--arms", "outcome,gigpo", "--model", str(tiny_model_dir), "--max-turns", "4", "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
+    tail = f"\n$ {' '.join(cmd)}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}"
+    assert p.returncode == 0, f"exit {p.returncode}{tail}"
+    assert header_line(p.stdout, ("arm", "end success", "diff vs outcome", "s/step")) is not None, tail
+    data = json.loads(out.read_text())
+    assert data["machine"]["jobs"] == 2 and "partial" not in data
+    assert sorted((r["arm"], r["seed"]) for r in data["runs"]) == [("gigpo", 0), ("outcome", 0)]
+    assert all(len(r["reward"]) == 2 and r["end_eval"]["eval/episodes"] == 4 for r in data["runs"])
+    assert "vs_outcome" in data["summary"]["gigpo"] and data["summary"]["gigpo"]["anchor_groups_mean"] > 0

@@ -272,7 +272,7 @@ def plot(summary: dict, args, path: Path) -> None:
 
 def textworld_defaults(args):
     """``--env textworld``'s defaults for the shared arguments (the workload of BENCHMARKS.md issue 15)."""
-    for name, value in (("steps", 8), ("max_new_tokens", 48), ("lr", 1e-3)):
+    for name, value in (("steps", 30), ("max_new_tokens", 48), ("lr", 1e-4), ("group_size", 8)):
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.quick:
@@ -287,10 +287,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: 30 same, 100 alternate)")
     ap.add_argument("--pattern", choices=list(PATTERNS), default="same", help="what the turns ask for (see above)")
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=None, help="episodes per group (default: 4 concise, 8 textworld)")
     ap.add_argument("--groups", type=int, default=2, help="prompt groups per optimizer step")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: 8 same, 24 alternate)")
-    ap.add_argument("--lr", type=float, default=None, help="trainer lr (default: 2e-3 concise, 1e-3 textworld)")
+    ap.add_argument("--lr", type=float, default=None, help="trainer lr (default: 2e-3 concise, 1e-4 textworld)")
     ap.add_argument(
         "--env",
         choices=("concise", "textworld"),
@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.env == "textworld":
         return credit_textworld.main(textworld_defaults(args), sys.argv[1:] if argv is None else argv)
     args.lr = 2e-3 if args.lr is None else args.lr
+    args.group_size = 4 if args.group_size is None else args.group_size
     args.arms = args.arms or ",".join(ARMS)
     if args.quick:
         args.seeds, args.steps, args.groups, args.sft_steps = 1, 3, 1, 20

@@ -1,8 +1,8 @@
 """Turn-level credit on a long-horizon env (issue 15): ``python bench/bench_credit.py --env textworld``.
 
 Arms (``ARMS``), every one the real ``agentrl.jobs.run.Runner`` (LocalEngine + Trainer, on-policy:
-staleness 0, temperature 1, token-mean loss) from the same start model, the built-in TextWorld warm
-start (``model.path: builtin:textworld``, ``agentrl.warmstart.textworld_model``):
+staleness 0, temperature 1, ``--loss-agg``: seq-mean-token-mean by default) from the same start model, the
+built-in TextWorld warm start (``model.path: builtin:textworld``, ``agentrl.warmstart.textworld_model``):
 
 * ``outcome`` (GRPO): ``(R - mean) / std`` of the episode return, on every sampled token;
 * ``gigpo`` (GRPO + ``algo.credit=gigpo``): that plus omega x the step-level advantage inside
@@ -76,7 +76,7 @@ def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int
             "eval": {"num_tasks": eval_tasks, "every": 0, "env_kwargs": {"split": "eval"}},
             "trainer": {
                 "lr": args.lr,
-                "loss_agg": "token-mean",
+                "loss_agg": args.loss_agg,
                 "seed": seed,
                 "temperature": 1.0,
                 "lr_schedule": "constant",
@@ -338,6 +338,11 @@ def add_args(ap) -> None:
     g.add_argument("--omega", type=float, default=1.0, help="gigpo's step-level weight")
     g.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks at the end of each run")
     g.add_argument("--model", default=None, help="start model (default: builtin:textworld)")
+    g.add_argument(
+        "--loss-agg",
+        default="seq-mean-token-mean",
+        help="trainer.loss_agg of every arm (default: the grpo preset's, which `agentrl run --env textworld` uses)",
+    )
     g.add_argument(
         "--jobs", type=int, default=1, help="runs at once, in worker processes of --threads threads each (2 cores: 2)"
     )

@@ -141,10 +141,13 @@ def run_all(model: str, todo: list[tuple[str, int]], args, out_root: Path):
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_set_threads, initargs=(args.threads,)) as pool:
+    pool = ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_set_threads, initargs=(args.threads,))
+    try:
         futures = [pool.submit(run_one, model, arm, seed, args, out_root) for arm, seed in todo]
         for f in as_completed(futures):
             yield f.result()
+    finally:  # a failed run (or Ctrl-C) drops the runs not started; the ones reported are already saved
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def start_success(model: str, args) -> dict:

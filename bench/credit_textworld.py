@@ -25,7 +25,9 @@ state, largest group). JSON to ``bench/results/credit-textworld.json``.
 ``--jobs 2`` runs two (arm, seed) runs at once in worker processes of ``--threads`` torch threads each:
 on 2 cores, 1 thread each, a 16-episode step took 22.3 s per run against 19.8 s for one run alone on 2
 threads, ~1.8x the throughput. Each run's s/step is then that of concurrent runs; the arms stay
-interleaved, so they share the load alike.
+interleaved, so they share the load alike. ``--resume`` keeps the (arm, seed) runs already in ``--out``
+(written after every run) and makes only the missing ones, so a comparison can span sessions:
+``--seeds 8 --resume`` after ``--seeds 4`` makes seeds 4-7.
 """
 
 from __future__ import annotations
@@ -148,6 +150,35 @@ def run_all(model: str, todo: list[tuple[str, int]], args, out_root: Path):
             yield f.result()
     finally:  # a failed run (or Ctrl-C) drops the runs not started; the ones reported are already saved
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+#: arguments that do not change what a run measures (which runs are made, and how fast)
+_NOT_WORKLOAD = ("out", "resume", "jobs", "threads", "seeds", "seed_start", "arms")
+#: bench_credit.py arguments of the concise comparison only
+_CONCISE_ONLY = ("pattern", "turns", "threshold", "hidden", "layers", "sft_steps", "model_dir")
+
+
+def workload(args) -> dict:
+    """What every run of this comparison shares (a resumed file must have been made with the same)."""
+    return {k: v for k, v in vars(args).items() if k not in _NOT_WORKLOAD + _CONCISE_ONLY}
+
+
+def resumed(out: Path, args, todo: list[tuple[str, int]]) -> tuple[list[dict], dict | None]:
+    """``--resume``: the runs of ``todo`` already in ``out`` (a finished or partial result of the same
+    workload) and its start-model measurement; nothing if ``out`` does not exist yet."""
+    if not out.exists():
+        return [], None
+    data = json.loads(out.read_text())
+    theirs, mine = data.get("workload"), workload(args)
+    if theirs != mine:
+        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs and theirs.get(k) != v} if theirs else {}
+        raise SystemExit(
+            f"--resume: {out} was made with another workload ({diff or 'none recorded'}; file vs now): "
+            "use the same arguments or another --out"
+        )
+    runs = [r for r in data["runs"] if (r["arm"], r["seed"]) in set(todo)]
+    print(f"--resume: {len(runs)} of {len(todo)} runs already in {out}", flush=True)
+    return runs, data.get("start")
 
 
 def start_success(model: str, args) -> dict:
@@ -288,13 +319,14 @@ def main(args, argv: list[str]) -> dict:
         raise SystemExit(f"--arms: {arms!r} must be a subset of {list(ARMS)}")
     t0 = time.perf_counter()
     model = args.model or "builtin:textworld"
-    runs: list[dict] = []
     out = Path(args.out or Path(__file__).parent / "results" / "credit-textworld.json")
+    # interleaved (seed-major), so machine load drifts hit every arm alike
+    todo = [(arm, seed) for seed in range(args.seed_start, args.seed_start + args.seeds) for arm in arms]
+    runs, start = resumed(out, args, todo) if args.resume else ([], None)
+    todo = [t for t in todo if t not in {(r["arm"], r["seed"]) for r in runs}]
     with tempfile.TemporaryDirectory(prefix="bench-credit-tw-") as tmp:
-        start = start_success(model, args)
+        start = start or start_success(model, args)
         print(f"start model {model}: held-out success {start.get('solve_rate')}", flush=True)
-        # interleaved (seed-major), so machine load drifts hit every arm alike
-        todo = [(arm, seed) for seed in range(args.seed_start, args.seed_start + args.seeds) for arm in arms]
         for r in run_all(model, todo, args, Path(tmp)):
             runs.append(r)
             print(
@@ -304,7 +336,11 @@ def main(args, argv: list[str]) -> dict:
             )
             partial = summarize(runs, [a for a in arms if any(x["arm"] == a for x in runs)])
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"partial": True, "start": start, "summary": partial, "runs": runs}))
+            out.write_text(
+                json.dumps(
+                    {"partial": True, "workload": workload(args), "start": start, "summary": partial, "runs": runs}
+                )
+            )
     summary = summarize(runs, arms)
     report(summary, arms, start, args)
     result = {
@@ -316,11 +352,7 @@ def main(args, argv: list[str]) -> dict:
             "jobs": args.jobs,
             "torch": torch.__version__,
         },
-        "workload": {
-            k: v
-            for k, v in vars(args).items()
-            if k not in ("out", "pattern", "turns", "threshold", "hidden", "layers", "sft_steps", "model_dir")
-        },
+        "workload": workload(args),
         "wall_s": time.perf_counter() - t0,
         "start": start,
         "summary": summary,
@@ -345,6 +377,11 @@ def add_args(ap) -> None:
         "--loss-agg",
         default="seq-mean-token-mean",
         help="trainer.loss_agg of every arm (default: the grpo preset's, which `agentrl run --env textworld` uses)",
+    )
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out (same workload) and make only the missing ones",
     )
     g.add_argument(
         "--jobs", type=int, default=1, help="runs at once, in worker processes of --threads threads each (2 cores: 2)"

@@ -223,3 +223,28 @@ def test_credit_textworld_quick_runs_two_arms_in_worker_processes(tiny_model_dir
     assert sorted((r["arm"], r["seed"]) for r in data["runs"]) == [("gigpo", 0), ("outcome", 0)]
     assert all(len(r["reward"]) == 2 and r["end_eval"]["eval/episodes"] == 4 for r in data["runs"])
     assert "vs_outcome" in data["summary"]["gigpo"] and data["summary"]["gigpo"]["anchor_groups_mean"] > 0
+
+
+@pytest.mark.slow
+def test_credit_textworld_resume_makes_only_the_missing_runs(tiny_model_dir, tmp_path):
+    """``--resume`` keeps the runs already in ``--out`` and makes the missing ones; a file made with another
+    workload is refused, naming the argument that differs."""
+    out = tmp_path / "credit-textworld.json"
+    base = [sys.executable, str(BENCH / "bench_credit.py"), "--env", "textworld", "--quick", "--max-turns", "3"]
+    base += ["--model", str(tiny_model_dir), "--out", str(out)]
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *extra], cwd=ROOT, capture_output=True, text=True, timeout=840)
+
+    first = run("--arms", "outcome")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = json.loads(out.read_text())["runs"][0]
+    second = run("--arms", "outcome,gigpo", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "--resume: 1 of 2 runs already" in second.stdout
+    assert "outcome      seed 0" not in second.stdout and "gigpo        seed 0" in second.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(r["arm"] for r in runs) == ["gigpo", "outcome"]
+    assert next(r for r in runs if r["arm"] == "outcome") == before  # kept, not re-run
+    other = run("--arms", "outcome,gigpo", "--resume", "--lr", "5e-4")
+    assert other.returncode != 0 and "another workload" in other.stderr and "'lr'" in other.stderr, other.stderr

@@ -176,7 +176,8 @@ def resumed(out: Path, args, todo: list[tuple[str, int]]) -> tuple[list[dict], d
             f"--resume: {out} was made with another workload ({diff or 'none recorded'}; file vs now): "
             "use the same arguments or another --out"
         )
-    runs = [r for r in data["runs"] if (r["arm"], r["seed"]) in set(todo)]
+    wanted = set(todo)
+    runs = [r for r in data["runs"] if (r["arm"], r["seed"]) in wanted]
     print(f"--resume: {len(runs)} of {len(todo)} runs already in {out}", flush=True)
     return runs, data.get("start")
 

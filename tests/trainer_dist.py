@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from agentrl.trainer import Trainer, TrainerConfig, TrainSample
-from agentrl.trainer import dist as D
 
 STEPS = 3
 MICRO_BATCH_TOKENS = 48
@@ -73,10 +72,8 @@ def torchrun(script: str, args: list[str], what: str, timeout_s: float = TIMEOUT
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--nnodes=1",
+        "--standalone",  # the launcher's store listens on a port it chose and holds: no port race
         "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={D.free_port()}",
         script,
         *args,
     ]

@@ -4,8 +4,8 @@ Owns three plain classes that ``agentrl.distributed.backend`` turns into actors 
 ``ray.remote(...)``: ``EngineActor`` (one ``LocalEngine``), ``RolloutWorker`` (one
 ``EpisodeManager`` whose engine the backend chooses: a ``RayEngine`` over engine-actor handles, or
 an ``SGLangClient`` straight to SGLang servers) and ``TrainerRank`` (one ``Trainer`` in a
-torch.distributed group formed from the actors' env:// variables). The SGLang engine actor lives in
-``agentrl.distributed.sglang_engines``.
+torch.distributed group formed on a rendezvous store rank 0 holds listening). The SGLang engine
+actor lives in ``agentrl.distributed.sglang_engines``.
 Ray is imported only inside methods that need it (``placement``, ``address``), so the classes
 stay plain objects.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -141,14 +140,15 @@ class TrainerRank(_Placed):
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
         self.trainer = None
+        self.store = None  # rank 0: the rendezvous store, listening since address()
 
     def address(self) -> tuple[str, int]:
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        from agentrl.trainer.dist import listening_store
+
+        self.store = listening_store(self.world)
+        return ray.util.get_node_ip_address(), self.store.port
 
     def setup(self, model_path: str, cfg, critic: bool, master_addr: str, master_port: int) -> int:
         # LOCAL_RANK 0: Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
@@ -160,8 +160,10 @@ class TrainerRank(_Placed):
             MASTER_PORT=str(master_port),
         )
         from agentrl.trainer import Trainer
+        from agentrl.trainer.dist import join_store
 
-        self.trainer = Trainer(model_path, cfg, critic=critic)
+        store = self.store or join_store(master_addr, master_port, self.world, cfg.dist_timeout_s)
+        self.trainer = Trainer(model_path, cfg, critic=critic, store=store)
         return self.trainer.world
 
     def train_step(self, samples: list) -> tuple[dict, int]:

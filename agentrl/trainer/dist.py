@@ -61,8 +61,12 @@ def refuse_launcher(job: str, environ: dict | None = None) -> None:
         )
 
 
-def acquire(device: torch.device, timeout_s: float) -> bool:
-    """Join the default group, creating it if needed. True if this module owns it."""
+def acquire(device: torch.device, timeout_s: float, store: dist.Store | None = None) -> bool:
+    """Join the default group, creating it if needed. True if this module owns it.
+
+    ``store``: the rendezvous store of a multi-process group whose ranks were not started by a
+    launcher (Ray trainer ranks; RANK and WORLD_SIZE in the environment); rank 0 created it
+    listening, so no port is released and re-bound between choosing it and using it."""
     global _owned_refs
     if dist.is_initialized():
         if _owned_refs:
@@ -71,7 +75,11 @@ def acquire(device: torch.device, timeout_s: float) -> bool:
         return False
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
-    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+    if store is not None:
+        store.set_timeout(timeout)
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    elif "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, timeout=timeout)  # env:// (torchrun)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -135,6 +143,20 @@ def gather_objects(obj) -> list:
 def barrier() -> None:
     if world() > 1:
         dist.barrier()
+
+
+def listening_store(world_size: int) -> dist.TCPStore:
+    """A rendezvous store for ``world_size`` ranks, listening on a port the OS chose (``.port``).
+
+    Held open from the start: choosing a free port, closing it and binding it again later (what
+    env:// with a picked MASTER_PORT does) lets another process take it in between (EADDRINUSE)."""
+    return dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False)
+
+
+def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A client of the store :func:`listening_store` made on ``host``."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
 
 
 def free_port() -> int:

@@ -69,12 +69,13 @@ class Trainer:
         *,
         ref_model_path: str | None = None,
         critic: bool = False,
+        store: torch.distributed.Store | None = None,
     ) -> None:
         self.cfg = cfg = (cfg or TrainerConfig()).resolved()
         cfg.check()
         self.model_path = str(model_path)
         self.device = D.pick_device(cfg.device)
-        self._owns_group = D.acquire(self.device, cfg.dist_timeout_s)
+        self._owns_group = D.acquire(self.device, cfg.dist_timeout_s, store)
         self._closed = False
         try:
             self._build(ref_model_path, critic)

@@ -29,7 +29,9 @@ _GROUP_IDS = itertools.count()
 
 class WeightGroup:
     """Rank 0 of a ``world_size`` process group named ``group_name`` on ``backend`` (``nccl``
-    or ``gloo``). :meth:`connect` blocks until every rank joined (run it while the servers join)."""
+    or ``gloo``). :meth:`listen` opens the rendezvous (``master_port`` 0: a port the OS chooses,
+    held from then on, so no other process can take it before the group forms); :meth:`connect`
+    blocks until every rank joined (run it while the servers join)."""
 
     def __init__(
         self,
@@ -49,19 +51,36 @@ class WeightGroup:
         self.world_size, self.group_name, self.backend = world_size, group_name, backend
         self.timeout = timedelta(seconds=timeout_s)
         self.pg: Any = None
+        self.store: Any = None
+
+    def listen(self) -> int:
+        """Open the rendezvous store (once); the port the servers must join."""
+        import torch.distributed as dist
+
+        if self.store is None:
+            try:
+                self.store = dist.TCPStore(
+                    "0.0.0.0",
+                    self.master_port,
+                    self.world_size,
+                    is_master=True,
+                    timeout=self.timeout,
+                    wait_for_workers=False,
+                )
+            except Exception as e:
+                where = f"port {self.master_port}"
+                raise EngineError(
+                    f"weight group {self.group_name!r}: cannot listen on {where}: {type(e).__name__}: {e}"
+                ) from e
+            self.master_port = self.store.port
+        return self.master_port
 
     def connect(self) -> None:
-        from torch.distributed.distributed_c10d import (
-            PrefixStore,
-            _new_process_group_helper,
-            rendezvous,
-        )
+        from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper
 
+        self.listen()
+        store = self.store
         try:
-            store, _, _ = next(
-                rendezvous(f"tcp://{self.master_address}:{self.master_port}", 0, self.world_size, timeout=self.timeout)
-            )
-            store.set_timeout(self.timeout)
             self.pg, _ = _new_process_group_helper(
                 self.world_size,
                 0,
@@ -95,6 +114,7 @@ class WeightGroup:
         import torch.distributed as dist
 
         pg, self.pg = self.pg, None
+        self.store = None  # closes the rendezvous port once the group lets go of it too
         if pg is None:
             return
         try:
@@ -150,20 +170,18 @@ class DistributedSync(ServerSync):
     async def _connect(self) -> None:
         import httpx
 
-        from agentrl.engine.sglang_server import free_port
-
         # a fresh name per group: torch keeps a destroyed group's name registered in this process
         self.group_name = f"{self.group_prefix}_{os.getpid()}_{next(_GROUP_IDS)}"
         urls = list(self.engine.urls)
-        port = self.master_port or free_port(self.master_address)
         group = WeightGroup(
             master_address=self.master_address,
-            master_port=port,
+            master_port=self.master_port or 0,
             world_size=1 + len(urls) * self.tp_size,
             group_name=self.group_name,
             backend=self.backend,
             timeout_s=self.timeout_s,
         )
+        port = group.listen()
 
         async def join(i: int, url: str, client: httpx.AsyncClient) -> None:
             payload = {

@@ -5,6 +5,7 @@ run; engine config errors are checked without a server."""
 import json
 
 import pytest
+import short_run  # noqa: F401  (registers test/Short-v0)
 from typer.testing import CliRunner
 
 from agentrl.cli.main import app

@@ -43,6 +43,19 @@ def model_dir(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("dist-model"), hidden_size=64, num_layers=2))
 
 
+def test_the_rendezvous_store_holds_its_port_until_the_ranks_join():
+    """Ray trainer ranks meet on a store rank 0 opened on a port the OS chose and never released: a
+    port picked, closed and bound again later can be taken in between (EADDRINUSE seen in CI)."""
+    import socket
+
+    store = D.listening_store(2)
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("0.0.0.0", store.port))
+    peer = D.join_store("127.0.0.1", store.port, 2, timeout_s=10)
+    peer.set("rank1", "here")
+    assert store.get("rank1") == b"here"
+
+
 def test_the_data_gives_ranks_uneven_micro_batch_counts():
     samples = batch(0)
     per_rank = D.assign([len(s.token_ids) for s in samples], 2)

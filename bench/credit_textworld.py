@@ -1,8 +1,9 @@
 """Turn-level credit on a long-horizon env (issue 15): ``python bench/bench_credit.py --env textworld``.
 
 Arms (``ARMS``), every one the real ``agentrl.jobs.run.Runner`` (LocalEngine + Trainer, on-policy:
-staleness 0, temperature 1, ``--loss-agg``: seq-mean-token-mean by default) from the same start model, the
-built-in TextWorld warm start (``model.path: builtin:textworld``, ``agentrl.warmstart.textworld_model``):
+staleness 0, ``--temperature`` 1 and ``--loss-agg`` seq-mean-token-mean by default) from the same start
+model, the built-in TextWorld warm start (``model.path: builtin:textworld``,
+``agentrl.warmstart.textworld_model``):
 
 * ``outcome`` (GRPO): ``(R - mean) / std`` of the episode return, on every sampled token;
 * ``gigpo`` (GRPO + ``algo.credit=gigpo``): that plus omega x the step-level advantage inside
@@ -65,7 +66,7 @@ def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int
                 "max_turns": args.max_turns,
                 "max_context": args.max_context,
                 "group_size": args.group_size,
-                "temperature": 1.0,
+                "temperature": args.temperature,
                 "seed": seed,
             },
             "algo": {"name": preset, "credit": credit, "gamma": args.gamma, "gigpo_omega": args.omega},
@@ -75,12 +76,17 @@ def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int
                 "max_staleness": 0,
                 "checkpoint_every": 0,
             },
-            "eval": {"num_tasks": eval_tasks, "every": 0, "env_kwargs": {"split": "eval"}},
+            "eval": {
+                "num_tasks": eval_tasks,
+                "every": 0,
+                "env_kwargs": {"split": "eval"},
+                "temperature": args.eval_temperature,
+            },
             "trainer": {
                 "lr": args.lr,
                 "loss_agg": args.loss_agg,
                 "seed": seed,
-                "temperature": 1.0,
+                "temperature": args.temperature,
                 "lr_schedule": "constant",
             },
             "engine": {"max_batch_size": 64},
@@ -201,7 +207,7 @@ def start_success(model: str, args) -> dict:
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         max_context=args.max_context,
-        temperature=1.0,
+        temperature=args.eval_temperature,
         group_size=1,
         seed=0,
     )
@@ -373,6 +379,8 @@ def add_args(ap) -> None:
     g.add_argument("--gamma", type=float, default=0.95)
     g.add_argument("--omega", type=float, default=1.0, help="gigpo's step-level weight")
     g.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks at the end of each run")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the training rollouts")
+    g.add_argument("--eval-temperature", type=float, default=1.0, help="of the held-out episodes (start and end)")
     g.add_argument("--model", default=None, help="start model (default: builtin:textworld)")
     g.add_argument(
         "--loss-agg",

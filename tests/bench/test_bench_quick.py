@@ -248,3 +248,24 @@ def test_credit_textworld_resume_makes_only_the_missing_runs(tiny_model_dir, tmp
     assert next(r for r in runs if r["arm"] == "outcome") == before  # kept, not re-run
     other = run("--arms", "outcome,gigpo", "--resume", "--lr", "5e-4")
     assert other.returncode != 0 and "another workload" in other.stderr and "'lr'" in other.stderr, other.stderr
+
+
+def test_credit_textworld_temperature_reaches_rollouts_trainer_and_eval(tmp_path, monkeypatch):
+    """``--temperature`` sets the training rollouts' and the trainer's (which rescores with it),
+    ``--eval-temperature`` the held-out episodes'; the run plan accepts the pair."""
+    import argparse
+
+    from agentrl.config.plan import resolve
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import credit_textworld
+
+    ap = argparse.ArgumentParser()
+    credit_textworld.add_args(ap)
+    args = ap.parse_args(["--temperature", "0.4", "--eval-temperature", "0.7"])
+    for k, v in {"max_new_tokens": 48, "group_size": 8, "steps": 2, "groups": 2, "lr": 1e-4}.items():
+        setattr(args, k, v)
+    cfg = resolve(credit_textworld.run_config("builtin:tiny", "gigpo", 3, args, tmp_path, 4), "run").cfg
+    assert (cfg.rollout.temperature, cfg.trainer.temperature, cfg.eval.temperature) == (0.4, 0.4, 0.7)
+    assert cfg.algo.credit == "gigpo" and cfg.rollout.seed == cfg.trainer.seed == 3
+    assert {"temperature", "eval_temperature"} <= set(credit_textworld.workload(args))  # a resumed file must match

@@ -22,8 +22,11 @@ plan's shape, not where its actions come from (0 of 32 held-out worlds). v2 and 
 (``agentrl.envs.textworld.explorer``), whose every action follows from what the transcript shows.
 Short budgets (300 steps, any width or depth tried) stall at ~25 % of turns right under teacher
 forcing; v3 (4,000 games, the loss on every token, 1,500 steps: ~45 minutes here) gets 89 % and solves 4
-of 64 held-out worlds, the first that solves any (BENCHMARKS.md has each budget's figures). The
-explorer's demonstrations are about twice as long as the oracle's (17 actions median against 8).
+of 64 held-out worlds, the first that solves any, but too few for RL to learn from: a group of 8
+episodes holds no success most of the time. v4 is v3 plus a second phase (1,200 steps at a third of the
+lr over 8,000 games, v3's 4,000 and 4,000 more): 92 % of turns, 18 of 64 held-out worlds, room for
+group-relative RL (BENCHMARKS.md, issue 15, has each budget's figures). The explorer's demonstrations
+are about twice as long as the oracle's (17 actions median against 8).
 
 Fingerprint: the recipe plus a sample of the demonstrations' token ids (prompt, tool schemas, the
 explorer's turns), so editing the env's prompt or tools builds a fresh model. Does not: train
@@ -40,29 +43,48 @@ from pathlib import Path
 from agentrl.common.paths import cache_dir
 from agentrl.warmstart.model_cache import cached, say
 
-VERSION = "v3"
+VERSION = "v4"
 
-#: The TextWorld warm start: ``num_demos`` demonstrations of ``planner`` on train worlds of
-#: ``difficulty`` (``agentrl.warmstart.textworld_demos``), the loss on the model's turns only
-#: (``loss_on="turns"``) or on every token of the game after the first (``"all"``: the observations
-#: too, so the model also learns the world's text, where names are copied all the time: "You open
-#: drawer 2: drawer 2 (empty)."), then ``agentrl.warmstart.sft.SFTConfig`` fields.
+#: The TextWorld warm start: demonstrations of ``planner`` on train worlds of ``difficulty``
+#: (``agentrl.warmstart.textworld_demos``), the loss on the model's turns only (``loss_on="turns"``)
+#: or on every token of the game after the first (``"all"``: the observations too, so the model also
+#: learns the world's text, where names are copied all the time: "You open drawer 2: drawer 2
+#: (empty)."), trained in ``phases``, each from the previous one's model: ``num_demos`` (the first
+#: ``num_demos`` of the same sequence of worlds) and ``agentrl.warmstart.sft.SFTConfig`` fields.
+#: Each phase's model is a cache entry of its own, so an interrupted build resumes at its phase.
 TEXTWORLD_WARM_START = dict(
-    num_demos=4000,
     difficulty=[1],
     demo_seed=0,
     planner="explorer",
     loss_on="all",
-    sft=dict(
-        steps=1500,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=75,
-        min_lr_ratio=0.1,
-        seed=0,
-        micro_batch_tokens=8192,
-        batching="pack",
-    ),
+    phases=[
+        dict(
+            num_demos=4000,
+            sft=dict(
+                steps=1500,
+                batch_size=8,
+                lr=3e-3,
+                warmup_steps=75,
+                min_lr_ratio=0.1,
+                seed=0,
+                micro_batch_tokens=8192,
+                batching="pack",
+            ),
+        ),
+        dict(
+            num_demos=8000,
+            sft=dict(
+                steps=1200,
+                batch_size=8,
+                lr=1e-3,
+                warmup_steps=60,
+                min_lr_ratio=0.1,
+                seed=0,
+                micro_batch_tokens=8192,
+                batching="pack",
+            ),
+        ),
+    ],
 )
 #: The base: the default model's shape (``agentrl.warmstart.default_model.BASE``) with its own
 #: tokenizer, word-level and trained on TextWorld play too (``agentrl.warmstart.tiny_model``).
@@ -108,23 +130,43 @@ def textworld_base_path() -> Path:
     return cached(dest, lambda tmp: build_model(tmp, **TEXTWORLD_BASE))
 
 
-def fingerprint(base: Path) -> str:
-    """Hash of the recipe and of two demonstrations' tokens (see the module docstring)."""
+def fingerprint(base: Path, phases: int | None = None) -> str:
+    """Hash of the recipe (its first ``phases`` phases; default all) and of two demonstrations' tokens
+    (see the module docstring)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(base))
     sample = [d.token_ids for d in _demos(tok, 2)]
-    parts = {"version": VERSION, "base": base.name, "recipe": TEXTWORLD_WARM_START, "demos": sample}
+    recipe = dict(TEXTWORLD_WARM_START, phases=list(TEXTWORLD_WARM_START["phases"])[:phases])
+    parts = {"version": VERSION, "base": base.name, "recipe": recipe, "demos": sample}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def textworld_model_path(base: Path | None = None) -> Path:
     """Path of the cached TextWorld warm start of ``base`` (default: ``textworld_base_path()``),
-    building it first if needed (once; ~45 minutes on 2 CPU cores, saying its progress)."""
+    building it first if needed (once; ~90 minutes on 2 CPU cores, saying its progress), phase by
+    phase: each phase's model is cached, so a build stopped in phase 2 starts again from phase 1's."""
+    r = TEXTWORLD_WARM_START
+    if r["loss_on"] not in ("turns", "all"):
+        raise ValueError(f"TEXTWORLD_WARM_START loss_on must be 'turns' or 'all', got {r['loss_on']!r}")
+    phases = list(r["phases"])
+    if not phases:
+        raise ValueError("TEXTWORLD_WARM_START phases is empty: nothing to train")
     base = base or textworld_base_path()
-    dest = cache_dir() / "models" / f"tiny-qwen3-textworld-sft-{VERSION}-{fingerprint(base)}"
+    model = base
+    for k in range(1, len(phases) + 1):
+        tag = "" if k == len(phases) else f"-phase{k}of{len(phases)}"
+        dest = cache_dir() / "models" / f"tiny-qwen3-textworld-sft-{VERSION}{tag}-{fingerprint(base, k)}"
+        model = _phase(model, dest, k)
+    return model
+
+
+def _phase(start: Path, dest: Path, k: int) -> Path:
+    """``dest``: phase ``k`` of the recipe trained from ``start``, built once (``cached``)."""
     if (dest / "config.json").exists():
         return dest
+    r = TEXTWORLD_WARM_START
+    phase, n = r["phases"][k - 1], len(r["phases"])
 
     def build(tmp: Path) -> None:
         from transformers import AutoTokenizer
@@ -132,32 +174,31 @@ def textworld_model_path(base: Path | None = None) -> Path:
         from agentrl.warmstart.chat_data import SFTExample
         from agentrl.warmstart.sft import SFTConfig, run_sft
 
-        say(f"building the TextWorld warm start in {dest} (first use only; ~45 minutes on 2 CPU cores)")
+        say(
+            f"building the TextWorld warm start, phase {k} of {n}, in {dest} "
+            "(first use only; ~90 minutes in all on 2 CPU cores)"
+        )
         t0 = time.perf_counter()
-        r = TEXTWORLD_WARM_START
-        examples = _demos(AutoTokenizer.from_pretrained(str(base)), int(r["num_demos"]))
-        if len(examples) < int(r["num_demos"]):
-            raise RuntimeError(f"only {len(examples)} of {r['num_demos']} TextWorld demonstrations succeeded")
-        if r["loss_on"] not in ("turns", "all"):
-            raise ValueError(f"TEXTWORLD_WARM_START loss_on must be 'turns' or 'all', got {r['loss_on']!r}")
+        examples = _demos(AutoTokenizer.from_pretrained(str(start)), int(phase["num_demos"]))
+        if len(examples) < int(phase["num_demos"]):
+            raise RuntimeError(f"only {len(examples)} of {phase['num_demos']} TextWorld demonstrations succeeded")
         if r["loss_on"] == "all":
             examples = [SFTExample(e.token_ids, [0] + [1] * (len(e.token_ids) - 1), e.source) for e in examples]
-        steps = int(r["sft"]["steps"])
+        steps = int(phase["sft"]["steps"])
 
         def progress(step: int, metrics: dict) -> None:  # a long build: say where it is
             if step % 100 == 0 or step == steps:
                 say(
-                    f"TextWorld warm start: step {step}/{steps}, loss {metrics['loss']:.3f}, "
+                    f"TextWorld warm start: phase {k}/{n}, step {step}/{steps}, loss {metrics['loss']:.3f}, "
                     f"{time.perf_counter() - t0:.0f} s"
                 )
 
-        summary = run_sft(base, tmp, SFTConfig(**r["sft"], num_demos=0), examples=examples, log=progress)
-        summary["model"] = str(dest)
-        summary["recipe"] = r
+        summary = run_sft(start, tmp, SFTConfig(**phase["sft"], num_demos=0), examples=examples, log=progress)
+        summary.update(model=str(dest), phase=k, recipe=r)
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
         say(
-            f"TextWorld warm start done in {time.perf_counter() - t0:.0f} s (loss {summary['loss_first']:.2f} -> "
-            f"{summary['loss_last']:.3f})"
+            f"TextWorld warm start phase {k}/{n} done in {time.perf_counter() - t0:.0f} s "
+            f"(loss {summary['loss_first']:.2f} -> {summary['loss_last']:.3f})"
         )
 
     return cached(dest, build)

@@ -39,6 +39,7 @@ sliding-window attention, or guard a model shared with a trainer that mutates it
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections import deque
@@ -113,6 +114,9 @@ class LocalEngine(Engine):
         if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
             raise EngineError(f"only full-attention models are supported, got layer_types={cfg.layer_types}")
         self.model = model
+        # the forward's name for the KV cache: ``cache`` in newer transformers (``past_key_values`` is
+        # deprecated there, with a warning on every call), ``past_key_values`` before
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.prefill_tokens = prefill_tokens
@@ -304,7 +308,7 @@ class LocalEngine(Engine):
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=pos.to(self.device),
-            past_key_values=cache,
+            **{self._cache_arg: cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -328,3 +328,17 @@ async def test_64_concurrent_requests(model):
         assert eng.stats["steps"] <= max(lens)  # every request decoded in one shared batch
     finally:
         await eng.close()
+
+
+async def test_generation_passes_the_kv_cache_under_the_installed_transformers_name(engine, recwarn):
+    """transformers renamed the forward's ``past_key_values`` to ``cache`` (the old name warns on every
+    call): the engine uses whichever name the model's forward takes, so a run prints no such warning."""
+    import inspect
+
+    takes = inspect.signature(engine.model.forward).parameters
+    assert engine._cache_arg in takes
+    out = await engine.generate(
+        prompts(1)[0], SamplingParams(max_new_tokens=4, temperature=0.0, stop_token_ids=NO_STOP)
+    )
+    assert len(out.token_ids) == 4
+    assert not [w for w in recwarn if "past_key_values" in str(w.message)]

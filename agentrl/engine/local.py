@@ -73,6 +73,12 @@ def placement(device: str | torch.device, dtype: torch.dtype | str) -> tuple[str
     return device, getattr(torch, name)
 
 
+def cache_kwarg(model) -> str:
+    """The model forward's name for the KV cache: ``cache`` in newer transformers (which deprecate
+    ``past_key_values``, warning on every call), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class LocalEngine(Engine):
     """Continuous-batching engine over an HF causal LM (tested with Qwen2) in this process."""
 
@@ -114,9 +120,7 @@ class LocalEngine(Engine):
         if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
             raise EngineError(f"only full-attention models are supported, got layer_types={cfg.layer_types}")
         self.model = model
-        # the forward's name for the KV cache: ``cache`` in newer transformers (``past_key_values`` is
-        # deprecated there, with a warning on every call), ``past_key_values`` before
-        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_arg = cache_kwarg(model)
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.prefill_tokens = prefill_tokens

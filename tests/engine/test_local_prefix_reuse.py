@@ -13,7 +13,7 @@ import torch
 from engine_helpers import build_tiny, load_sharp
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.local import LocalEngine
+from agentrl.engine.local import LocalEngine, cache_kwarg
 from agentrl.engine.local_prefill import build_prefill
 from agentrl.engine.prefix_cache import CachedPrefix
 
@@ -48,7 +48,7 @@ def prefill(model, prompts, prefixes, cached):
             input_ids=batch.ids,
             attention_mask=batch.mask,
             position_ids=batch.pos,
-            past_key_values=batch.cache,
+            **{cache_kwarg(model): batch.cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -24,8 +24,9 @@ Short budgets (300 steps, any width or depth tried) stall at ~25 % of turns righ
 forcing; v3 (4,000 games, the loss on every token, 1,500 steps: ~45 minutes here) gets 89 % and solves 4
 of 64 held-out worlds, the first that solves any, but too few for RL to learn from: a group of 8
 episodes holds no success most of the time. v4 is v3 plus a second phase (1,200 steps at a third of the
-lr over 8,000 games, v3's 4,000 and 4,000 more): 92 % of turns, 18 of 64 held-out worlds, room for
-group-relative RL (BENCHMARKS.md, issue 15, has each budget's figures). The explorer's demonstrations
+lr over 8,000 games, v3's 4,000 and 4,000 more): on 256 held-out worlds it solves 35 at temperature 1
+and 49 at 0.4, where its first phase (the v3 recipe) solves 26 and 27 (BENCHMARKS.md, issue 15, has
+each budget's figures). The explorer's demonstrations
 are about twice as long as the oracle's (17 actions median against 8).
 
 Fingerprint: the recipe plus a sample of the demonstrations' token ids (prompt, tool schemas, the
@@ -144,7 +145,7 @@ def fingerprint(base: Path, phases: int | None = None) -> str:
 
 def textworld_model_path(base: Path | None = None) -> Path:
     """Path of the cached TextWorld warm start of ``base`` (default: ``textworld_base_path()``),
-    building it first if needed (once; ~90 minutes on 2 CPU cores, saying its progress), phase by
+    building it first if needed (once; ~50 minutes on 2 CPU cores, saying its progress), phase by
     phase: each phase's model is cached, so a build stopped in phase 2 starts again from phase 1's."""
     r = TEXTWORLD_WARM_START
     if r["loss_on"] not in ("turns", "all"):
@@ -176,7 +177,7 @@ def _phase(start: Path, dest: Path, k: int) -> Path:
 
         say(
             f"building the TextWorld warm start, phase {k} of {n}, in {dest} "
-            "(first use only; ~90 minutes in all on 2 CPU cores)"
+            "(first use only; ~50 minutes in all on 2 CPU cores)"
         )
         t0 = time.perf_counter()
         examples = _demos(AutoTokenizer.from_pretrained(str(start)), int(phase["num_demos"]))

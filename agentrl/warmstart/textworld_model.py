@@ -26,8 +26,8 @@ of 64 held-out worlds, the first that solves any, but too few for RL to learn fr
 episodes holds no success most of the time. v4 is v3 plus a second phase (1,200 steps at a third of the
 lr over 8,000 games, v3's 4,000 and 4,000 more): on 256 held-out worlds it solves 35 at temperature 1
 and 49 at 0.4, where its first phase (the v3 recipe) solves 26 and 27 (BENCHMARKS.md, issue 15, has
-each budget's figures). The explorer's demonstrations
-are about twice as long as the oracle's (17 actions median against 8).
+each budget's figures). The explorer's demonstrations are about twice as long as the oracle's (17
+actions median against 8).
 
 Fingerprint: the recipe plus a sample of the demonstrations' token ids (prompt, tool schemas, the
 explorer's turns), so editing the env's prompt or tools builds a fresh model. Does not: train

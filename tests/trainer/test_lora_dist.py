@@ -72,9 +72,14 @@ def test_two_process_lora_matches_one_and_resumes(model_dir, tmp_path):
         adapters1 = {k: v for k, v in gather_model(t.model).items() if L.is_adapter(k)}
         t.train_step(batch(7))
         next1 = t.full_state_dict()
-    for a, b in ((merged1, p2["merged"]), (adapters1, p2["adapters"])):
+    # Adapters get a looser bound than merged weights: lora_B starts at 0, so lora_A's step-2 gradient is
+    # ~lr-sized B times activations, near Adam's eps in places, where Adam turns the 2-process reduction's
+    # fp32 rounding into up to ~1e-5 of A (1.45e-5 seen with transformers 5.24 / peft 0.21) while B @ A, the
+    # merged weights, agree to < 1e-6. 1e-4 is 1 % of one lr-1e-2 step: a lost or misplaced shard update
+    # still fails it.
+    for a, b, tol in ((merged1, p2["merged"], 1e-5), (adapters1, p2["adapters"], 1e-4)):
         assert a.keys() == b.keys()
-        assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+        assert max((a[k] - b[k]).abs().max().item() for k in a) < tol
     assert any(p2["adapters"][k].abs().max() > 0 for k in p2["adapters"] if ".lora_B." in k)  # adapters trained
     for m1, m2 in zip(one["metrics"], two["metrics"]):
         for k in ("loss", "pg_loss", "kl", "value_loss", "tokens"):

@@ -8,6 +8,7 @@ reason). Everything it runs lives in importable modules (jobs, registry, templat
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
@@ -222,8 +223,12 @@ def run(
             "steps",
             "wall_s",
             "eval_solve_rate_start",
+            "eval_episodes_start",
+            "eval_infra_failures_start",
             "eval_infra_failure_rate_start",
             "eval_solve_rate_end",
+            "eval_episodes_end",
+            "eval_infra_failures_end",
             "eval_infra_failure_rate_end",
             "eval_tool_use_rate_end",
         )
@@ -233,7 +238,7 @@ def run(
     ]
     rows += [(f"agent_{k}", v) for k, v in (summary.get("agent") or {}).items()]  # proxy mode's counters
     for key, v in rows:  # solve rates count every task; an infrastructure failure is an unsolved one
-        tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+        tab.add_row(key, _cell(key, v))
     console.print(tab)
     console.print(f"run directory: {cfg.output_dir} (metrics.jsonl, curves.png, summary.json, checkpoints/)")
     if summary.get("stopped"):
@@ -242,6 +247,13 @@ def run(
             f"(checkpointed); continue with --resume"
         )
         raise typer.Exit(128 + 15)
+
+
+def _cell(key: str, v) -> str:
+    """A summary value as the table shows it: counts as integers, other numbers to 3 decimals."""
+    if isinstance(v, float):
+        return str(int(v)) if re.search(r"(episodes|infra_failures)(_start|_end)?$", key) else f"{v:.3f}"
+    return str(v)
 
 
 def _claim_run_dir(cfg, overwrite: bool) -> None:

@@ -87,7 +87,7 @@ class RunOutputs:
             **{
                 f"eval_{k}_{when}": ev.get(k)
                 for when, ev in (("start", first), ("end", final))
-                for k in ("solve_rate", "infra_failure_rate")
+                for k in ("solve_rate", "episodes", "infra_failures", "infra_failure_rate")
             },
             "eval_tool_use_rate_end": final.get("tool_use_rate"),
             "rollout": rollout_metrics.summary(),

@@ -212,6 +212,8 @@ def test_infra_failures_count_as_unsolved_and_alert(tiny_model_dir, tmp_path):
     assert (first["eval/episodes"], first["eval/infra_failures"], first["eval/infra_failure_rate"]) == (16, 4, 0.25)
     assert first["eval/solve_rate"] <= 12 / 16 and first["eval/outcome/sandbox_error"] == 4
     assert summary["eval_infra_failure_rate_start"] == summary["eval_infra_failure_rate_end"] == 0.25
+    assert summary["eval_episodes_start"] == summary["eval_episodes_end"] == 16
+    assert summary["eval_infra_failures_start"] == summary["eval_infra_failures_end"] == 4
     assert summary["eval_solve_rate_end"] == final["eval/solve_rate"] <= 0.75
     steps = [r for r in rows if "rollout/episodes" in r]
     assert len(steps) == 2
@@ -312,4 +314,6 @@ def test_cli_run_summary_shows_infra_failure_rates_beside_solve_rates(tiny_model
         if line.count("│") == 3
     }
     assert lines["eval_infra_failure_rate_start"] == lines["eval_infra_failure_rate_end"] == "0.250"
+    assert lines["eval_episodes_start"] == lines["eval_episodes_end"] == "8"  # the rate's denominator beside it
+    assert lines["eval_infra_failures_start"] == lines["eval_infra_failures_end"] == "2"
     assert float(lines["eval_solve_rate_end"]) <= 0.75 and "rollout_infra_failure_rate" in lines

@@ -6,7 +6,9 @@ Owns ``textworld_demonstrations``: train-split worlds (never a held-out one), a 
 each (``"explorer"``: the plan of an agent that acts on what the transcript shows, the default;
 ``"oracle"``: the shortest plan, which knows where the object hides) written as one Hermes tool
 call per turn by a scripted ``FakeEngine`` (which finds its episode's plan from the first user
-message, the opening room description), successes only.
+message, the opening room description), successes only. ``variants`` > 1 plays each world that
+many times with the explorer's ties broken at random (distinct plans only): varied games of the
+same worlds, whose actions still follow from the transcript.
 Does not: run the SFT stage (``agentrl.warmstart.sft.run_sft`` takes these examples) or choose the
 default model's recipe (``agentrl.warmstart.default_model``, which trains on ``code_exec`` only).
 """
@@ -18,6 +20,7 @@ import re
 from agentrl.warmstart.chat_data import SFTExample
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+_ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.DOTALL)
 
 
 def demo_worlds(n: int, difficulty: int | list[int] = 2, seed: int = 0) -> list[dict]:
@@ -56,27 +59,53 @@ def _planner(name: str):
     return explorer_actions if name == "explorer" else oracle_actions
 
 
-async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int, planner: str):
+def _plans(world, planner: str, variants: int, seed: int) -> list[list[str]]:
+    """Up to ``variants`` distinct plans of ``world`` as Hermes call texts: the planner's own first,
+    then the explorer's with random tie-breaks (seeded by ``seed`` and the world)."""
+    import random
+
+    from agentrl.envs.textworld import hermes_call
+    from agentrl.envs.textworld.explorer import explorer_actions
+
+    plans = [[hermes_call(a) for a in _planner(planner)(world)]]
+    rng = random.Random(f"{seed}/{world.task_id}")
+    for _ in range(4 * variants):  # a small world has few distinct orders: stop trying after a while
+        if len(plans) >= variants:
+            break
+        plan = [hermes_call(a) for a in explorer_actions(world, rng)]
+        if plan not in plans:
+            plans.append(plan)
+    return plans
+
+
+async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int, planner: str, variants: int = 1):
     from agentrl.engine.fake import FakeEngine
-    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call
+    from agentrl.envs.textworld import TextWorldEnv, generate_world
     from agentrl.episodes.config import RolloutConfig
     from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 
-    plans, plan_of = {}, _planner(planner)
+    plans, episodes = {}, []
     for t in tasks:
         w = generate_world(t["seed"], t["difficulty"], t["split"])
-        plans[w.look()] = plan_of(w)
+        plans[w.look()] = _plans(w, planner, variants, t["seed"])
+        episodes += [(t, v) for v in range(len(plans[w.look()]))]
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def policy(prompt_ids, params, ctx):
         text = tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
-        plan = plans[_USER.search(text).group(1)]
-        turn = text.count("<|im_start|>assistant") - 1
-        return list(tokenizer.encode(hermes_call(plan[turn]), add_special_tokens=False)) + [end]
+        done = [m.strip() for m in _ASSISTANT.findall(text)]
+        # the plans of this world that the transcript so far follows; the sampling seed picks one
+        # (a different one per episode of the same world), so a game may switch between plans that
+        # agree up to here and its calls stay those of a plan with this very prefix
+        fits = [p for p in plans[_USER.search(text).group(1)] if p[: len(done)] == done]
+        plan = fits[(params.seed or 0) % len(fits)]
+        return list(tokenizer.encode(plan[len(done)], add_special_tokens=False)) + [end]
 
     cfg = RolloutConfig(max_turns=40, max_concurrency=max_concurrency, max_new_tokens=512, max_context=1 << 20)
     manager = EpisodeManager(FakeEngine(policy, logprob=0.0), TextWorldEnv, tokenizer, cfg, env_id="textworld")
-    specs = [EpisodeSpec(f"demo-{i}", 0, i, options={"task": t}) for i, t in enumerate(tasks)]
+    specs = [
+        EpisodeSpec(f"demo-{i}", 0, i, sampling_seed=v, options={"task": t}) for i, (t, v) in enumerate(episodes)
+    ]
     trajs = await manager.collect(specs)
     return [t for t in trajs if t.outcome.value == "ok" and t.reward == 1.0]
 
@@ -89,13 +118,19 @@ def textworld_demonstrations(
     seed: int = 0,
     max_concurrency: int = 16,
     planner: str = "explorer",
+    variants: int = 1,
 ) -> list[SFTExample]:
-    """``n`` (or fewer, if any failed) demonstrations of ``planner`` as ``SFTExample``s."""
+    """Demonstrations of ``planner`` on ``n`` worlds as ``SFTExample``s: one per world (fewer if any
+    failed), or up to ``variants`` distinct games per world (see the module docstring)."""
     from agentrl.warmstart.sft import _run_sync  # works inside a running loop too (a run's setup)
 
     _planner(planner)  # a bad name fails before any world is made
-    trajs = _run_sync(_demonstrations(tokenizer, demo_worlds(n, difficulty, seed), max_concurrency, planner))
-    return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]
+    if not isinstance(variants, int) or variants < 1:
+        raise ValueError(f"TextWorld demonstrations: variants must be an int >= 1, got {variants!r}")
+    tasks = demo_worlds(n, difficulty, seed)
+    trajs = _run_sync(_demonstrations(tokenizer, tasks, max_concurrency, planner, variants))
+    games = {tuple(t.token_ids): t for t in trajs}  # two episodes that switched onto the same plan: one game
+    return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in games.values()]
 
 
 def textworld_corpus(renderer, n: int = 300, seed: int = 0) -> list[str]:

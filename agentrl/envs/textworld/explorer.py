@@ -16,6 +16,10 @@ here follows from earlier observations by a fixed rule, so it can be learnt:
 Explore: go to the first unvisited exit of this room (in the order the room lists them), else walk
 the shortest known path to the nearest visited room that has one.
 
+Given an ``rng``, "first" in rules 3 and Explore becomes "one at random" (which closed receptacle to
+open, which unvisited exit to take): the same rules and knowledge, other orders, so one world gives
+many different demonstrations (varied games of a few fixed worlds).
+
 Knowledge is rebuilt from what an agent has seen: the rooms entered (their receptacles and exits),
 the receptacles it saw open (their contents). Objects move only when the agent moves them, so what
 it saw stays true. Does not: change the world (it plays a copy) or talk to a model.
@@ -24,6 +28,7 @@ it saw stays true. Does not: change the world (it plays a copy) or talk to a mod
 from __future__ import annotations
 
 import copy
+import random
 from collections import deque
 
 from agentrl.envs.textworld.oracle import Action
@@ -73,11 +78,15 @@ def _path(w: World, seen: _Seen, to: str) -> list[str]:
     return path[::-1]
 
 
-def _frontier(w: World, seen: _Seen) -> str:
+def _first(options: list, rng: random.Random | None):
+    return options[0] if rng is None else rng.choice(options)
+
+
+def _frontier(w: World, seen: _Seen, rng: random.Random | None = None) -> str:
     """The next room to explore: an unvisited exit here, else the nearest one beyond a visited room."""
     here = [r for r in w.exits[w.room] if r not in seen.rooms]
     if here:
-        return here[0]
+        return _first(here, rng)
     queued = {w.room}
     queue = deque([w.room])
     while queue:
@@ -91,7 +100,7 @@ def _frontier(w: World, seen: _Seen) -> str:
     raise ValueError(f"world {w.task_id}: every room seen and the goal {w.goal_text()!r} still not reachable")
 
 
-def _next(w: World, seen: _Seen) -> Action:
+def _next(w: World, seen: _Seen, rng: random.Random | None = None) -> Action:
     """The next action by the rules of the module docstring."""
     kind, mod, target = w.goal
     need, verb = MODIFIERS[mod] if mod else (None, None)
@@ -121,22 +130,23 @@ def _next(w: World, seen: _Seen) -> Action:
                     return "take", {"obj": found[0]}
         closed = [r for r in w.receptacles[w.room] if not w.is_open(r) and r not in seen.contents]
         if closed:
-            return "open", {"receptacle": closed[0]}
+            return "open", {"receptacle": _first(closed, rng)}
         goal_room = None
-    room = goal_room if goal_room is not None else _frontier(w, seen)
+    room = goal_room if goal_room is not None else _frontier(w, seen, rng)
     return "go", {"room": _path(w, seen, room)[0]}
 
 
-def explorer_actions(world: World) -> list[Action]:
+def explorer_actions(world: World, rng: random.Random | None = None) -> list[Action]:
     """The explorer's plan from ``world``'s current state to its goal (``[]`` if already met);
-    ValueError if it cannot finish (a world whose goal is unreachable)."""
+    ValueError if it cannot finish (a world whose goal is unreachable). ``rng``: break the rules'
+    ties at random (see the module docstring); None: the fixed order."""
     w = copy.deepcopy(world)
     seen = _Seen(w)
     plan: list[Action] = []
     while not w.goal_met():
         if len(plan) >= MAX_ACTIONS:
             raise AssertionError(f"world {w.task_id}: the explorer did not finish in {MAX_ACTIONS} actions")
-        name, args = _next(w, seen)
+        name, args = _next(w, seen, rng)
         w.act(name, **args)
         plan.append((name, args))
         seen.enter(w)

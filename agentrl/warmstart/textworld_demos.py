@@ -103,9 +103,7 @@ async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int, pl
 
     cfg = RolloutConfig(max_turns=40, max_concurrency=max_concurrency, max_new_tokens=512, max_context=1 << 20)
     manager = EpisodeManager(FakeEngine(policy, logprob=0.0), TextWorldEnv, tokenizer, cfg, env_id="textworld")
-    specs = [
-        EpisodeSpec(f"demo-{i}", 0, i, sampling_seed=v, options={"task": t}) for i, (t, v) in enumerate(episodes)
-    ]
+    specs = [EpisodeSpec(f"demo-{i}", 0, i, sampling_seed=v, options={"task": t}) for i, (t, v) in enumerate(episodes)]
     trajs = await manager.collect(specs)
     return [t for t in trajs if t.outcome.value == "ok" and t.reward == 1.0]
 

@@ -6,9 +6,11 @@ Owns ``textworld_demonstrations``: train-split worlds (never a held-out one), a 
 each (``"explorer"``: the plan of an agent that acts on what the transcript shows, the default;
 ``"oracle"``: the shortest plan, which knows where the object hides) written as one Hermes tool
 call per turn by a scripted ``FakeEngine`` (which finds its episode's plan from the first user
-message, the opening room description), successes only. ``variants`` > 1 plays each world that
-many times with the explorer's ties broken at random (distinct plans only): varied games of the
-same worlds, whose actions still follow from the transcript.
+message, the opening room description), successes only. ``variants`` > 1 plays each world once per
+distinct plan of the explorer with its ties broken at random (up to ``variants`` plans): varied
+games of the same worlds, whose actions still follow from the transcript. A game may switch
+between plans that agree up to its turn, so two games can coincide: common paths weigh more, as
+they would in samples of the randomized explorer.
 Does not: run the SFT stage (``agentrl.warmstart.sft.run_sft`` takes these examples) or choose the
 default model's recipe (``agentrl.warmstart.default_model``, which trains on ``code_exec`` only).
 """
@@ -119,7 +121,7 @@ def textworld_demonstrations(
     variants: int = 1,
 ) -> list[SFTExample]:
     """Demonstrations of ``planner`` on ``n`` worlds as ``SFTExample``s: one per world (fewer if any
-    failed), or up to ``variants`` distinct games per world (see the module docstring)."""
+    failed), or up to ``variants`` games per world (see the module docstring)."""
     from agentrl.warmstart.sft import _run_sync  # works inside a running loop too (a run's setup)
 
     _planner(planner)  # a bad name fails before any world is made
@@ -127,8 +129,7 @@ def textworld_demonstrations(
         raise ValueError(f"TextWorld demonstrations: variants must be an int >= 1, got {variants!r}")
     tasks = demo_worlds(n, difficulty, seed)
     trajs = _run_sync(_demonstrations(tokenizer, tasks, max_concurrency, planner, variants))
-    games = {tuple(t.token_ids): t for t in trajs}  # two episodes that switched onto the same plan: one game
-    return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in games.values()]
+    return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]
 
 
 def textworld_corpus(renderer, n: int = 300, seed: int = 0) -> list[str]:

@@ -223,7 +223,7 @@ def test_demonstrations_are_token_exact_successes(tiny_tokenizer, planner):
         textworld_demonstrations(tiny_tokenizer, 1, planner="random")
 
 
-def test_demonstration_variants_are_distinct_successful_games_of_the_same_worlds(tiny_tokenizer):
+def test_demonstration_variants_are_varied_successful_games_of_the_same_worlds(tiny_tokenizer):
     from agentrl.warmstart.textworld_demos import textworld_demonstrations
 
     one = textworld_demonstrations(tiny_tokenizer, 3, difficulty=[1], seed=5)
@@ -231,6 +231,6 @@ def test_demonstration_variants_are_distinct_successful_games_of_the_same_worlds
     assert {d.source for d in many} == {d.source for d in one}  # the same worlds, played more ways
     for world in {d.source for d in one}:
         games = [tuple(d.token_ids) for d in many if d.source == world]
-        assert 2 <= len(games) <= 6 and len(set(games)) == len(games), world  # distinct games
+        assert 2 <= len(set(games)) <= len(games) <= 6, world  # one game per plan, several different
     with pytest.raises(ValueError, match="variants must be an int >= 1, got 0"):
         textworld_demonstrations(tiny_tokenizer, 1, variants=0)

@@ -127,6 +127,8 @@ def textworld_demonstrations(
     _planner(planner)  # a bad name fails before any world is made
     if not isinstance(variants, int) or variants < 1:
         raise ValueError(f"TextWorld demonstrations: variants must be an int >= 1, got {variants!r}")
+    if variants > 1 and planner != "explorer":
+        raise ValueError(f"TextWorld demonstrations: variants > 1 varies the explorer's plans; planner is {planner!r}")
     tasks = demo_worlds(n, difficulty, seed)
     trajs = _run_sync(_demonstrations(tokenizer, tasks, max_concurrency, planner, variants))
     return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]

@@ -234,3 +234,5 @@ def test_demonstration_variants_are_varied_successful_games_of_the_same_worlds(t
         assert 2 <= len(set(games)) <= len(games) <= 6, world  # one game per plan, several different
     with pytest.raises(ValueError, match="variants must be an int >= 1, got 0"):
         textworld_demonstrations(tiny_tokenizer, 1, variants=0)
+    with pytest.raises(ValueError, match="varies the explorer's plans; planner is 'oracle'"):
+        textworld_demonstrations(tiny_tokenizer, 1, planner="oracle", variants=2)

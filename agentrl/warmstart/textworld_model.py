@@ -140,6 +140,13 @@ def textworld_model_path(base: Path | None = None) -> Path:
     return model
 
 
+def loss_on_every_token(examples: list) -> list:
+    """``examples`` with the loss on every token after the first (``loss_on="all"``): the observations too."""
+    from agentrl.warmstart.chat_data import SFTExample
+
+    return [SFTExample(e.token_ids, [0] + [1] * (len(e.token_ids) - 1), e.source) for e in examples]
+
+
 def _phase(start: Path, dest: Path, k: int) -> Path:
     """``dest``: phase ``k`` of the recipe trained from ``start``, built once (``cached``)."""
     if (dest / "config.json").exists():
@@ -150,7 +157,6 @@ def _phase(start: Path, dest: Path, k: int) -> Path:
     def build(tmp: Path) -> None:
         from transformers import AutoTokenizer
 
-        from agentrl.warmstart.chat_data import SFTExample
         from agentrl.warmstart.sft import SFTConfig, run_sft
 
         say(
@@ -162,7 +168,7 @@ def _phase(start: Path, dest: Path, k: int) -> Path:
         if len(examples) < int(phase["num_demos"]):
             raise RuntimeError(f"only {len(examples)} of {phase['num_demos']} TextWorld demonstrations succeeded")
         if r["loss_on"] == "all":
-            examples = [SFTExample(e.token_ids, [0] + [1] * (len(e.token_ids) - 1), e.source) for e in examples]
+            examples = loss_on_every_token(examples)
         steps = int(phase["sft"]["steps"])
 
         def progress(step: int, metrics: dict) -> None:  # a long build: say where it is

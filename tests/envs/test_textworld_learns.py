@@ -37,10 +37,9 @@ def _start(tmp_path):
     from transformers import AutoTokenizer
 
     from agentrl.envs.textworld import generate_world
-    from agentrl.warmstart.chat_data import SFTExample
     from agentrl.warmstart.sft import SFTConfig, run_sft
     from agentrl.warmstart.textworld_demos import demo_worlds, textworld_demonstrations
-    from agentrl.warmstart.textworld_model import TEXTWORLD_BASE
+    from agentrl.warmstart.textworld_model import _SFT, TEXTWORLD_BASE, loss_on_every_token
     from agentrl.warmstart.tiny_model import build_model
 
     # the demonstrations' worlds are the run's: task seeds fold onto worlds 0..WORLDS-1 (train split)
@@ -48,18 +47,9 @@ def _start(tmp_path):
     base = build_model(tmp_path / "base", **TEXTWORLD_BASE)
     tok = AutoTokenizer.from_pretrained(str(base))
     demos = textworld_demonstrations(tok, WORLDS, difficulty=[1], variants=50)
-    examples = [SFTExample(d.token_ids, [0] + [1] * (len(d.token_ids) - 1), d.source) for d in demos]
-    cfg = SFTConfig(
-        steps=200,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=10,
-        min_lr_ratio=0.1,
-        seed=0,
-        micro_batch_tokens=8192,
-        batching="pack",
-        num_demos=0,
-    )
+    examples = loss_on_every_token(demos)
+    # the built-in warm start's shared SFT settings (batch 8, cosine to 0.1x, packed) at this budget
+    cfg = SFTConfig(**_SFT, steps=200, lr=3e-3, warmup_steps=10, num_demos=0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the thread count changes float sums: the start measured was built on 1
     try:

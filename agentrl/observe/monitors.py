@@ -17,11 +17,13 @@ loop writes to ``metrics.jsonl`` (oldest first; missing keys are skipped, never 
   alert per collapse, at the step it has lasted ``collapse_steps``; it re-arms once the condition
   has been off as long.
 - ``length_anomaly``: sampled tokens per episode (``rollout/tokens_per_episode``) leave their moving
-  band (more than ``length_z`` standard deviations and more than 20% from the moving mean of the
-  ``window`` steps before the excursion began) for ``length_steps`` steps in a row, or at once by a
-  factor of ``length_jump`` (x or 1/x). A step where a handful of episodes ramble to the token cap
-  lifts the mean 20-45% for a step in a healthy run; a policy whose length runs away stays out.
-  One alert per excursion.
+  band (more than ``length_z`` standard deviations and more than ``length_rel`` of the moving mean
+  of the ``window`` steps before the excursion began) for ``length_steps`` steps in a row, or at
+  once by a factor of ``length_jump`` (x or 1/x). In a healthy run a handful of episodes (6-10 of
+  256) rambling to the token cap lifts the mean 20-45%, for up to 3 steps in a row; the moving sd
+  of the quiet steps before is tiny (0.5 tokens on a mean of 22), so the relative floor, not the
+  sd, is what keeps such runs quiet. A policy whose length runs away stays out. One alert per
+  excursion.
 - ``infra_failures``: more than ``infra_failure_max`` of a step's rollout episodes, or of an eval's
   episodes (``rollout/infra_failure_rate``, ``eval/infra_failure_rate``), ended with an
   infrastructure outcome (tool timeout, sandbox/engine/env error...): every step it happens.
@@ -72,6 +74,12 @@ class MonitorConfig:
         min=1,
     )
     length_z: float = doc(4.0, "length_anomaly: tokens per episode this many std devs from the moving mean.", min=0.0)
+    length_rel: float = doc(
+        0.5,
+        "length_anomaly: ... and more than this fraction of the moving mean away from it (healthy runs "
+        "see +20-45% for up to 3 steps when a few episodes ramble to the token cap).",
+        min=0.0,
+    )
     length_steps: int = doc(
         3, "length_anomaly: ... for this many steps in a row (a one-step blip is not an alert).", min=1
     )
@@ -185,7 +193,7 @@ def diversity_collapse(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert
 
 def _length_out(value: float, past: list[float], cfg: MonitorConfig) -> tuple[bool, str]:
     mean, sd = statistics.fmean(past), statistics.pstdev(past)
-    out = abs(value - mean) > cfg.length_z * max(sd, 1e-9) and abs(value - mean) > 0.2 * mean
+    out = abs(value - mean) > cfg.length_z * max(sd, 1e-9) and abs(value - mean) > cfg.length_rel * mean
     return out, f"{mean:.1f} +- {sd:.1f} ({(value - mean) / max(sd, 1e-9):+.1f} sd)"
 
 

@@ -1,6 +1,10 @@
 """Reward-hacking monitors on hand-made metric histories: each fires on its pattern and stays quiet on noise."""
 
+import json
 import random
+from pathlib import Path
+
+import pytest
 
 from agentrl.observe.monitors import (
     MONITORS,
@@ -160,138 +164,38 @@ def test_length_anomaly_fires_on_a_jump_not_on_noise():
     assert length_anomaly(rows(30, rollout__tokens_per_episode=blips), CFG) == []
 
 
-#: rollout/tokens_per_episode of a healthy default run (README command 1 as a new user, no bubblewrap:
-#: held-out 0.494 -> 0.824, 0 infra failures); its one-step blips (a few episodes rambling to the token
-#: cap: +20-45%, steps 24-25 the largest) raised 4 length alerts before the rule needed an excursion
-#: to last length_steps steps
-HEALTHY_TOKENS = [
-    21.9,
-    28.1,
-    21.6,
-    21.3,
-    22.3,
-    21.8,
-    21.7,
-    21.7,
-    22.0,
-    29.9,
-    22.0,
-    22.1,
-    21.8,
-    22.1,
-    21.8,
-    21.8,
-    22.0,
-    21.6,
-    21.6,
-    21.8,
-    21.9,
-    23.3,
-    22.0,
-    28.5,
-    32.5,
-    22.6,
-    22.2,
-    21.9,
-    22.0,
-    21.6,
-    25.6,
-    21.4,
-    22.2,
-    21.8,
-    21.7,
-    21.8,
-    22.2,
-    21.9,
-    21.8,
-    21.5,
-    21.5,
-    21.6,
-    22.2,
-    22.2,
-    21.8,
-    22.6,
-    25.7,
-    21.7,
-    21.6,
-    22.0,
-    25.3,
-    22.1,
-    21.7,
-    21.4,
-    21.0,
-    21.8,
-    21.8,
-    25.4,
-    21.7,
-    21.7,
-    21.9,
-    21.5,
-    21.8,
-    21.2,
-    21.6,
-    22.0,
-    22.5,
-    24.5,
-    21.5,
-    21.3,
-    21.2,
-    21.7,
-    21.6,
-    21.8,
-    23.3,
-    21.8,
-    22.6,
-    21.8,
-    21.4,
-    22.2,
-    21.5,
-    21.8,
-    21.3,
-    22.1,
-    21.8,
-    21.6,
-    22.3,
-    21.6,
-    21.6,
-    21.1,
-    21.7,
-    22.4,
-    23.7,
-    21.3,
-    21.8,
-    21.3,
-    21.9,
-    22.2,
-    21.5,
-    21.2,
-    21.8,
-    26.5,
-    21.8,
-    22.0,
-    21.5,
-    21.7,
-    23.7,
-    21.5,
-    21.2,
-    21.3,
-    22.6,
-    22.1,
-    21.9,
-    21.6,
-    27.7,
-    24.7,
-    21.7,
-    21.7,
-    21.8,
-    24.9,
-]
+#: rollout/tokens_per_episode of three healthy default runs (README command 1 as a new user; see the file)
+HEALTHY = json.loads((Path(__file__).parent / "healthy_tokens_per_episode.json").read_text())
 
 
-def test_length_anomaly_stays_quiet_on_a_healthy_default_run():
-    h = rows(len(HEALTHY_TOKENS), rollout__tokens_per_episode=HEALTHY_TOKENS)
-    assert length_anomaly(h, MonitorConfig()) == []
-    assert length_anomaly(h, MonitorConfig(length_steps=1))  # the old rule: the blips fire
+@pytest.mark.parametrize("run", ["one_step_blips", "three_step_excursion", "spiky"])
+def test_length_anomaly_stays_quiet_on_healthy_default_runs(run):
+    tokens = HEALTHY[run]["tokens"]
+    assert len(tokens) == 120
+    assert length_anomaly(rows(120, rollout__tokens_per_episode=tokens), MonitorConfig()) == []
+
+
+def test_the_healthy_traces_fired_under_the_old_rules():
+    """The traces are the false alarms they are kept for: one step out of band, or 20% off the mean."""
+    h = {
+        k: rows(120, rollout__tokens_per_episode=HEALTHY[k]["tokens"])
+        for k in ("one_step_blips", "three_step_excursion")
+    }
+    blips = length_anomaly(h["one_step_blips"], MonitorConfig(length_steps=1, length_rel=0.2))
+    assert [a.step for a in blips] == [24, 102, 115]
+    old = length_anomaly(h["three_step_excursion"], MonitorConfig(length_rel=0.2))
+    assert [a.step for a in old] == [93] and "out of band for 3 steps" in old[0].message
+
+
+def test_a_sustained_length_shift_on_a_healthy_runs_noise_still_alerts():
+    """The same healthy trace with the policy's length running away from step 60 (x1.6, then growing), and
+    with it collapsing below half: each alerts once (the runaway at its third step, the collapse at once)."""
+    tokens = HEALTHY["three_step_excursion"]["tokens"]
+    runaway = tokens[:59] + [v * (1.6 + 0.02 * i) for i, v in enumerate(tokens[59:])]
+    alerts = length_anomaly(rows(120, rollout__tokens_per_episode=runaway), MonitorConfig())
+    assert [a.step for a in alerts] == [62] and "out of band for 3 steps" in alerts[0].message
+    short = tokens[:59] + [v * 0.45 for v in tokens[59:]]  # below 1/length_jump: at once
+    assert [a.step for a in length_anomaly(rows(120, rollout__tokens_per_episode=short), MonitorConfig())] == [60]
 
 
 def test_missing_keys_and_short_histories_are_quiet():

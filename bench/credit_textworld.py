@@ -23,6 +23,18 @@ success vs ``outcome`` with a two-sided paired t-test p-value (and the seeds whe
 ahead); wall time per optimizer step; for gigpo the anchor-group statistics (turns sharing a
 state, largest group). JSON to ``bench/results/credit-textworld.json``.
 
+Two designs. Held-out (the default): the built-in warm start trains on every train world and is
+scored on ``--eval-tasks`` eval-split worlds it never saw. Practised worlds (``--model practice
+--worlds N --eval-split train``): a start SFT-trained in ~6 minutes on varied games of N fixed worlds
+(``agentrl.warmstart.textworld_practice``, the CI learning test's start) trains on those worlds and
+is scored on them, the same eval episodes (tasks and sampling seeds) for every arm, seed and the
+start: whether a credit mode turns the same samples into more success where learning is visible
+within 20 steps. That design's command (the CI test's settings, 4 arms)::
+
+    python bench/bench_credit.py --env textworld --model practice --worlds 4 --eval-split train \
+        --temperature 0.5 --eval-temperature 0.5 --lr 3e-5 --steps 20 --groups 4 --group-size 4 \
+        --eval-tasks 32 --seeds 8 --jobs 2 --out bench/results/credit-textworld-practice.json
+
 ``--jobs 2`` runs two (arm, seed) runs at once in worker processes of ``--threads`` torch threads each:
 on 2 cores, 1 thread each, a 16-episode step took 22.3 s per run against 19.8 s for one run alone on 2
 threads, ~1.8x the throughput. Each run's s/step is then that of concurrent runs; the arms stay
@@ -35,12 +47,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from credit_textworld_report import report, summarize
 
 #: arm -> (algo preset, credit mode)
 ARMS = {
@@ -49,6 +61,23 @@ ARMS = {
     "turn_return": ("grpo", "turn_return"),
     "ppo": ("ppo", "turn_gae"),
 }
+
+
+def env_kwargs(args) -> dict:
+    """The training env's kwargs: the difficulty, and ``--worlds`` fixed train worlds when set."""
+    return {"difficulty": args.difficulty, **({"worlds": args.worlds} if args.worlds else {})}
+
+
+def start_model(args) -> str:
+    """``--model``: a path or Hub id as given; ``practice``: the start that practised the ``--worlds``
+    worlds (``agentrl.warmstart.textworld_practice``, cached); default: the built-in TextWorld warm start."""
+    if args.model != "practice":
+        return args.model or "builtin:textworld"
+    if not args.worlds:
+        raise SystemExit("--model practice needs --worlds N: the fixed train worlds it practised and the runs practise")
+    from agentrl.warmstart.textworld_practice import practice_model_path
+
+    return str(practice_model_path(args.worlds))
 
 
 def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int):
@@ -60,7 +89,7 @@ def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int
         base={
             "output_dir": str(out),
             "model": {"path": model},
-            "env": {"id": "textworld", "kwargs": {"difficulty": args.difficulty}},
+            "env": {"id": "textworld", "kwargs": env_kwargs(args)},
             "rollout": {
                 "max_new_tokens": args.max_new_tokens,
                 "max_turns": args.max_turns,
@@ -79,7 +108,7 @@ def run_config(model: str, arm: str, seed: int, args, out: Path, eval_tasks: int
             "eval": {
                 "num_tasks": eval_tasks,
                 "every": 0,
-                "env_kwargs": {"split": "eval"},
+                "env_kwargs": {"split": args.eval_split},
                 "temperature": args.eval_temperature,
             },
             "trainer": {
@@ -196,13 +225,14 @@ def start_success(model: str, args) -> dict:
     from agentrl.engine.local import LocalEngine
     from agentrl.envs.registry import make
     from agentrl.episodes.config import RolloutConfig
-    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+    from agentrl.episodes.manager import EpisodeManager
     from agentrl.episodes.summary import eval_stats
+    from agentrl.jobs.run_eval import eval_specs, per_task
     from agentrl.warmstart.default_model import resolve_model_path
 
     path = resolve_model_path(model)
     tok = AutoTokenizer.from_pretrained(str(path))
-    kwargs = {"difficulty": args.difficulty, "split": "eval"}
+    kwargs = {**env_kwargs(args), "split": args.eval_split}
     rcfg = RolloutConfig(
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
@@ -217,101 +247,12 @@ def start_success(model: str, args) -> dict:
         await engine.start()
         try:
             mgr = EpisodeManager(engine, lambda: make("textworld", **kwargs), tok, rcfg, env_id="textworld")
-            specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(args.eval_tasks)]
-            return eval_stats(await mgr.collect(specs))
+            specs = eval_specs(args.eval_tasks)
+            return eval_stats(per_task(specs, await mgr.collect(specs), "textworld"))
         finally:
             await engine.close()
 
     return asyncio.run(go())
-
-
-def t_interval(xs: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its two-sided 95 % t interval (0 for one value)."""
-    from scipy import stats
-
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, 0.0
-    return m, stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def paired_p(d: list[float]) -> float | None:
-    """Two-sided paired t-test p-value of the differences ``d`` (None: fewer than 2, or all equal)."""
-    from scipy import stats
-
-    if len(d) < 2 or statistics.pstdev(d) == 0:
-        return None
-    return float(stats.ttest_1samp(d, 0.0).pvalue)
-
-
-def summarize(runs: list[dict], arms: list[str]) -> dict:
-    out = {}
-    for arm in arms:
-        mine = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
-        ends = [r["end_success"] for r in mine]
-        aucs = [statistics.fmean(r["reward"]) for r in mine]
-        m, ci = t_interval(ends)
-        shared = [c.get("credit/anchor_turns_shared") for r in mine for c in r["credit"]]
-        biggest = [c.get("credit/anchor_group_size_max") for r in mine for c in r["credit"]]
-        groups = [c.get("credit/anchor_groups") for r in mine for c in r["credit"]]
-        out[arm] = {
-            "seeds": [r["seed"] for r in mine],
-            "end_success_per_seed": ends,
-            "end_success": m,
-            "end_success_ci95": ci,
-            "auc_per_seed": aucs,
-            "auc": statistics.fmean(aucs),
-            "step_s": statistics.median(s for r in mine for s in r["step_s"])
-            if any(r["step_s"] for r in mine)
-            else None,
-            "mean_curve": [statistics.fmean(c) for c in zip(*(r["reward"] for r in mine))],
-            "anchor_turns_shared_mean": statistics.fmean(shared) if None not in shared and shared else None,
-            "anchor_groups_mean": statistics.fmean(groups) if None not in groups and groups else None,
-            "anchor_group_size_max": max(biggest) if None not in biggest and biggest else None,
-        }
-    if "outcome" in out:
-        base = out["outcome"]
-        for arm in arms:
-            if arm == "outcome":
-                continue
-            d = [a - b for a, b in zip(out[arm]["end_success_per_seed"], base["end_success_per_seed"])]
-            da = [a - b for a, b in zip(out[arm]["auc_per_seed"], base["auc_per_seed"])]
-            out[arm]["vs_outcome"] = {
-                "end_diff": statistics.fmean(d),
-                "end_diff_ci95": t_interval(d)[1],
-                "end_p": paired_p(d),
-                "seeds_ahead": sum(x > 0 for x in d),
-                "seeds_behind": sum(x < 0 for x in d),
-                "auc_diff": statistics.fmean(da),
-                "auc_p": paired_p(da),
-            }
-    return out
-
-
-def report(summary: dict, arms: list[str], start: dict, args) -> None:
-    n = len(summary[arms[0]]["seeds"])
-    print(
-        f"\ntextworld difficulty {args.difficulty}, {args.max_turns} turns, {args.groups}x{args.group_size} "
-        f"episodes/step, {args.steps} steps, {n} seeds; start held-out success "
-        f"{start.get('solve_rate', float('nan')):.3f} on {args.eval_tasks} eval tasks"
-    )
-    print(f"{'arm':<12}{'end success':>16}{'AUC':>8}{'diff vs outcome':>22}{'p':>8}{'ahead':>7}{'s/step':>8}")
-    for arm in arms:
-        s = summary[arm]
-        v = s.get("vs_outcome")
-        diff = f"{v['end_diff']:+.3f} +- {v['end_diff_ci95']:.3f}" if v else "-"
-        p = f"{v['end_p']:.3f}" if v and v["end_p"] is not None else "-"
-        ahead = f"{v['seeds_ahead']}/{n}" if v else "-"
-        print(
-            f"{arm:<12}{s['end_success']:>8.3f} +- {s['end_success_ci95']:.3f}{s['auc']:>8.3f}{diff:>22}{p:>8}"
-            f"{ahead:>7}{(s['step_s'] or 0):>8.1f}"
-        )
-    g = summary.get("gigpo")
-    if g and g["anchor_groups_mean"] is not None:
-        print(
-            f"  gigpo anchors per step: {g['anchor_groups_mean']:.1f} groups, {g['anchor_turns_shared_mean']:.1f} "
-            f"turns in groups of size > 1, largest group {g['anchor_group_size_max']}"
-        )
 
 
 def main(args, argv: list[str]) -> dict:
@@ -325,7 +266,7 @@ def main(args, argv: list[str]) -> dict:
     if any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms: {arms!r} must be a subset of {list(ARMS)}")
     t0 = time.perf_counter()
-    model = args.model or "builtin:textworld"
+    model = start_model(args)
     out = Path(args.out or Path(__file__).parent / "results" / "credit-textworld.json")
     # interleaved (seed-major), so machine load drifts hit every arm alike
     todo = [(arm, seed) for seed in range(args.seed_start, args.seed_start + args.seeds) for arm in arms]
@@ -381,7 +322,21 @@ def add_args(ap) -> None:
     g.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks at the end of each run")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the training rollouts")
     g.add_argument("--eval-temperature", type=float, default=1.0, help="of the held-out episodes (start and end)")
-    g.add_argument("--model", default=None, help="start model (default: builtin:textworld)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="start model: a path or Hub id, or 'practice' (a start SFT-trained on the --worlds worlds; "
+        "default: builtin:textworld)",
+    )
+    g.add_argument(
+        "--worlds", type=int, default=0, help="train on this many fixed train worlds (env.kwargs.worlds; 0: all)"
+    )
+    g.add_argument(
+        "--eval-split",
+        choices=("eval", "train"),
+        default="eval",
+        help="the end eval's worlds: held-out (eval) or, with --worlds, the practised ones (train)",
+    )
     g.add_argument(
         "--loss-agg",
         default="seq-mean-token-mean",

@@ -24,8 +24,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 #: bench/ files that are modules the scripts import, not benchmarks
-#: (credit_textworld: bench_credit.py --env textworld; sandbox_*: bench_sandbox.py's shared pieces and Docker half)
-NOT_SCRIPTS = {"latency.py", "credit_textworld.py", "sandbox_common.py", "sandbox_docker.py"}
+#: (credit_textworld[_report]: bench_credit.py --env textworld; sandbox_*: bench_sandbox.py's shared pieces and
+#: Docker half)
+NOT_SCRIPTS = {
+    "latency.py",
+    "credit_textworld.py",
+    "credit_textworld_report.py",
+    "sandbox_common.py",
+    "sandbox_docker.py",
+}
 
 
 @dataclass(frozen=True)
@@ -269,3 +276,28 @@ def test_credit_textworld_temperature_reaches_rollouts_trainer_and_eval(tmp_path
     assert (cfg.rollout.temperature, cfg.trainer.temperature, cfg.eval.temperature) == (0.4, 0.4, 0.7)
     assert cfg.algo.credit == "gigpo" and cfg.rollout.seed == cfg.trainer.seed == 3
     assert {"temperature", "eval_temperature"} <= set(credit_textworld.workload(args))  # a resumed file must match
+
+
+def test_credit_textworld_practised_worlds_reach_the_runs_and_the_start_eval(tmp_path, monkeypatch):
+    """``--worlds 4 --eval-split train``: the runs train on 4 fixed worlds and their eval plays those worlds;
+    ``--model practice`` needs ``--worlds`` (it is the start that practised them)."""
+    import argparse
+
+    import pytest
+
+    from agentrl.config.plan import resolve
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import credit_textworld
+
+    ap = argparse.ArgumentParser()
+    credit_textworld.add_args(ap)
+    args = ap.parse_args(["--worlds", "4", "--eval-split", "train"])
+    for k, v in {"max_new_tokens": 48, "group_size": 4, "steps": 2, "groups": 4, "lr": 3e-5}.items():
+        setattr(args, k, v)
+    cfg = resolve(credit_textworld.run_config("builtin:tiny", "outcome", 0, args, tmp_path, 4), "run").cfg
+    assert cfg.env.kwargs == {"difficulty": 1, "worlds": 4} and cfg.eval.env_kwargs == {"split": "train"}
+    assert credit_textworld.env_kwargs(ap.parse_args([])) == {"difficulty": 1}  # default: every world
+    with pytest.raises(SystemExit, match="--model practice needs --worlds"):
+        credit_textworld.start_model(ap.parse_args(["--model", "practice"]))
+    assert credit_textworld.start_model(ap.parse_args([])) == "builtin:textworld"

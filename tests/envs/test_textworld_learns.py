@@ -3,8 +3,8 @@ TextWorld's recipe, shortened for CI, must raise success on the worlds it practi
 
 The built-in TextWorld warm start takes ~50 minutes to build, too long for CI, and a start that
 solves nothing gives GRPO no signal (every group all-fail). So the run starts from a model CI builds
-in a few minutes (``_start``): SFT on varied explorer games (``variants``) of the 4 fixed worlds the run
-then practises (``env.kwargs.worlds=4``), which solves a part of its episodes and fails the rest by
+in a few minutes (``agentrl.warmstart.textworld_practice``): SFT on varied explorer games of the 4 fixed
+worlds the run then practises (``env.kwargs.worlds=4``), which solves a part of its episodes and fails the rest by
 wandering or writing broken calls. RL must make it better at those worlds.
 
 Two settings differ from the recipe, both for this start: it is nearly deterministic (it memorized
@@ -31,32 +31,14 @@ MARGIN = 0.1  # the rise the end eval must show (measured: +0.28 and +0.25 in 2 
 
 
 def _start(tmp_path):
-    """The CI start: TextWorld's base (its shape and tokenizer) SFT-trained on up to 50 explorer games per
-    fixed world: 174 games (the loss on every token after the first, as the built-in warm start)."""
-    import torch
-    from transformers import AutoTokenizer
-
+    """The CI start: TextWorld's base SFT-trained on up to 50 explorer games per fixed world (174 games)."""
     from agentrl.envs.textworld import generate_world
-    from agentrl.warmstart.sft import SFTConfig, run_sft
-    from agentrl.warmstart.textworld_demos import demo_worlds, textworld_demonstrations
-    from agentrl.warmstart.textworld_model import _SFT, TEXTWORLD_BASE, loss_on_every_token
-    from agentrl.warmstart.tiny_model import build_model
+    from agentrl.warmstart.textworld_demos import demo_worlds
+    from agentrl.warmstart.textworld_practice import build_practice_start
 
     # the demonstrations' worlds are the run's: task seeds fold onto worlds 0..WORLDS-1 (train split)
     assert [t["id"] for t in demo_worlds(WORLDS, [1])] == [generate_world(s, 1, "train").task_id for s in range(WORLDS)]
-    base = build_model(tmp_path / "base", **TEXTWORLD_BASE)
-    tok = AutoTokenizer.from_pretrained(str(base))
-    demos = textworld_demonstrations(tok, WORLDS, difficulty=[1], variants=50)
-    examples = loss_on_every_token(demos)
-    # the built-in warm start's shared SFT settings (batch 8, cosine to 0.1x, packed) at this budget
-    cfg = SFTConfig(**_SFT, steps=200, lr=3e-3, warmup_steps=10, num_demos=0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the thread count changes float sums: the start measured was built on 1
-    try:
-        run_sft(base, tmp_path / "start", cfg, examples=examples)
-    finally:
-        torch.set_num_threads(threads)
-    return tmp_path / "start"
+    return build_practice_start(tmp_path / "start", WORLDS)
 
 
 def test_gigpo_on_textworld_raises_success_on_the_worlds_it_practises(tmp_path):

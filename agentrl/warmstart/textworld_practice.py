@@ -1,0 +1,76 @@
+"""A TextWorld start that practised a few fixed worlds: TextWorld's base (``TEXTWORLD_BASE``) SFT-trained
+in a few minutes on varied explorer games of the first ``worlds`` train worlds, the worlds a run with
+``env.kwargs.worlds`` set to the same number then practises.
+
+What it is for: a start that solves a part of those worlds' episodes and fails the rest (by wandering
+or by writing a broken call), built in ~6 minutes on 2 CPU cores, where the built-in warm start
+(``agentrl.warmstart.textworld_model``) takes ~50. The CI test that GiGPO learns
+(``tests/envs/test_textworld_learns.py``) and the credit comparison on practised worlds
+(``bench/bench_credit.py --env textworld --model practice``) start from it. It memorized its games:
+on its 4 worlds it solves 26 of 64 episodes at temperature 0.5 and 6 of 64 at 1 (BENCHMARKS.md,
+issue 15), and nothing of worlds it has not seen.
+
+Recipe (``PRACTICE``): up to ``variants`` games per world, one per distinct randomized explorer plan
+(``textworld_demonstrations(..., variants=N)``; 174 games for 4 worlds at 50), the loss on every
+token after the first (as the built-in warm start), the built-in warm start's shared SFT settings at
+``steps`` steps and ``lr``, on 1 torch thread: the thread count changes float sums, and the start
+measured was built on 1. Does not: train (``agentrl.warmstart.sft``) or make demonstrations
+(``agentrl.warmstart.textworld_demos``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from agentrl.common.paths import cache_dir
+from agentrl.warmstart.model_cache import cached, say
+from agentrl.warmstart.textworld_model import _SFT, TEXTWORLD_BASE, base_fingerprint, loss_on_every_token
+
+#: up to ``variants`` explorer games per world; SFT fields (``agentrl.warmstart.sft.SFTConfig``)
+PRACTICE = dict(variants=50, difficulty=1, sft=dict(_SFT, steps=200, lr=3e-3, warmup_steps=10))
+
+
+def build_practice_start(dest: Path, worlds: int) -> Path:
+    """Build the start of ``worlds`` practised worlds into ``dest`` (from a fresh base, in a temp dir); ``dest``."""
+    import tempfile
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from agentrl.warmstart.sft import SFTConfig, run_sft
+    from agentrl.warmstart.textworld_demos import textworld_demonstrations
+    from agentrl.warmstart.tiny_model import build_model
+
+    if worlds < 1:
+        raise ValueError(f"worlds must be >= 1 (the fixed train worlds to practise), got {worlds}")
+    cfg = SFTConfig(**PRACTICE["sft"], num_demos=0)
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="textworld-base-") as tmp:
+        base = build_model(Path(tmp) / "base", **TEXTWORLD_BASE)
+        tok = AutoTokenizer.from_pretrained(str(base))
+        demos = textworld_demonstrations(
+            tok, worlds, difficulty=[PRACTICE["difficulty"]], variants=PRACTICE["variants"]
+        )
+        torch.set_num_threads(1)
+        try:
+            run_sft(base, dest, cfg, examples=loss_on_every_token(demos))
+        finally:
+            torch.set_num_threads(threads)
+    return Path(dest)
+
+
+def practice_model_path(worlds: int) -> Path:
+    """The cached practice start of ``worlds`` worlds (``cache_dir()/models``), built first if needed."""
+    parts = {"base": base_fingerprint(), "recipe": PRACTICE, "worlds": worlds}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+    dest = cache_dir() / "models" / f"tiny-qwen3-textworld-practice-{worlds}w-{key}"
+    if (dest / "config.json").exists():
+        return dest
+
+    def build(tmp: Path) -> None:
+        say(f"building the TextWorld practice start of {worlds} worlds in {dest} (first use only; ~6 minutes)")
+        build_practice_start(tmp, worlds)
+
+    return cached(dest, build)

@@ -1,0 +1,28 @@
+"""The practice start's cache (``agentrl.warmstart.textworld_practice``); its build is run for real by
+``tests/envs/test_textworld_learns.py`` (6 minutes), replaced here by a fake that records its calls."""
+
+import pytest
+
+from agentrl.warmstart import textworld_practice
+
+
+def test_practice_start_is_built_once_per_world_count_and_then_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
+    built = []
+
+    def fake_build(dest, worlds):  # a stand-in for the 6-minute SFT: writes what a model dir must have
+        built.append(worlds)
+        (dest / "config.json").write_text("{}")
+        return dest
+
+    monkeypatch.setattr(textworld_practice, "build_practice_start", fake_build)
+    a = textworld_practice.practice_model_path(4)
+    assert a.parent == tmp_path / "models" and a.name.startswith("tiny-qwen3-textworld-practice-4w-")
+    assert textworld_practice.practice_model_path(4) == a and built == [4]  # reused, not rebuilt
+    b = textworld_practice.practice_model_path(8)
+    assert b != a and built == [4, 8]
+
+
+def test_practice_start_refuses_no_worlds(tmp_path):
+    with pytest.raises(ValueError, match="worlds must be >= 1"):
+        textworld_practice.build_practice_start(tmp_path / "start", 0)

@@ -20,7 +20,8 @@ loop writes to ``metrics.jsonl`` (oldest first; missing keys are skipped, never 
   band (more than ``length_z`` standard deviations and more than ``length_rel`` of the moving mean
   of the ``window`` steps before the excursion began) for ``length_steps`` steps in a row, or at
   once by a factor of ``length_jump`` (x or 1/x). In a healthy run a handful of episodes (6-10 of
-  256) rambling to the token cap lifts the mean 20-45%, for up to 3 steps in a row; the moving sd
+  256) rambling to the token cap lifts the mean 20-45%, for up to 3 steps in a row (and once 23
+  of 256 lifted it 1.98x for one step); the moving sd
   of the quiet steps before is tiny (0.5 tokens on a mean of 22), so the relative floor, not the
   sd, is what keeps such runs quiet. A policy whose length runs away stays out. One alert per
   excursion.
@@ -84,7 +85,10 @@ class MonitorConfig:
         3, "length_anomaly: ... for this many steps in a row (a one-step blip is not an alert).", min=1
     )
     length_jump: float = doc(
-        2.0, "length_anomaly: ... or, in a single step, this factor above (or 1/factor below) the moving mean.", min=1.0
+        3.0,
+        "length_anomaly: ... or, in a single step, this factor above (or 1/factor below) the moving mean "
+        "(a healthy run saw 1.98x for one step when 23 of 256 episodes rambled to the token cap).",
+        min=1.0,
     )
     infra_failure_max: float = doc(
         0.01,

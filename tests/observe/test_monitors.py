@@ -168,7 +168,7 @@ def test_length_anomaly_fires_on_a_jump_not_on_noise():
 HEALTHY = json.loads((Path(__file__).parent / "healthy_tokens_per_episode.json").read_text())
 
 
-@pytest.mark.parametrize("run", ["one_step_blips", "three_step_excursion", "spiky"])
+@pytest.mark.parametrize("run", ["one_step_blips", "three_step_excursion", "spiky", "near_jump"])
 def test_length_anomaly_stays_quiet_on_healthy_default_runs(run):
     tokens = HEALTHY[run]["tokens"]
     assert len(tokens) == 120
@@ -189,13 +189,15 @@ def test_the_healthy_traces_fired_under_the_old_rules():
 
 def test_a_sustained_length_shift_on_a_healthy_runs_noise_still_alerts():
     """The same healthy trace with the policy's length running away from step 60 (x1.6, then growing), and
-    with it collapsing below half: each alerts once (the runaway at its third step, the collapse at once)."""
+    with it collapsing to 40%: each alerts once, at its third step; one step past length_jump alerts at once."""
     tokens = HEALTHY["three_step_excursion"]["tokens"]
     runaway = tokens[:59] + [v * (1.6 + 0.02 * i) for i, v in enumerate(tokens[59:])]
     alerts = length_anomaly(rows(120, rollout__tokens_per_episode=runaway), MonitorConfig())
     assert [a.step for a in alerts] == [62] and "out of band for 3 steps" in alerts[0].message
-    short = tokens[:59] + [v * 0.45 for v in tokens[59:]]  # below 1/length_jump: at once
-    assert [a.step for a in length_anomaly(rows(120, rollout__tokens_per_episode=short), MonitorConfig())] == [60]
+    short = tokens[:59] + [v * 0.4 for v in tokens[59:]]
+    assert [a.step for a in length_anomaly(rows(120, rollout__tokens_per_episode=short), MonitorConfig())] == [62]
+    burst = tokens[:59] + [tokens[59] * 3.2] + tokens[60:]  # one step past length_jump: at once
+    assert [a.step for a in length_anomaly(rows(120, rollout__tokens_per_episode=burst), MonitorConfig())] == [60]
 
 
 def test_missing_keys_and_short_histories_are_quiet():

@@ -18,13 +18,12 @@ loop writes to ``metrics.jsonl`` (oldest first; missing keys are skipped, never 
   has been off as long.
 - ``length_anomaly``: sampled tokens per episode (``rollout/tokens_per_episode``) leave their moving
   band (more than ``length_z`` standard deviations and more than ``length_rel`` of the moving mean
-  of the ``window`` steps before the excursion began) for ``length_steps`` steps in a row, or at
-  once by a factor of ``length_jump`` (x or 1/x). In a healthy run a handful of episodes (6-10 of
-  256) rambling to the token cap lifts the mean 20-45%, for up to 3 steps in a row (and once 23
-  of 256 lifted it 1.98x for one step); the moving sd
-  of the quiet steps before is tiny (0.5 tokens on a mean of 22), so the relative floor, not the
-  sd, is what keeps such runs quiet. A policy whose length runs away stays out. One alert per
-  excursion.
+  of the ``window`` steps before the excursion began) for ``length_steps`` steps in a row. Healthy
+  runs leave it for a step or a few when some episodes ramble to the token cap: 6-10 of 256 lift
+  the mean 20-45% for up to 3 steps in a row, a few dozen 2-5x for one step; the moving sd of the
+  quiet steps before is tiny (0.5 tokens on a mean of 22), so the relative floor and the
+  persistence, not the sd, keep such runs quiet. A policy whose length runs away (or collapses)
+  stays out. One alert per excursion.
 - ``infra_failures``: more than ``infra_failure_max`` of a step's rollout episodes, or of an eval's
   episodes (``rollout/infra_failure_rate``, ``eval/infra_failure_rate``), ended with an
   infrastructure outcome (tool timeout, sandbox/engine/env error...): every step it happens.
@@ -78,17 +77,14 @@ class MonitorConfig:
     length_rel: float = doc(
         0.5,
         "length_anomaly: ... and more than this fraction of the moving mean away from it (healthy runs "
-        "see +20-45% for up to 3 steps when a few episodes ramble to the token cap).",
+        "see +20-45% for up to 3 steps when a few episodes ramble to the token cap) ...",
         min=0.0,
     )
     length_steps: int = doc(
-        3, "length_anomaly: ... for this many steps in a row (a one-step blip is not an alert).", min=1
-    )
-    length_jump: float = doc(
-        3.0,
-        "length_anomaly: ... or, in a single step, this factor above (or 1/factor below) the moving mean "
-        "(a healthy run saw 1.98x for one step when 23 of 256 episodes rambled to the token cap).",
-        min=1.0,
+        3,
+        "length_anomaly: ... for this many steps in a row (a healthy run's one-step blip can reach 5x: "
+        "a few dozen episodes cut at the token cap).",
+        min=1,
     )
     infra_failure_max: float = doc(
         0.01,
@@ -213,9 +209,7 @@ def length_anomaly(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
             start, fired = None, False
             continue
         start = base
-        mean = statistics.fmean(past)
-        jump = mean > 0 and max(value / mean, mean / max(value, 1e-9)) >= cfg.length_jump
-        if not fired and (jump or i - start + 1 >= cfg.length_steps):
+        if not fired and i - start + 1 >= cfg.length_steps:
             fired = True
             steps = i - start + 1
             alerts.append(

@@ -151,20 +151,24 @@ def test_infra_failures_above_one_percent_of_a_step():
     assert [a.step for a in new_alerts(h[:2], CFG)] == [2] and "infra_failures" in MONITORS
 
 
-def test_length_anomaly_fires_on_a_jump_not_on_noise():
+def test_length_anomaly_fires_on_a_sustained_shift_not_on_noise_or_a_one_step_jump():
     rng = random.Random(0)
     noisy = [100 + rng.gauss(0, 5) for _ in range(30)]
     assert length_anomaly(rows(30, rollout__tokens_per_episode=noisy), CFG) == []
-    jump = noisy[:20] + [400] + noisy[21:]
-    assert [a.step for a in length_anomaly(rows(30, rollout__tokens_per_episode=jump), CFG)] == [21]
+    jump = noisy[:20] + [400] + noisy[21:]  # one step at 4x, then back: a few dozen episodes at the cap
+    assert length_anomaly(rows(30, rollout__tokens_per_episode=jump), CFG) == []
+    assert [
+        a.step
+        for a in length_anomaly(rows(30, rollout__tokens_per_episode=jump), MonitorConfig(window=5, length_steps=1))
+    ] == [21]
     shift = noisy[:20] + [160 + rng.gauss(0, 5) for _ in range(10)]  # +60% for good: once, at its 3rd step
     alerts = length_anomaly(rows(30, rollout__tokens_per_episode=shift), CFG)
     assert [a.step for a in alerts] == [23] and "out of band for 3 steps" in alerts[0].message
-    blips = noisy[:20] + [140, 145] + noisy[22:]  # two steps out, then back: no alert
+    blips = noisy[:20] + [240, 245] + noisy[22:]  # two steps out, then back: no alert
     assert length_anomaly(rows(30, rollout__tokens_per_episode=blips), CFG) == []
 
 
-#: rollout/tokens_per_episode of three healthy default runs (README command 1 as a new user; see the file)
+#: rollout/tokens_per_episode of four healthy default runs (README command 1 as a new user; see the file)
 HEALTHY = json.loads((Path(__file__).parent / "healthy_tokens_per_episode.json").read_text())
 
 
@@ -189,15 +193,13 @@ def test_the_healthy_traces_fired_under_the_old_rules():
 
 def test_a_sustained_length_shift_on_a_healthy_runs_noise_still_alerts():
     """The same healthy trace with the policy's length running away from step 60 (x1.6, then growing), and
-    with it collapsing to 40%: each alerts once, at its third step; one step past length_jump alerts at once."""
+    with it collapsing to 40%: each alerts once, at its third step."""
     tokens = HEALTHY["three_step_excursion"]["tokens"]
     runaway = tokens[:59] + [v * (1.6 + 0.02 * i) for i, v in enumerate(tokens[59:])]
     alerts = length_anomaly(rows(120, rollout__tokens_per_episode=runaway), MonitorConfig())
     assert [a.step for a in alerts] == [62] and "out of band for 3 steps" in alerts[0].message
     short = tokens[:59] + [v * 0.4 for v in tokens[59:]]
     assert [a.step for a in length_anomaly(rows(120, rollout__tokens_per_episode=short), MonitorConfig())] == [62]
-    burst = tokens[:59] + [tokens[59] * 3.2] + tokens[60:]  # one step past length_jump: at once
-    assert [a.step for a in length_anomaly(rows(120, rollout__tokens_per_episode=burst), MonitorConfig())] == [60]
 
 
 def test_missing_keys_and_short_histories_are_quiet():

@@ -52,7 +52,7 @@ import sys
 import time
 from pathlib import Path
 
-from credit_textworld_report import report, summarize
+from credit_textworld_report import report, scored, summarize
 
 #: arm -> (algo preset, credit mode)
 ARMS = {
@@ -274,12 +274,12 @@ def main(args, argv: list[str]) -> dict:
     todo = [t for t in todo if t not in {(r["arm"], r["seed"]) for r in runs}]
     with tempfile.TemporaryDirectory(prefix="bench-credit-tw-") as tmp:
         start = start or start_success(model, args)
-        print(f"start model {model}: held-out success {start.get('solve_rate')}", flush=True)
+        print(f"start model {model}: {scored(args)} success {start.get('solve_rate')}", flush=True)
         for r in run_all(model, todo, args, Path(tmp)):
             runs.append(r)
             print(
                 f"  {r['arm']:<12} seed {r['seed']}: rollout success {r['reward'][0]:.3f} -> {r['reward'][-1]:.3f}, "
-                f"held-out end {r['end_success']:.3f} ({r['wall_s']:.0f} s)",
+                f"{scored(args)} end {r['end_success']:.3f} ({r['wall_s']:.0f} s)",
                 flush=True,
             )
             partial = summarize(runs, [a for a in arms if any(x["arm"] == a for x in runs)])
@@ -319,9 +319,9 @@ def add_args(ap) -> None:
     g.add_argument("--max-context", type=int, default=4096)
     g.add_argument("--gamma", type=float, default=0.95)
     g.add_argument("--omega", type=float, default=1.0, help="gigpo's step-level weight")
-    g.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks at the end of each run")
+    g.add_argument("--eval-tasks", type=int, default=64, help="eval tasks at the end of each run (and of the start)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the training rollouts")
-    g.add_argument("--eval-temperature", type=float, default=1.0, help="of the held-out episodes (start and end)")
+    g.add_argument("--eval-temperature", type=float, default=1.0, help="of the eval episodes (start and end)")
     g.add_argument(
         "--model",
         default=None,

@@ -72,23 +72,31 @@ def summarize(runs: list[dict], arms: list[str]) -> dict:
     return out
 
 
+def scored(args) -> str:
+    """What the eval scores: unseen worlds (``--eval-split eval``) or the ``--worlds`` practised ones."""
+    return "held-out" if args.eval_split == "eval" else f"practised-worlds ({args.worlds})"
+
+
 def report(summary: dict, arms: list[str], start: dict, args) -> None:
     n = len(summary[arms[0]]["seeds"])
     print(
         f"\ntextworld difficulty {args.difficulty}, {args.max_turns} turns, {args.groups}x{args.group_size} "
-        f"episodes/step, {args.steps} steps, {n} seeds; start held-out success "
+        f"episodes/step, {args.steps} steps, {n} seeds; start {scored(args)} success "
         f"{start.get('solve_rate', float('nan')):.3f} on {args.eval_tasks} eval tasks"
     )
-    print(f"{'arm':<12}{'end success':>16}{'AUC':>8}{'diff vs outcome':>22}{'p':>8}{'ahead':>7}{'s/step':>8}")
+    head = f"{'arm':<12}{'end success':>16}{'AUC':>8}{'diff vs outcome':>22}{'p':>8}{'ahead':>7}"
+    print(f"{head}{'AUC diff':>10}{'p':>8}{'s/step':>8}")
     for arm in arms:
         s = summary[arm]
         v = s.get("vs_outcome")
         diff = f"{v['end_diff']:+.3f} +- {v['end_diff_ci95']:.3f}" if v else "-"
         p = f"{v['end_p']:.3f}" if v and v["end_p"] is not None else "-"
         ahead = f"{v['seeds_ahead']}/{n}" if v else "-"
+        auc_diff = f"{v['auc_diff']:+.3f}" if v else "-"
+        auc_p = f"{v['auc_p']:.3f}" if v and v["auc_p"] is not None else "-"
         print(
             f"{arm:<12}{s['end_success']:>8.3f} +- {s['end_success_ci95']:.3f}{s['auc']:>8.3f}{diff:>22}{p:>8}"
-            f"{ahead:>7}{(s['step_s'] or 0):>8.1f}"
+            f"{ahead:>7}{auc_diff:>10}{auc_p:>8}{(s['step_s'] or 0):>8.1f}"
         )
     g = summary.get("gigpo")
     if g and g["anchor_groups_mean"] is not None:

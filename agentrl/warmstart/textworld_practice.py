@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agentrl.common.paths import cache_dir
 from agentrl.warmstart.model_cache import cached, say
-from agentrl.warmstart.textworld_model import _SFT, TEXTWORLD_BASE, base_fingerprint, loss_on_every_token
+from agentrl.warmstart.textworld_model import _SFT, TEXTWORLD_BASE, loss_on_every_token, textworld_base_path
 
 #: up to ``variants`` explorer games per world; SFT fields (``agentrl.warmstart.sft.SFTConfig``)
 PRACTICE = dict(variants=50, difficulty=1, sft=dict(_SFT, steps=200, lr=3e-3, warmup_steps=10))
@@ -62,8 +62,16 @@ def build_practice_start(dest: Path, worlds: int) -> Path:
 
 
 def practice_model_path(worlds: int) -> Path:
-    """The cached practice start of ``worlds`` worlds (``cache_dir()/models``), built first if needed."""
-    parts = {"base": base_fingerprint(), "recipe": PRACTICE, "worlds": worlds}
+    """The cached practice start of ``worlds`` worlds (``cache_dir()/models``), built first if needed. Keyed
+    by the base, the recipe, the world count and one demonstration's token ids (so editing the env's
+    prompt or tools builds a fresh start, as for the built-in warm start)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.warmstart.textworld_demos import textworld_demonstrations
+
+    base = textworld_base_path()
+    demo = textworld_demonstrations(AutoTokenizer.from_pretrained(str(base)), 1, difficulty=[PRACTICE["difficulty"]])
+    parts = {"base": base.name, "recipe": PRACTICE, "worlds": worlds, "demo": demo[0].token_ids}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
     dest = cache_dir() / "models" / f"tiny-qwen3-textworld-practice-{worlds}w-{key}"
     if (dest / "config.json").exists():

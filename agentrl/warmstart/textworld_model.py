@@ -54,15 +54,15 @@ VERSION = "v4"
 #: ``num_demos`` of the same sequence of worlds) and ``agentrl.warmstart.sft.SFTConfig`` fields.
 #: Each phase's model is a cache entry of its own, so an interrupted build resumes at its phase.
 #: SFT settings both phases share (``agentrl.warmstart.sft.SFTConfig`` fields).
-_SFT = dict(batch_size=8, min_lr_ratio=0.1, seed=0, micro_batch_tokens=8192, batching="pack")
+SHARED_SFT = dict(batch_size=8, min_lr_ratio=0.1, seed=0, micro_batch_tokens=8192, batching="pack")
 TEXTWORLD_WARM_START = dict(
     difficulty=[1],
     demo_seed=0,
     planner="explorer",
     loss_on="all",
     phases=[
-        dict(num_demos=4000, sft=dict(_SFT, steps=1500, lr=3e-3, warmup_steps=75)),
-        dict(num_demos=8000, sft=dict(_SFT, steps=1200, lr=1e-3, warmup_steps=60)),
+        dict(num_demos=4000, sft=dict(SHARED_SFT, steps=1500, lr=3e-3, warmup_steps=75)),
+        dict(num_demos=8000, sft=dict(SHARED_SFT, steps=1200, lr=1e-3, warmup_steps=60)),
     ],
 )
 #: The base: the default model's shape (``agentrl.warmstart.default_model.BASE``) with its own

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from agentrl.common.paths import cache_dir
 from agentrl.warmstart.model_cache import cached, say
-from agentrl.warmstart.textworld_model import _SFT, TEXTWORLD_BASE, loss_on_every_token, textworld_base_path
+from agentrl.warmstart.textworld_model import SHARED_SFT, TEXTWORLD_BASE, loss_on_every_token, textworld_base_path
 
 #: up to ``variants`` explorer games per world; SFT fields (``agentrl.warmstart.sft.SFTConfig``)
-PRACTICE = dict(variants=50, difficulty=1, sft=dict(_SFT, steps=200, lr=3e-3, warmup_steps=10))
+PRACTICE = dict(variants=50, difficulty=1, sft=dict(SHARED_SFT, steps=200, lr=3e-3, warmup_steps=10))
 
 
 def build_practice_start(dest: Path, worlds: int) -> Path:

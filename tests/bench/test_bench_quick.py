@@ -283,8 +283,6 @@ def test_credit_textworld_practised_worlds_reach_the_runs_and_the_start_eval(tmp
     ``--model practice`` needs ``--worlds`` (it is the start that practised them)."""
     import argparse
 
-    import pytest
-
     from agentrl.config.plan import resolve
 
     monkeypatch.syspath_prepend(str(BENCH))

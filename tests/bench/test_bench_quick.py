@@ -257,45 +257,49 @@ def test_credit_textworld_resume_makes_only_the_missing_runs(tiny_model_dir, tmp
     assert other.returncode != 0 and "another workload" in other.stderr and "'lr'" in other.stderr, other.stderr
 
 
-def test_credit_textworld_temperature_reaches_rollouts_trainer_and_eval(tmp_path, monkeypatch):
-    """``--temperature`` sets the training rollouts' and the trainer's (which rescores with it),
-    ``--eval-temperature`` the held-out episodes'; the run plan accepts the pair."""
+@pytest.fixture
+def tw(monkeypatch):
+    """``bench/credit_textworld.py`` imported, and a parser of its arguments with the shared ones set."""
     import argparse
-
-    from agentrl.config.plan import resolve
 
     monkeypatch.syspath_prepend(str(BENCH))
     import credit_textworld
 
     ap = argparse.ArgumentParser()
     credit_textworld.add_args(ap)
-    args = ap.parse_args(["--temperature", "0.4", "--eval-temperature", "0.7"])
-    for k, v in {"max_new_tokens": 48, "group_size": 8, "steps": 2, "groups": 2, "lr": 1e-4}.items():
-        setattr(args, k, v)
+
+    def parse(argv, **shared):
+        args = ap.parse_args(argv)
+        for k, v in {"max_new_tokens": 48, "group_size": 8, "steps": 2, "groups": 2, "lr": 1e-4, **shared}.items():
+            setattr(args, k, v)
+        return args
+
+    return credit_textworld, parse
+
+
+def test_credit_textworld_temperature_reaches_rollouts_trainer_and_eval(tmp_path, tw):
+    """``--temperature`` sets the training rollouts' and the trainer's (which rescores with it),
+    ``--eval-temperature`` the held-out episodes'; the run plan accepts the pair."""
+    from agentrl.config.plan import resolve
+
+    credit_textworld, parse = tw
+    args = parse(["--temperature", "0.4", "--eval-temperature", "0.7"])
     cfg = resolve(credit_textworld.run_config("builtin:tiny", "gigpo", 3, args, tmp_path, 4), "run").cfg
     assert (cfg.rollout.temperature, cfg.trainer.temperature, cfg.eval.temperature) == (0.4, 0.4, 0.7)
     assert cfg.algo.credit == "gigpo" and cfg.rollout.seed == cfg.trainer.seed == 3
     assert {"temperature", "eval_temperature"} <= set(credit_textworld.workload(args))  # a resumed file must match
 
 
-def test_credit_textworld_practised_worlds_reach_the_runs_and_the_start_eval(tmp_path, monkeypatch):
+def test_credit_textworld_practised_worlds_reach_the_runs_and_the_start_eval(tmp_path, tw):
     """``--worlds 4 --eval-split train``: the runs train on 4 fixed worlds and their eval plays those worlds;
     ``--model practice`` needs ``--worlds`` (it is the start that practised them)."""
-    import argparse
-
     from agentrl.config.plan import resolve
 
-    monkeypatch.syspath_prepend(str(BENCH))
-    import credit_textworld
-
-    ap = argparse.ArgumentParser()
-    credit_textworld.add_args(ap)
-    args = ap.parse_args(["--worlds", "4", "--eval-split", "train"])
-    for k, v in {"max_new_tokens": 48, "group_size": 4, "steps": 2, "groups": 4, "lr": 3e-5}.items():
-        setattr(args, k, v)
+    credit_textworld, parse = tw
+    args = parse(["--worlds", "4", "--eval-split", "train"], group_size=4, groups=4, lr=3e-5)
     cfg = resolve(credit_textworld.run_config("builtin:tiny", "outcome", 0, args, tmp_path, 4), "run").cfg
     assert cfg.env.kwargs == {"difficulty": 1, "worlds": 4} and cfg.eval.env_kwargs == {"split": "train"}
-    assert credit_textworld.env_kwargs(ap.parse_args([])) == {"difficulty": 1}  # default: every world
+    assert credit_textworld.env_kwargs(parse([])) == {"difficulty": 1}  # default: every world
     with pytest.raises(SystemExit, match="--model practice needs --worlds"):
-        credit_textworld.start_model(ap.parse_args(["--model", "practice"]))
-    assert credit_textworld.start_model(ap.parse_args([])) == "builtin:textworld"
+        credit_textworld.start_model(parse(["--model", "practice"]))
+    assert credit_textworld.start_model(parse([])) == "builtin:textworld"

@@ -234,7 +234,8 @@ def run(
         )
     ]
     rows += [
-        (f"rollout_{k}", rollout.get(k)) for k in ("solve_rate", "infra_failure_rate", "infra_failures", "episodes")
+        (f"rollout_{k}", rollout.get(k))
+        for k in ("solve_rate", "infra_failure_rate", "infra_failures", "episodes", "batched_episodes")
     ]
     rows += [(f"agent_{k}", v) for k, v in (summary.get("agent") or {}).items()]  # proxy mode's counters
     for key, v in rows:  # solve rates count every task; an infrastructure failure is an unsolved one

@@ -63,6 +63,7 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
         self.backend = None  # LocalBackend or RayBackend: engine, trainer, episodes (built in _setup)
         self.run_dir = Path(cfg.output_dir)
         self.step = 0
+        self.batched_episodes = 0  # episodes in the batches this process's steps trained on
         self.stream = PromptStream()  # prompt positions of the training stream
         self.in_flight: dict[int, int] = {}  # admission index -> position of each group being generated
         self.restored: list[tuple[int | None, list[Trajectory]]] = []  # a checkpoint's finished groups
@@ -178,6 +179,7 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
         cfg, (t_start, t0, t_got) = self.cfg, times
         filtered = [p for p in queue.handed_filtered if p is not None] if self.replay is None else []
         samples, sstats = self._samples(groups)
+        self.batched_episodes += sum(len(g) for g in groups)
         tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
         if samples:
             self.kl.update(sstats.get("kl_in_reward/kl_mean"), len(samples))

@@ -76,6 +76,21 @@ class RunOutputs:
         self.trainer.save(path, extra=extra, files={"rollouts.jsonl": dump_ready(snap["ready"])})
         return path
 
+    def _unbatched(self) -> dict[str, Any]:
+        """Why the finished episodes (``rollout.episodes``) outnumber those in the steps' batches
+        (``batched_episodes``; both count this process's run): the rest were in groups dropped for
+        staleness, filtered by dynamic sampling or still queued at the end, or were in flight when
+        it ended. The group counts are the queue's (a resumed run's earlier processes included)."""
+        q = self.queue.metrics() if getattr(self, "queue", None) is not None else {}
+        return {
+            "batched_episodes": self.batched_episodes,
+            "groups_not_batched": {
+                "stale_dropped": q.get("dropped_groups", 0),
+                "filtered": q.get("filtered_groups", 0),
+                "queued_at_end": q.get("buffered_groups", 0),
+            },
+        }
+
     def _finish(self, final: dict, wall_s: float, rollout_metrics: RolloutMetrics) -> dict[str, Any]:
         from agentrl.observe.plots import plot_curves
 
@@ -90,7 +105,7 @@ class RunOutputs:
                 for k in ("solve_rate", "episodes", "infra_failures", "infra_failure_rate")
             },
             "eval_tool_use_rate_end": final.get("tool_use_rate"),
-            "rollout": rollout_metrics.summary(),
+            "rollout": {**rollout_metrics.summary(), **self._unbatched()},
             "model": str(self.model_path),
         }
         proxy = proxy_runner_of(self.backend.episodes)

@@ -226,6 +226,9 @@ def test_infra_failures_count_as_unsolved_and_alert(tiny_model_dir, tmp_path):
     assert infra[0] == (0, "eval") and infra[-1] == (2, "eval")  # the first and the final eval
     assert len(infra) == len(set(infra))  # the final eval's row does not repeat step 2's alerts
     ro = summary["rollout"]  # every training episode the run generated (a group in flight at the end too)
+    assert ro["batched_episodes"] == sum(r["rollout/episodes"] for r in steps) == 64  # the steps' batches
+    unbatched = sum(ro["groups_not_batched"].values())
+    assert ro["episodes"] >= ro["batched_episodes"] + 8 * unbatched, ro  # groups of 8
     assert ro["infra_failures"] >= sum(r["rollout/infra_failures"] for r in steps) > 0
     assert (
         ro["infra_failure_rate"]

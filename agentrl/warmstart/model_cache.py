@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,3 +51,15 @@ def cached(dest: Path, build: Callable[[Path], None]) -> Path:
 
 def say(msg: str) -> None:
     print(f"agentrl: {msg}", file=sys.stderr, flush=True)
+
+
+def sft_progress(label: str, steps: int, every: int = 100) -> Callable[[int, dict], None]:
+    """A ``run_sft`` ``log`` callback for a long first-use build: says ``label``, the step, the loss and
+    the seconds since it was made, every ``every`` steps and at the last."""
+    t0 = time.perf_counter()
+
+    def progress(step: int, metrics: dict) -> None:
+        if step % every == 0 or step == steps:
+            say(f"{label}, step {step}/{steps}, loss {metrics['loss']:.3f}, {time.perf_counter() - t0:.0f} s")
+
+    return progress

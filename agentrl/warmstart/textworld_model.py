@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from agentrl.common.paths import cache_dir
-from agentrl.warmstart.model_cache import cached, say
+from agentrl.warmstart.model_cache import cached, say, sft_progress
 
 VERSION = "v4"
 
@@ -169,15 +169,7 @@ def _phase(start: Path, dest: Path, k: int) -> Path:
             raise RuntimeError(f"only {len(examples)} of {phase['num_demos']} TextWorld demonstrations succeeded")
         if r["loss_on"] == "all":
             examples = loss_on_every_token(examples)
-        steps = int(phase["sft"]["steps"])
-
-        def progress(step: int, metrics: dict) -> None:  # a long build: say where it is
-            if step % 100 == 0 or step == steps:
-                say(
-                    f"TextWorld warm start: phase {k}/{n}, step {step}/{steps}, loss {metrics['loss']:.3f}, "
-                    f"{time.perf_counter() - t0:.0f} s"
-                )
-
+        progress = sft_progress(f"TextWorld warm start: phase {k}/{n}", int(phase["sft"]["steps"]))
         summary = run_sft(start, tmp, SFTConfig(**phase["sft"], num_demos=0), examples=examples, log=progress)
         summary.update(model=str(dest), phase=k, recipe=r)
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))

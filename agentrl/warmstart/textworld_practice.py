@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.common.paths import cache_dir
-from agentrl.warmstart.model_cache import cached, say
+from agentrl.warmstart.model_cache import cached, say, sft_progress
 from agentrl.warmstart.textworld_model import SHARED_SFT, TEXTWORLD_BASE, loss_on_every_token, textworld_base_path
 
 #: up to ``variants`` explorer games per world; SFT fields (``agentrl.warmstart.sft.SFTConfig``)
 PRACTICE = dict(variants=50, difficulty=1, sft=dict(SHARED_SFT, steps=200, lr=3e-3, warmup_steps=10))
 
 
-def build_practice_start(dest: Path, worlds: int) -> Path:
-    """Build the start of ``worlds`` practised worlds into ``dest`` (from a fresh base, in a temp dir); ``dest``."""
+def build_practice_start(dest: Path, worlds: int, log: Callable[[int, dict], None] | None = None) -> Path:
+    """Build the start of ``worlds`` practised worlds into ``dest`` (from a fresh base, in a temp dir); ``dest``.
+    ``log(step, metrics)``: called after every SFT step."""
     import tempfile
 
     import torch
@@ -55,7 +57,7 @@ def build_practice_start(dest: Path, worlds: int) -> Path:
         )
         torch.set_num_threads(1)
         try:
-            run_sft(base, dest, cfg, examples=loss_on_every_token(demos))
+            run_sft(base, dest, cfg, examples=loss_on_every_token(demos), log=log)
         finally:
             torch.set_num_threads(threads)
     return Path(dest)
@@ -79,6 +81,7 @@ def practice_model_path(worlds: int) -> Path:
 
     def build(tmp: Path) -> None:
         say(f"building the TextWorld practice start of {worlds} worlds in {dest} (first use only; ~6 minutes)")
-        build_practice_start(tmp, worlds)
+        progress = sft_progress("TextWorld practice start", int(PRACTICE["sft"]["steps"]), every=50)
+        build_practice_start(tmp, worlds, log=progress)
 
     return cached(dest, build)

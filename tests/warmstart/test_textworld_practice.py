@@ -6,17 +6,22 @@ import pytest
 from agentrl.warmstart import textworld_practice
 
 
-def test_practice_start_is_built_once_per_world_count_and_then_reused(tmp_path, monkeypatch):
+def test_practice_start_is_built_once_per_world_count_and_then_reused(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
     built = []
 
-    def fake_build(dest, worlds):  # a stand-in for the 6-minute SFT: writes what a model dir must have
+    def fake_build(dest, worlds, log):  # a stand-in for the 6-minute SFT: writes what a model dir must have
         built.append(worlds)
+        for step in (1, 50, 51, 200):  # the SFT's steps call log; a long build says where it is
+            log(step, {"loss": 1.0 / step})
         (dest / "config.json").write_text("{}")
         return dest
 
     monkeypatch.setattr(textworld_practice, "build_practice_start", fake_build)
     a = textworld_practice.practice_model_path(4)
+    said = [line for line in capfd.readouterr().err.splitlines() if ", step " in line]
+    assert [line.split(", step ")[1].split(",")[0] for line in said] == ["50/200", "200/200"], said
+    assert said[0].startswith("agentrl: TextWorld practice start, step 50/200, loss 0.020, ")
     assert a.parent == tmp_path / "models" and a.name.startswith("tiny-qwen3-textworld-practice-4w-")
     assert textworld_practice.practice_model_path(4) == a and built == [4]  # reused, not rebuilt
     b = textworld_practice.practice_model_path(8)

@@ -1,9 +1,10 @@
 """Building a cached model directory once: a lock per entry and an atomic rename into place.
 
 Owns ``cached(dest, build)`` (concurrent runs never see half a model and never build it twice; a
-failed build leaves nothing behind) and ``say`` (the one-line progress note on stderr). Used by the
-built-in models (``agentrl.warmstart.default_model``, ``agentrl.warmstart.textworld_model``); does
-not decide where entries live or what goes in them.
+failed build leaves nothing behind), ``say`` (the one-line progress note on stderr) and
+``sft_progress`` (an SFT build's step and loss, said every so many steps). Used by the built-in models
+(``agentrl.warmstart.default_model``, ``textworld_model``, ``textworld_practice``); does not decide
+where entries live or what goes in them.
 """
 
 from __future__ import annotations

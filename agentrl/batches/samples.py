@@ -25,6 +25,7 @@ the user left them null, and the defaults of the null ``algo.*`` extras):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,6 +248,8 @@ def build_samples(
         "excluded": excluded,
         "samples": len(samples),
         "adv_nonzero_frac": nonzero / len(flat) if flat else 0.0,
+        # the size of the update a credit mode asks for at a given lr (gigpo adds a step term to the episode's)
+        "adv_abs_mean": math.fsum(abs(a) for a in flat) / len(flat) if flat else 0.0,
         **cstats,
         **rstats,
     }

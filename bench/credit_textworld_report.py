@@ -1,6 +1,7 @@
 """The summary and table of ``bench/bench_credit.py --env textworld`` (``credit_textworld``): per arm the
 end success (mean and 95 % t interval over seeds), the AUC of the rollout success curve, the paired
-difference against ``outcome`` with its two-sided paired t-test p-value, wall time per step, and gigpo's
+difference against ``outcome`` with its two-sided paired t-test p-value, wall time per step, the mean |A|
+over loss tokens (``|A|``: the size of update a credit mode asks for at a given lr), and gigpo's
 anchor-group statistics."""
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict:
         shared = [c.get("credit/anchor_turns_shared") for r in mine for c in r["credit"]]
         biggest = [c.get("credit/anchor_group_size_max") for r in mine for c in r["credit"]]
         groups = [c.get("credit/anchor_groups") for r in mine for c in r["credit"]]
+        sizes = [c.get("credit/adv_abs_mean") for r in mine for c in r["credit"]]  # absent in older runs
         out[arm] = {
             "seeds": [r["seed"] for r in mine],
             "end_success_per_seed": ends,
@@ -52,6 +54,7 @@ def summarize(runs: list[dict], arms: list[str]) -> dict:
             "anchor_turns_shared_mean": statistics.fmean(shared) if None not in shared and shared else None,
             "anchor_groups_mean": statistics.fmean(groups) if None not in groups and groups else None,
             "anchor_group_size_max": max(biggest) if None not in biggest and biggest else None,
+            "adv_abs_mean": statistics.fmean(sizes) if None not in sizes and sizes else None,
         }
     if "outcome" in out:
         base = out["outcome"]
@@ -85,7 +88,7 @@ def report(summary: dict, arms: list[str], start: dict, args) -> None:
         f"{start.get('solve_rate', float('nan')):.3f} on {args.eval_tasks} eval tasks"
     )
     head = f"{'arm':<12}{'end success':>16}{'AUC':>8}{'diff vs outcome':>22}{'p':>8}{'ahead':>7}"
-    print(f"{head}{'AUC diff':>10}{'p':>8}{'s/step':>8}")
+    print(f"{head}{'AUC diff':>10}{'p':>8}{'s/step':>8}{'|A|':>7}")
     for arm in arms:
         s = summary[arm]
         v = s.get("vs_outcome")
@@ -97,6 +100,7 @@ def report(summary: dict, arms: list[str], start: dict, args) -> None:
         print(
             f"{arm:<12}{s['end_success']:>8.3f} +- {s['end_success_ci95']:.3f}{s['auc']:>8.3f}{diff:>22}{p:>8}"
             f"{ahead:>7}{auc_diff:>10}{auc_p:>8}{(s['step_s'] or 0):>8.1f}"
+            + (f"{s['adv_abs_mean']:>7.3f}" if s["adv_abs_mean"] is not None else f"{'-':>7}")
         )
     g = summary.get("gigpo")
     if g and g["anchor_groups_mean"] is not None:

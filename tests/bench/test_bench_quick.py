@@ -224,12 +224,13 @@ def test_credit_textworld_quick_runs_two_arms_in_worker_processes(tiny_model_dir
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
     tail = f"\n$ {' '.join(cmd)}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}"
     assert p.returncode == 0, f"exit {p.returncode}{tail}"
-    assert header_line(p.stdout, ("arm", "end success", "diff vs outcome", "s/step")) is not None, tail
+    assert header_line(p.stdout, ("arm", "end success", "diff vs outcome", "s/step", "|A|")) is not None, tail
     data = json.loads(out.read_text())
     assert data["machine"]["jobs"] == 2 and "partial" not in data
     assert sorted((r["arm"], r["seed"]) for r in data["runs"]) == [("gigpo", 0), ("outcome", 0)]
     assert all(len(r["reward"]) == 2 and r["end_eval"]["eval/episodes"] == 4 for r in data["runs"])
     assert "vs_outcome" in data["summary"]["gigpo"] and data["summary"]["gigpo"]["anchor_groups_mean"] > 0
+    assert all(data["summary"][arm]["adv_abs_mean"] >= 0 for arm in ("outcome", "gigpo"))  # logged by every run
 
 
 @pytest.mark.slow

@@ -198,11 +198,12 @@ def workload(args) -> dict:
     return {k: v for k, v in vars(args).items() if k not in _NOT_WORKLOAD + _CONCISE_ONLY}
 
 
-def resumed(out: Path, args, todo: list[tuple[str, int]]) -> tuple[list[dict], dict | None]:
+def resumed(out: Path, args, todo: list[tuple[str, int]]) -> tuple[list[dict], dict | None, list[dict]]:
     """``--resume``: the runs of ``todo`` already in ``out`` (a finished or partial result of the same
-    workload) and its start-model measurement; nothing if ``out`` does not exist yet."""
+    workload), its start-model measurement, and its other runs (arms or seeds not asked for this time:
+    written back untouched, never dropped); nothing if ``out`` does not exist yet."""
     if not out.exists():
-        return [], None
+        return [], None, []
     data = json.loads(out.read_text())
     theirs, mine = data.get("workload"), workload(args)
     if theirs != mine:
@@ -213,8 +214,9 @@ def resumed(out: Path, args, todo: list[tuple[str, int]]) -> tuple[list[dict], d
         )
     wanted = set(todo)
     runs = [r for r in data["runs"] if (r["arm"], r["seed"]) in wanted]
-    print(f"--resume: {len(runs)} of {len(todo)} runs already in {out}", flush=True)
-    return runs, data.get("start")
+    kept = [r for r in data["runs"] if (r["arm"], r["seed"]) not in wanted]
+    print(f"--resume: {len(runs)} of {len(todo)} runs already in {out} ({len(kept)} others kept)", flush=True)
+    return runs, data.get("start"), kept
 
 
 def start_success(model: str, args) -> dict:
@@ -270,7 +272,7 @@ def main(args, argv: list[str]) -> dict:
     out = Path(args.out or Path(__file__).parent / "results" / "credit-textworld.json")
     # interleaved (seed-major), so machine load drifts hit every arm alike
     todo = [(arm, seed) for seed in range(args.seed_start, args.seed_start + args.seeds) for arm in arms]
-    runs, start = resumed(out, args, todo) if args.resume else ([], None)
+    runs, start, kept = resumed(out, args, todo) if args.resume else ([], None, [])
     todo = [t for t in todo if t not in {(r["arm"], r["seed"]) for r in runs}]
     with tempfile.TemporaryDirectory(prefix="bench-credit-tw-") as tmp:
         start = start or start_success(model, args)
@@ -286,7 +288,13 @@ def main(args, argv: list[str]) -> dict:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(
                 json.dumps(
-                    {"partial": True, "workload": workload(args), "start": start, "summary": partial, "runs": runs}
+                    {
+                        "partial": True,
+                        "workload": workload(args),
+                        "start": start,
+                        "summary": partial,
+                        "runs": runs + kept,
+                    }
                 )
             )
     summary = summarize(runs, arms)
@@ -304,7 +312,7 @@ def main(args, argv: list[str]) -> dict:
         "wall_s": time.perf_counter() - t0,
         "start": start,
         "summary": summary,
-        "runs": runs,
+        "runs": runs + kept,  # the summary is of this call's arms and seeds; the file keeps every run
     }
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out} ({result['wall_s']:.0f} s)")

@@ -229,14 +229,16 @@ def test_credit_textworld_quick_runs_two_arms_in_worker_processes(tiny_model_dir
     assert data["machine"]["jobs"] == 2 and "partial" not in data
     assert sorted((r["arm"], r["seed"]) for r in data["runs"]) == [("gigpo", 0), ("outcome", 0)]
     assert all(len(r["reward"]) == 2 and r["end_eval"]["eval/episodes"] == 4 for r in data["runs"])
-    assert "vs_outcome" in data["summary"]["gigpo"] and data["summary"]["gigpo"]["anchor_groups_mean"] > 0
+    assert (
+        data["summary"]["gigpo"]["vs_base"]["base"] == "outcome" and data["summary"]["gigpo"]["anchor_groups_mean"] > 0
+    )
     assert all(data["summary"][arm]["adv_abs_mean"] >= 0 for arm in ("outcome", "gigpo"))  # logged by every run
 
 
 @pytest.mark.slow
 def test_credit_textworld_resume_makes_only_the_missing_runs(tiny_model_dir, tmp_path):
-    """``--resume`` keeps the runs already in ``--out`` and makes the missing ones; a file made with another
-    workload is refused, naming the argument that differs."""
+    """``--resume`` keeps the runs already in ``--out`` and makes the missing ones (the file's runs of arms
+    not asked for stay in it); a file made with another workload is refused, naming the argument that differs."""
     out = tmp_path / "credit-textworld.json"
     base = [sys.executable, str(BENCH / "bench_credit.py"), "--env", "textworld", "--quick", "--max-turns", "3"]
     base += ["--model", str(tiny_model_dir), "--out", str(out)]
@@ -254,6 +256,9 @@ def test_credit_textworld_resume_makes_only_the_missing_runs(tiny_model_dir, tmp
     runs = json.loads(out.read_text())["runs"]
     assert sorted(r["arm"] for r in runs) == ["gigpo", "outcome"]
     assert next(r for r in runs if r["arm"] == "outcome") == before  # kept, not re-run
+    third = run("--arms", "gigpo", "--resume")  # a subset of the arms: the others stay in the file
+    assert third.returncode == 0 and "(1 others kept)" in third.stdout, third.stderr[-3000:]
+    assert sorted(json.loads(out.read_text())["runs"], key=lambda r: r["arm"]) == sorted(runs, key=lambda r: r["arm"])
     other = run("--arms", "outcome,gigpo", "--resume", "--lr", "5e-4")
     assert other.returncode != 0 and "another workload" in other.stderr and "'lr'" in other.stderr, other.stderr
 

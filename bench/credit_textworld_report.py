@@ -77,6 +77,7 @@ def summarize(runs: list[dict], arms: list[str], base: str = "outcome") -> dict:
             da = [mine[s][1] - theirs[s][1] for s in both]
             out[arm]["vs_base"] = {
                 "base": base,
+                "seeds_paired": len(both),
                 "end_diff": statistics.fmean(d),
                 "end_diff_ci95": t_interval(d)[1],
                 "end_p": paired_p(d),
@@ -111,7 +112,7 @@ def report(summary: dict, arms: list[str], start: dict, args) -> None:
         v = s.get("vs_base")
         diff = f"{v['end_diff']:+.3f} +- {v['end_diff_ci95']:.3f}" if v else "-"
         p = f"{v['end_p']:.3f}" if v and v["end_p"] is not None else "-"
-        ahead = f"{v['seeds_ahead']}/{n}" if v else "-"
+        ahead = f"{v['seeds_ahead']}/{v['seeds_paired']}" if v else "-"
         auc_diff = f"{v['auc_diff']:+.3f}" if v else "-"
         auc_p = f"{v['auc_p']:.3f}" if v and v["auc_p"] is not None else "-"
         print(

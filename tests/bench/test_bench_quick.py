@@ -309,3 +309,28 @@ def test_credit_textworld_practised_worlds_reach_the_runs_and_the_start_eval(tmp
     with pytest.raises(SystemExit, match="--model practice needs --worlds"):
         credit_textworld.start_model(parse(["--model", "practice"]))
     assert credit_textworld.start_model(parse([])) == "builtin:textworld"
+
+
+def test_credit_textworld_report_pairs_runs_of_several_files_by_seed(tmp_path, monkeypatch):
+    """Two result files of different lrs: arms named by the lr, paired on the seeds both ran, by hand."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from credit_textworld_report import combined
+
+    def run(arm, seed, end, reward):
+        return {"arm": arm, "seed": seed, "end_success": end, "reward": reward, "step_s": [1.0], "credit": [{}]}
+
+    a = {
+        "workload": {"lr": 3e-5, "steps": 2},
+        "runs": [run("gigpo", 0, 0.9, [0.5, 0.7]), run("gigpo", 1, 0.8, [0.4, 0.4])],
+    }
+    b = {"workload": {"lr": 4.2e-5, "steps": 2}, "runs": [run("outcome", s, 0.7, [0.5, 0.5]) for s in (0, 1, 2)]}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p, data in zip(paths, (a, b)):
+        p.write_text(json.dumps(data))
+    summary, arms = combined([str(p) for p in paths], "outcome lr=4.2e-05")
+    assert arms == ["gigpo lr=3e-05", "outcome lr=4.2e-05"]
+    v = summary["gigpo lr=3e-05"]["vs_base"]
+    assert v["seeds_paired"] == 2 and v["end_diff"] == pytest.approx(0.15)  # (0.2 + 0.1) / 2 over seeds 0, 1
+    assert v["auc_diff"] == pytest.approx(((0.6 - 0.5) + (0.4 - 0.5)) / 2, abs=1e-12)
+    with pytest.raises(SystemExit, match="none of the arms"):
+        combined([str(p) for p in paths], "outcome")

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 
@@ -62,3 +64,23 @@ def clean_registry():
     registry._loaded.clear()
     registry._loaded.update(loaded)
     registry._discovered = discovered
+
+
+#: A test whose setup, call or teardown takes this long is named as it ends, with the suite's elapsed time, so a
+#: run that is stopped from outside (CI's time limit) still says where its time went.
+SLOW_NOTE_S = 60.0
+_suite = {"start": time.monotonic(), "reporter": None}
+
+
+def pytest_sessionstart(session):
+    _suite["reporter"] = session.config.pluginmanager.get_plugin("terminalreporter")
+
+
+def pytest_runtest_logreport(report):
+    reporter = _suite["reporter"]
+    if report.duration >= SLOW_NOTE_S and reporter is not None:
+        elapsed = (time.monotonic() - _suite["start"]) / 60
+        reporter.write_line("")
+        reporter.write_line(
+            f"[slow] {report.nodeid} ({report.when}): {report.duration:.0f} s; suite at {elapsed:.1f} min"
+        )

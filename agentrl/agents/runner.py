@@ -8,7 +8,8 @@ types the outcome and reward:
   ``agent.timeout_s`` -> ``deadline``; it made no completion request -> ``env_error`` (all
   infrastructure outcomes: excluded from the loss, counted);
 - a budget stopped it (``rollout.max_turns``, ``rollout.max_context``) -> ``truncated_turns`` /
-  ``context_overflow``; its last reply hit its token limit -> ``truncated_length`` (reward 0);
+  ``context_overflow``; its last reply hit its token limit -> ``truncated_length`` (reward 0, or
+  with ``rollout.score_truncated`` and ``agent.reward: env`` the env's score of the cut text);
 - else the reward comes from the program's result (``agent.reward: program``; none ->
   ``reward_error``) or from the env scoring the final assistant text (``agent.reward: env``; an
   env that does not end the episode on it -- the program stopped while the model was still
@@ -159,10 +160,10 @@ class ProxyRunner:
             "stderr_tail": res.stderr[-600:],
             "result": res.result,
         }
-        await self._finish(traj, env, link, res)
+        await self._finish(traj, env, link, res, rc.score_truncated)
         rec.set_reward(traj.reward)
 
-    async def _finish(self, traj: Trajectory, env: Any, link: EpisodeLink, res: Any) -> None:
+    async def _finish(self, traj: Trajectory, env: Any, link: EpisodeLink, res: Any, score_truncated: bool) -> None:
         """Type the outcome and set the reward (see the module docstring)."""
         traj.reward = 0.0
         if res.timed_out:
@@ -179,6 +180,9 @@ class ProxyRunner:
             return _end(traj, Outcome.ENV_ERROR, "the agent program made no completion request")
         last = link.recorder.current.turns[-1]
         if last.finish_reason != "stop":
+            if score_truncated and self.cfg.reward == "env":  # rollout.score_truncated, as in the built-in loop
+                _, reward, terminated, _, _ = await _env_call(env, "step", link.last_text)
+                traj.reward = float(reward) if terminated else 0.0
             return _end(traj, Outcome.TRUNCATED_LENGTH, f"the last reply ended with {last.finish_reason!r}")
         if self.cfg.reward == "program":
             reward = reward_of(res.result)

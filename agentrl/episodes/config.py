@@ -23,7 +23,8 @@ class RolloutConfig:
     min_turn_tokens: int = doc(8, "A turn starts only if this many tokens still fit; else context_overflow.", min=1)
     score_truncated: bool = doc(
         False,
-        "Still hand a turn cut at its token limit to env.step and keep its reward (outcome stays truncated_length).",
+        "Still hand a turn cut at its token limit to env.step and keep its reward (outcome stays truncated_length); "
+        "proxy agents: with agent.reward=env, their last reply.",
     )
     max_obs_chars: int = doc(4000, "Cap on each observation message's characters before rendering.", min=1)
     temperature: float = doc(1.0, "Sampling temperature (0 = greedy).", min=0.0)

@@ -113,55 +113,26 @@ def test_a_failing_run_closes_the_endpoint(tmp_path):
     probe_agents.assert_closed(probe_agents.URLS[0])
 
 
-#: Asserted rise of the held-out solve rate, start -> end, mean over the two seeds (see below).
-RISE_MIN = 0.03
+def test_the_run_learns_through_the_proxy(tiny_model_dir, tmp_path):
+    """The example agent (examples/agents/openai_loop.py: the official openai client), in-process as
+    agent.callable, trained through the recording endpoint on the loop's own learning task
+    (``test/Short-v0``: one reply, reward 1 - chars/40, so shorter replies score higher) for 20 steps:
+    the per-step rollout reward must rise as the built-in loop's does (tests/jobs/test_runner.py), so
+    the trajectories stitched from the client's completions carry the tokens, masks and logprobs the
+    update needs. A run that does not learn keeps its first reward level (a random tiny model's
+    replies), so the test can fail.
 
+    The same agent on the default recipe (code_exec, the built-in warm-started model, 10 steps of 32 x 8,
+    500 held-out tasks) rose by +0.138 / +0.108 (seeds 0 / 1): that measurement takes 12-26 minutes on 2
+    cores, so it is a benchmark (BENCHMARKS.md, bring your own agent), not a test."""
+    from short_run import short_run_cfg
 
-@pytest.mark.slow
-@pytest.mark.timeout(3600)  # two runs of 10 x 256 episodes + 4 evals of 500: 12-26 min on 2 loaded cores
-def test_the_run_learns_through_the_proxy(tmp_path, monkeypatch):
-    """The example agent (examples/agents/openai_loop.py: the official openai client, multi-turn, runs
-    its python tool calls itself), in-process as agent.callable=openai_loop:run, trained on the default
-    task (code_exec) and model (the built-in warm-started one) for 10 steps of the default batch (32
-    groups x 8), seeds 0 and 1, on-policy, at the recipe's lr held constant (its default cosine decays
-    over the run's steps: 10 here, 120 in the full run).
-
-    Compared: the held-out solve rate of the trained agent (the eval plays the agent program) on the
-    same 500 eval-split tasks (the default eval) at the start (the warm-started model sampled with
-    fixed seeds: 0.494 for both seeds) and at the end. Asserted: every seed rises, and the mean rise
-    over the two seeds is over RISE_MIN. Measured (2 cores under a load of 15-20): at 917114d with 500
-    tasks, +0.138 / +0.108 (seed 0 / 1); before, with 256 tasks (start 0.523), three runs: +0.105 /
-    +0.090, +0.051 / +0.121, +0.113 / +0.039. A run whose policy does not improve scores 0 +- 0.022
-    (binomial sd of 500 tasks), so the test can fail. Smaller batches learned less or not at all (16
-    groups: +0.055 on 128 tasks, one seed; 4 groups x 30 steps: down, in the built-in loop too) and a
-    larger lr (5e-4, 1e-3) collapsed. The built-in loop's statistic, the per-step training reward of
-    the first vs the last steps (reward_curve.rise; measured +0.044 / +0.079 at 500 tasks, +0.094 /
-    +0.129, +0.029 / +0.065 and +0.052 / +0.137 before), is reported, not asserted: each step draws
-    other tasks, whose mix moves it by +-0.05."""
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    rises, windows = [], []
-    for seed in (0, 1):
-        out = tmp_path / f"seed{seed}"
-        cfg = _cfg(
-            out,
-            "agent.callable=openai_loop:run",
-            "agent.reward=env",
-            "rollout.group_size=8",
-            "rollout.max_new_tokens=256",
-            "rollout.max_turns=8",
-            f"rollout.seed={seed}",
-            f"trainer.seed={seed}",
-            "train.steps=10",
-            "train.groups_per_step=32",
-            "trainer.lr_schedule=constant",
-            "eval.num_tasks=500",
-            "eval.every=0",
-        )
-        summary = asyncio.run(Runner(cfg, progress=False).run())
-        assert summary["steps"] == 10 and summary["rollout"]["infra_failure_rate"] < 0.01, summary["rollout"]
-        assert summary["eval_infra_failure_rate_start"] == summary["eval_infra_failure_rate_end"] == 0.0
-        rises.append(summary["eval_solve_rate_end"] - summary["eval_solve_rate_start"])
-        windows.append(rise(step_rewards(out), 3))
-    report = f"eval rises {rises}; per-step reward (first 3, last 3) {windows}"
-    print(report)
-    assert min(rises) > 0 and sum(rises) / len(rises) > RISE_MIN, report
+    probe_agents.URLS.clear()
+    out = tmp_path / "run"
+    sets = ["agent.kind=proxy", "agent.callable=probe_agents:example_agent", "agent.reward=env"]
+    summary = asyncio.run(Runner(short_run_cfg(tiny_model_dir, out, 20, sets), progress=False).run())
+    assert summary["steps"] == 20 and summary["rollout"]["infra_failures"] == 0, summary["rollout"]
+    assert summary["agent"]["program_crashes"] == 0 and len(set(probe_agents.URLS)) == 1
+    rewards = step_rewards(out)
+    first, last = rise(rewards, 4)
+    assert last > first + 0.1, f"reward did not rise through the proxy: {rewards}"

@@ -21,7 +21,8 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    ``engine.weight_sync`` ``auto`` -> the sync kind (``agentrl.weights.factory.resolve_sync_kind``),
    nccl only on GPUs, ``engine.weights_dir`` null -> output_dir/weights for the disk sync;
    ``engine.cpu_threads`` null -> half the cores for the in-process engine on CPU, 0 (torch's
-   default) whenever the engine does not share this process's CPU with the trainer;
+   default) whenever the engine does not share this process's CPU with the trainer or takes turns
+   with it (``train.max_staleness`` 0);
    ``distributed: ray`` -> the Ray mode's own rule (``agentrl.distributed.backend.check``);
    ``monitor.pause_on`` known alert kinds; the null trainer fields (``lr``, ``norm_lr_scale``,
    ``lr_schedule``, ``min_lr_ratio`` from ``BUILTIN_RL`` for the built-in model, else the Trainer
@@ -157,12 +158,15 @@ def _engine(cfg: RunConfig, cores: int | None):
 def cpu_threads(cfg: RunConfig, cores: int | None = None) -> int:
     """Torch intra-op threads for ``agentrl run`` (0: leave torch's default). Only the in-process
     engine on CPU shares the process with the trainer; both compute at once in their own threads, and
-    every thread that enters a parallel region gets its own OpenMP team, so null (auto) splits the cores."""
+    every thread that enters a parallel region gets its own OpenMP team, so null (auto) splits the cores;
+    on-policy (``train.max_staleness`` 0) they take turns, so null leaves each every core."""
     n = cfg.engine.cpu_threads
     if n == 0 or cfg.engine.kind != "local" or cfg.model.device != "cpu" or cfg.distributed == "ray":
         return 0
     if n is not None:
         return n
+    if cfg.train.max_staleness == 0:
+        return 0
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     return max(1, cores // 2)
 

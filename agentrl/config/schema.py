@@ -128,7 +128,9 @@ class EngineConfig:
         None,
         "agentrl run with the local engine on CPU: torch intra-op threads. The engine decodes while the "
         "trainer steps, each with its own OpenMP team, so null (auto) gives each half the cores (at least 1); "
-        "on 2 cores that made a default step 14% faster (BENCHMARKS.md P7). 0 keeps torch's default.",
+        "on 2 cores that made a default step 14% faster (BENCHMARKS.md P7). On-policy (train.max_staleness=0) "
+        "they take turns, so null keeps torch's default (every core): a TextWorld step 24% faster on 2 cores. "
+        "0 keeps torch's default.",
         min=0,
     )
 

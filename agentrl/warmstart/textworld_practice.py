@@ -13,9 +13,10 @@ issue 15), and nothing of worlds it has not seen.
 Recipe (``PRACTICE``): up to ``variants`` games per world, one per distinct randomized explorer plan
 (``textworld_demonstrations(..., variants=N)``; 174 games for 4 worlds at 50), the loss on every
 token after the first (as the built-in warm start), the built-in warm start's shared SFT settings at
-``steps`` steps and ``lr``, on 1 torch thread: the thread count changes float sums, and the start
-measured was built on 1. Does not: train (``agentrl.warmstart.sft``) or make demonstrations
-(``agentrl.warmstart.textworld_demos``).
+``steps`` steps and ``lr``, on torch's threads (every core; on 2 cores 1.65x faster than the 1 thread the
+starts of BENCHMARKS.md issue 15 were built on). The thread count and the CPU change float sums, so
+starts built on different machines differ a little (34 vs 35 of 64 solved on two machines). Does not:
+train (``agentrl.warmstart.sft``) or make demonstrations (``agentrl.warmstart.textworld_demos``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ def build_practice_start(dest: Path, worlds: int, log: Callable[[int, dict], Non
     ``log(step, metrics)``: called after every SFT step."""
     import tempfile
 
-    import torch
     from transformers import AutoTokenizer
 
     from agentrl.warmstart.sft import SFTConfig, run_sft
@@ -48,18 +48,13 @@ def build_practice_start(dest: Path, worlds: int, log: Callable[[int, dict], Non
     if worlds < 1:
         raise ValueError(f"worlds must be >= 1 (the fixed train worlds to practise), got {worlds}")
     cfg = SFTConfig(**PRACTICE["sft"], num_demos=0)
-    threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="textworld-base-") as tmp:
         base = build_model(Path(tmp) / "base", **TEXTWORLD_BASE)
         tok = AutoTokenizer.from_pretrained(str(base))
         demos = textworld_demonstrations(
             tok, worlds, difficulty=[PRACTICE["difficulty"]], variants=PRACTICE["variants"]
         )
-        torch.set_num_threads(1)
-        try:
-            run_sft(base, dest, cfg, examples=loss_on_every_token(demos), log=log)
-        finally:
-            torch.set_num_threads(threads)
+        run_sft(base, dest, cfg, examples=loss_on_every_token(demos), log=log)
     return Path(dest)
 
 

@@ -192,6 +192,11 @@ def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_t
     assert threads(cpu) == 1 and threads(cpu, cores=16) == 8 and threads(cpu, cores=1) == 1
     assert threads(cpu, "engine.cpu_threads=3") == 3 and threads(cpu, "engine.cpu_threads=0") == 0  # 0: torch's default
     assert threads(cpu, "engine.kind=sglang") == 0 and threads("model.device=cuda") == 0
+    # on-policy, the engine and the trainer take turns: each gets every core, unless asked otherwise
+    assert (
+        threads(cpu, "train.max_staleness=0") == 0
+        and threads(cpu, "train.max_staleness=0", "engine.cpu_threads=1") == 1
+    )
     calls, real = [], torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
     before = torch.get_num_threads()

@@ -3,7 +3,7 @@ in a few minutes on varied explorer games of the first ``worlds`` train worlds, 
 ``env.kwargs.worlds`` set to the same number then practises.
 
 What it is for: a start that solves a part of those worlds' episodes and fails the rest (by wandering
-or by writing a broken call), built in ~6 minutes on 2 CPU cores, where the built-in warm start
+or by writing a broken call), built in 4-11 minutes on 2 CPU cores (by machine), where the built-in warm start
 (``agentrl.warmstart.textworld_model``) takes ~50. The CI test that GiGPO learns
 (``tests/envs/test_textworld_learns.py``) and the credit comparison on practised worlds
 (``bench/bench_credit.py --env textworld --model practice``) start from it. It memorized its games:
@@ -75,7 +75,7 @@ def practice_model_path(worlds: int) -> Path:
         return dest
 
     def build(tmp: Path) -> None:
-        say(f"building the TextWorld practice start of {worlds} worlds in {dest} (first use only; ~6 minutes)")
+        say(f"building the TextWorld practice start of {worlds} worlds in {dest} (first use only; 4-11 min on 2 cores)")
         progress = sft_progress("TextWorld practice start", int(PRACTICE["sft"]["steps"]), every=50)
         build_practice_start(tmp, worlds, log=progress)
 

@@ -136,3 +136,37 @@ def test_the_run_learns_through_the_proxy(tiny_model_dir, tmp_path):
     rewards = step_rewards(out)
     first, last = rise(rewards, 4)
     assert last > first + 0.1, f"reward did not rise through the proxy: {rewards}"
+
+
+def test_score_truncated_scores_a_cut_last_reply_with_the_env(tiny_model_dir, tmp_path):
+    """rollout.score_truncated with agent.reward=env: a last reply cut at its token limit is handed to
+    env.step and keeps its reward (outcome still truncated_length), as in the built-in loop; off, it scores 0."""
+    import short_run  # noqa: F401  (registers test/Short-v0)
+
+    import agentrl.jobs.rollout as rollout_job
+
+    rewards = {}
+    for score in (False, True):
+        cfg = load_config(
+            [],
+            [
+                f"output_dir={tmp_path / str(score)}",
+                f"model.path={tiny_model_dir}",
+                "env.id=test/Short-v0",
+                "env.kwargs={}",
+                "agent.kind=proxy",
+                "agent.callable=probe_agents:example_agent",
+                "agent.reward=env",
+                "rollout.num_prompts=4",
+                "rollout.group_size=2",
+                "rollout.max_new_tokens=4",
+                "rollout.max_turns=1",
+                f"rollout.score_truncated={str(score).lower()}",
+            ],
+        )
+        trajs, _, _ = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)
+        cut = [t for t in trajs if t.outcome.value == "truncated_length"]
+        assert len(cut) >= 4, [t.outcome.value for t in trajs]  # a random tiny model rarely stops within 4 tokens
+        rewards[score] = [t.reward for t in cut]
+    assert rewards[False] == [0.0] * len(rewards[False])
+    assert any(r > 0 for r in rewards[True]), rewards  # 1 - chars/40: a 4-token reply is shorter than 40 chars

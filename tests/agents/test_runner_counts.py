@@ -37,9 +37,9 @@ def _link(last_text, finish="stop"):
     return link
 
 
-def _finish(runner, link, res, env=None):
+def _finish(runner, link, res, env=None, score_truncated=False):
     traj = Trajectory(episode_id="ep", group_id="g", env_id="e", prompt_len=2)
-    asyncio.run(runner._finish(traj, env or FakeEnv(), link, res))
+    asyncio.run(runner._finish(traj, env or FakeEnv(), link, res, score_truncated))
     return traj
 
 
@@ -54,6 +54,16 @@ def test_a_program_that_stops_while_the_model_calls_tools_is_truncated_not_an_in
     traj = _finish(runner, _link('<tool_call>{"name": "python"}</tool_call>'), ProgramResult())
     assert traj.outcome == Outcome.TRUNCATED_TURNS and traj.outcome.trainable and traj.reward == 0.0
     assert runner.totals()["unfinished"] == 1 and runner.totals()["no_reward"] == 0
+
+
+@pytest.mark.parametrize("score_truncated, reward", [(False, 0.0), (True, 1.0)])
+def test_a_cut_last_reply_is_scored_by_the_env_only_with_score_truncated(score_truncated, reward):
+    env = FakeEnv()
+    traj = _finish(
+        _runner(reward="env"), _link("the ANSWER is", finish="length"), ProgramResult(), env, score_truncated
+    )
+    assert (traj.outcome, traj.reward) == (Outcome.TRUNCATED_LENGTH, reward)
+    assert env.steps == (["the ANSWER is"] if score_truncated else [])
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ state, largest group). JSON to ``bench/results/credit-textworld.json``.
 
 Two designs. Held-out (the default): the built-in warm start trains on every train world and is
 scored on ``--eval-tasks`` eval-split worlds it never saw. Practised worlds (``--model practice
---worlds N --eval-split train``): a start SFT-trained in 4-11 minutes on varied games of N fixed worlds
+--worlds N --eval-split train``): a start SFT-trained in 4-9 minutes on varied games of N fixed worlds
 (``agentrl.warmstart.textworld_practice``, the CI learning test's start) trains on those worlds and
 is scored on them, the same eval episodes (tasks and sampling seeds) for every arm, seed and the
 start: whether a credit mode turns the same samples into more success where learning is visible

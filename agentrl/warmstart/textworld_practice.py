@@ -3,7 +3,7 @@ in a few minutes on varied explorer games of the first ``worlds`` train worlds, 
 ``env.kwargs.worlds`` set to the same number then practises.
 
 What it is for: a start that solves a part of those worlds' episodes and fails the rest (by wandering
-or by writing a broken call), built in 4-11 minutes on 2 CPU cores (by machine), where the built-in warm start
+or by writing a broken call), built in 4-9 minutes on 2 CPU cores (by machine), where the built-in warm start
 (``agentrl.warmstart.textworld_model``) takes ~50. The CI test that GiGPO learns
 (``tests/envs/test_textworld_learns.py``) and the credit comparison on practised worlds
 (``bench/bench_credit.py --env textworld --model practice``) start from it. It memorized its games:
@@ -11,11 +11,12 @@ on its 4 worlds it solves 26 of 64 episodes at temperature 0.5 and 6 of 64 at 1 
 issue 15), and nothing of worlds it has not seen.
 
 Recipe (``PRACTICE``): up to ``variants`` games per world, one per distinct randomized explorer plan
-(``textworld_demonstrations(..., variants=N)``; 174 games for 4 worlds at 50), the loss on every
-token after the first (as the built-in warm start), the built-in warm start's shared SFT settings at
-``steps`` steps and ``lr``, on torch's threads (every core; on 2 cores 1.65x faster than the 1 thread the
-starts of BENCHMARKS.md issue 15 were built on). The thread count and the CPU change float sums, so
-starts built on different machines differ a little (34 vs 35 of 64 solved on two machines). Does not:
+(``textworld_demonstrations(..., variants=N)``; 174 games for 4 worlds at 50), the loss on every token after the first
+(as the built-in warm start), the built-in warm start's shared SFT settings at ``steps`` steps and ``lr``, on torch's
+threads (every core; on 2 cores 1.65x faster than the 1 thread the starts of BENCHMARKS.md issue 15 were built on), in
+micro-batches of 2,048 tokens (one game each: a game is 1,300-2,100 tokens; packs of 8,192 made every step ~35 %
+slower on 2 cores). The thread count, the micro-batches and the CPU change float sums, so starts built differently
+differ (34 vs 35 of 64 solved on two machines; 34 with packs of 8,192 vs 42 with one game, on one machine). Does not:
 train (``agentrl.warmstart.sft``) or make demonstrations (``agentrl.warmstart.textworld_demos``).
 """
 
@@ -31,7 +32,9 @@ from agentrl.warmstart.model_cache import cached, say, sft_progress
 from agentrl.warmstart.textworld_model import SHARED_SFT, TEXTWORLD_BASE, loss_on_every_token, textworld_base_path
 
 #: up to ``variants`` explorer games per world; SFT fields (``agentrl.warmstart.sft.SFTConfig``)
-PRACTICE = dict(variants=50, difficulty=1, sft=dict(SHARED_SFT, steps=200, lr=3e-3, warmup_steps=10))
+PRACTICE = dict(
+    variants=50, difficulty=1, sft=dict(SHARED_SFT, steps=200, lr=3e-3, warmup_steps=10, micro_batch_tokens=2048)
+)
 
 
 def build_practice_start(dest: Path, worlds: int, log: Callable[[int, dict], None] | None = None) -> Path:
@@ -75,7 +78,7 @@ def practice_model_path(worlds: int) -> Path:
         return dest
 
     def build(tmp: Path) -> None:
-        say(f"building the TextWorld practice start of {worlds} worlds in {dest} (first use only; 4-11 min on 2 cores)")
+        say(f"building the TextWorld practice start of {worlds} worlds in {dest} (first use only; 4-9 min on 2 cores)")
         progress = sft_progress("TextWorld practice start", int(PRACTICE["sft"]["steps"]), every=50)
         build_practice_start(tmp, worlds, log=progress)
 

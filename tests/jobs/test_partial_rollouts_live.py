@@ -114,7 +114,7 @@ async def test_sglang_partial_spans_and_drained_does_not(drain_server, sglang_mo
     base = load_file(str(sglang_model_dir / "model.safetensors"))
     g = torch.Generator().manual_seed(0)
     weights = {k: v + 0.02 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in base.items()}
-    n = 1024  # long enough to be still running when the push lands (SGLang may stop one early on eos)
+    n = 512  # long enough to be still running when the push lands (SGLang may stop one early on eos)
     params = SamplingParams(max_new_tokens=n)
 
     async def round_(engine, version: int) -> tuple[list[Generation], list[Generation], list[bool]]:

@@ -1,5 +1,5 @@
 """The practice start's cache (``agentrl.warmstart.textworld_practice``); its build is run for real by
-``tests/envs/test_textworld_learns.py`` (4-11 minutes), replaced here by a fake that records its calls."""
+``tests/envs/test_textworld_learns.py`` (4-9 minutes), replaced here by a fake that records its calls."""
 
 import pytest
 

@@ -2,10 +2,13 @@
 TextWorld's recipe, shortened for CI, must raise success on the worlds it practises.
 
 The built-in TextWorld warm start takes ~50 minutes to build, too long for CI, and a start that
-solves nothing gives GRPO no signal (every group all-fail). So the run starts from a model CI builds
-in a few minutes (``agentrl.warmstart.textworld_practice``): SFT on varied explorer games of the 4 fixed
-worlds the run then practises (``env.kwargs.worlds=4``), which solves a part of its episodes and fails the rest by
-wandering or writing broken calls. RL must make it better at those worlds.
+solves nothing gives GRPO no signal (every group all-fail). So the run starts from the practice start
+(``agentrl.warmstart.textworld_practice``): SFT on varied explorer games of the 4 fixed worlds the run then
+practises (``env.kwargs.worlds=4``), which solves a part of its episodes and fails the rest by wandering or writing
+broken calls. RL must make it better at those worlds. The start comes from the product's own cache
+(``practice_model_path``, under ``$AGENTRL_CACHE``, keyed by its recipe and demonstrations), as
+``bench/bench_credit.py --model practice`` takes it: built on first use (9 minutes on a slow 2-core machine),
+reused after (a machine that keeps its cache, as CI's does for the SGLang venv, skips the build).
 
 Two settings differ from the recipe, both for this start: it is nearly deterministic (it memorized
 its games), so at temperature 1 it mostly writes broken calls (6 of 64 solved, against 26 of 64 at
@@ -25,7 +28,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # 17.5 minutes alone on a slow 2-core machine (9 build)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a slow 2-core machine: 8.5 min, +9 to build the start
 
 WORLDS = 4
 STEPS = 20
@@ -33,19 +36,19 @@ EVAL = 64  # episodes of the start and end evals (16 per world)
 MARGIN = 0.1  # the rise the end eval must show (measured over 8 seeds: +0.14 to +0.36, median +0.29)
 
 
-def _start(tmp_path):
-    """The CI start: TextWorld's base SFT-trained on up to 50 explorer games per fixed world (174 games)."""
+def _start():
+    """The CI start: TextWorld's base SFT-trained on up to 50 explorer games per fixed world (174 games), cached."""
     from agentrl.envs.textworld import generate_world
     from agentrl.warmstart.textworld_demos import demo_worlds
-    from agentrl.warmstart.textworld_practice import build_practice_start
+    from agentrl.warmstart.textworld_practice import practice_model_path
 
     # the demonstrations' worlds are the run's: task seeds fold onto worlds 0..WORLDS-1 (train split)
     assert [t["id"] for t in demo_worlds(WORLDS, [1])] == [generate_world(s, 1, "train").task_id for s in range(WORLDS)]
-    return build_practice_start(tmp_path / "start", WORLDS)
+    return practice_model_path(WORLDS)
 
 
 def test_gigpo_on_textworld_raises_success_on_the_worlds_it_practises(tmp_path):
-    start, out = _start(tmp_path), tmp_path / "run"
+    start, out = _start(), tmp_path / "run"
     cmd = [sys.executable, "-m", "agentrl", "run", "--env", "textworld", "--algo", "grpo"]
     cmd += ["--set", "algo.credit=gigpo", "--model", str(start), "--steps", str(STEPS), "-o", str(out), "-q"]
     sets = [f"env.kwargs.worlds={WORLDS}", "trainer.lr=3e-5", "rollout.temperature=0.5", "trainer.temperature=0.5"]

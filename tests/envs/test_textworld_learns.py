@@ -7,7 +7,7 @@ solves nothing gives GRPO no signal (every group all-fail). So the run starts fr
 practises (``env.kwargs.worlds=4``), which solves a part of its episodes and fails the rest by wandering or writing
 broken calls. RL must make it better at those worlds. The start comes from the product's own cache
 (``practice_model_path``, under ``$AGENTRL_CACHE``, keyed by its recipe and demonstrations), as
-``bench/bench_credit.py --model practice`` takes it: built on first use (9 minutes on a slow 2-core machine),
+``bench/bench_credit.py --model practice`` takes it: built on first use (6-9 minutes on a slow 2-core machine),
 reused after (a machine that keeps its cache, as CI's does for the SGLang venv, skips the build).
 
 Two settings differ from the recipe, both for this start: it is nearly deterministic (it memorized
@@ -28,7 +28,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a slow 2-core machine: 8.5 min, +9 to build the start
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # slow 2 cores: 7-8.5 min, +6-9 to build the start
 
 WORLDS = 4
 STEPS = 20

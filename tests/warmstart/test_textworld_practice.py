@@ -1,5 +1,6 @@
-"""The practice start's cache (``agentrl.warmstart.textworld_practice``); its build is run for real by
-``tests/envs/test_textworld_learns.py`` (4-9 minutes), replaced here by a fake that records its calls."""
+"""The practice start (``agentrl.warmstart.textworld_practice``): its cache over a fake build that records its
+calls, and the real build shortened (1 world, 2 games, 2 SFT steps). The full build (4-9 minutes) runs in
+``tests/envs/test_textworld_learns.py`` when the cache has no start of the current recipe."""
 
 import pytest
 
@@ -31,3 +32,15 @@ def test_practice_start_is_built_once_per_world_count_and_then_reused(tmp_path, 
 def test_practice_start_refuses_no_worlds(tmp_path):
     with pytest.raises(ValueError, match="worlds must be >= 1"):
         textworld_practice.build_practice_start(tmp_path / "start", 0)
+
+
+def test_the_real_build_shortened_trains_on_the_worlds_games_and_writes_a_loadable_model(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    short = dict(textworld_practice.PRACTICE, variants=2, sft=dict(textworld_practice.PRACTICE["sft"], steps=2))
+    monkeypatch.setattr(textworld_practice, "PRACTICE", short)
+    losses = []
+    dest = textworld_practice.build_practice_start(tmp_path / "start", 1, log=lambda step, m: losses.append(m["loss"]))
+    assert dest == tmp_path / "start" and len(losses) == 2 and all(loss > 0 for loss in losses)
+    model = AutoModelForCausalLM.from_pretrained(str(dest))
+    assert model.config.hidden_size == textworld_practice.TEXTWORLD_BASE["hidden_size"]

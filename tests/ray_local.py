@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-import pytest
+import components
 
 import agentrl
 from agentrl.config.schema import load_config
@@ -80,7 +80,7 @@ def ray_or_skip():
     try:
         import ray
     except ImportError as e:
-        pytest.skip(f"Ray is not installed ({e}); pip install 'agentrl[ray]'")
+        components.unavailable("ray", f"Ray is not installed ({e}); pip install 'agentrl[ray]'")
     return ray
 
 

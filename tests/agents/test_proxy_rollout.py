@@ -6,14 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
+import probe_agents  # noqa: E402  (the official openai client, which litellm brings)
 
 import agentrl.jobs.rollout as rollout_job
 from agentrl.config.schema import load_config
 from agentrl.engine.base import Engine
-
-pytest.importorskip("openai", reason="the example agents use the official openai client")
-import probe_agents  # noqa: E402  (imports openai)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 

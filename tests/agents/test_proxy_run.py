@@ -8,15 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+import probe_agents  # noqa: E402  (the official openai client, which litellm brings)
 import pytest
 from reward_curve import rise, step_rewards
 
 from agentrl.config.schema import load_config
 from agentrl.errors import InfraFailureError
 from agentrl.jobs.run import Runner
-
-pytest.importorskip("openai", reason="the example agents use the official openai client")
-import probe_agents  # noqa: E402  (imports openai)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 

@@ -8,14 +8,17 @@ Needs the real verifiers package; it is not in the ``test`` extra because verifi
 bootstraps ``uv`` and its script's dependencies from the package index on first use."""
 
 import asyncio
-import shutil
 import sys
 from pathlib import Path
 
+import components
 import pytest
 
 pytest.importorskip(
-    "verifiers.v1", reason="verifiers 0.4 is not installed (it pins mcp==2.0.0, which litellm[mcp] refuses)"
+    "verifiers.v1",
+    reason=components.reason(
+        "verifiers", "verifiers 0.4 is not installed (it pins mcp==2.0.0, which litellm[mcp] refuses)"
+    ),
 )
 
 import agentrl.jobs.rollout as rollout_job  # noqa: E402
@@ -61,7 +64,6 @@ def test_rows_splits_and_seeds():
         train.step("tac")
 
 
-@pytest.mark.skipif(shutil.which("sh") is None, reason="the harness runs in a shell subprocess")
 def test_rollout_through_the_proxy_scores_with_the_rubric(tmp_path):
     cfg = load_config([], _sets(tmp_path, ["rollout.num_prompts=2", "rollout.group_size=2"]))
     trajs, metrics, _ = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)

@@ -9,6 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import components
 import pytest
 
 VENV = Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl")) / "verifiers-venv"
@@ -19,10 +20,12 @@ TESTS = Path(__file__).resolve().parent / "test_verifiers.py"
 @pytest.mark.slow
 def test_verifiers_suite_in_its_own_venv():
     if not PYTHON.exists():
-        pytest.skip(f"verifiers is not installed in {VENV} (bash .ci/install_verifiers.sh)")
+        components.unavailable("verifiers", f"verifiers is not installed in {VENV} (bash .ci/install_verifiers.sh)")
     probe = subprocess.run([str(PYTHON), "-c", "import verifiers.v1, agentrl"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip(f"{PYTHON} cannot import verifiers.v1 and agentrl: {probe.stderr.strip()[-300:]}")
+        components.unavailable(
+            "verifiers", f"{PYTHON} cannot import verifiers.v1 and agentrl: {probe.stderr.strip()[-300:]}"
+        )
     res = subprocess.run(
         [str(PYTHON), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(TESTS)],
         capture_output=True,

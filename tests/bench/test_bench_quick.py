@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import components
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,15 +165,16 @@ def _param(case: Case):
     return pytest.param(case, marks=marks, id=case.id)
 
 
-def _skip_reason(needs: tuple[str, ...]) -> str | None:
+def _skip_reason(needs: tuple[str, ...]) -> tuple[str, str] | None:
+    """(component, why) for the first of ``needs`` missing here, else None."""
     if "ray" in needs and importlib.util.find_spec("ray") is None:
-        return "Ray is not installed (pip install -e '.[ray]')"
+        return "ray", "Ray is not installed (pip install -e '.[ray]')"
     if "sglang" in needs:
         from agentrl.engine.sglang_server import unavailable_reason
 
         reason = unavailable_reason()
         if reason:
-            return f"SGLang cannot run here: {reason}"
+            return "sglang", f"SGLang cannot run here: {reason}"
     return None
 
 
@@ -198,7 +200,7 @@ def test_header_line_finds_only_a_full_header():
 def test_quick_mode_runs_and_reports(case: Case, tmp_path):
     reason = _skip_reason(case.needs)
     if reason:
-        pytest.skip(reason)
+        components.unavailable(*reason)
     out = tmp_path / f"{case.id}.json"
     cmd = [sys.executable, str(BENCH / case.script), "--quick", *case.args, "--out", str(out)]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import components
 import pytest
 from typer.testing import CliRunner
 
@@ -90,7 +91,7 @@ def test_config_docs_lists_every_field():
 def test_installed_binary_runs():
     exe = shutil.which("agentrl")
     if exe is None:
-        pytest.skip("the agentrl console script is not on PATH (package not pip-installed)")
+        components.unavailable("installed", "the agentrl console script is not on PATH (package not pip-installed)")
     res = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "rollout" in res.stdout
 

@@ -3,6 +3,7 @@
 import base64
 import json
 
+import components
 import pytest
 from typer.testing import CliRunner
 
@@ -68,7 +69,7 @@ def test_exec_bad_input_is_one_clear_error():
 def test_exec_docker_ps_clean_build():
     reason = _docker_reason()
     if reason is not None:
-        pytest.skip(f"docker sandbox unavailable: {reason}")
+        components.unavailable("docker", f"docker sandbox unavailable: {reason}")
     from agentrl.sandbox.docker_daemon import list_containers
 
     res = runner.invoke(

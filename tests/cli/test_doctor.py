@@ -6,6 +6,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import components
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -142,7 +143,7 @@ def test_configured_sglang_server_version():
 
 
 def test_ray_cluster_reachable_or_not(monkeypatch):
-    pytest.importorskip("ray", reason="ray is not installed (pip install 'agentrl[ray]')")
+    pytest.importorskip("ray", reason=components.reason("ray", "ray is not installed (pip install 'agentrl[ray]')"))
     with socket.socket() as head:  # a listening socket stands in for the GCS port
         head.bind(("127.0.0.1", 0))
         head.listen()

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import components
 import pytest
 from scripted_openai import ScriptedOpenAI
 from typer.testing import CliRunner
@@ -47,7 +48,9 @@ def test_version_matches_pyproject_and_the_installed_distribution():
     try:
         installed = importlib.metadata.version("agentrl")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("agentrl is not pip-installed here, so there is no distribution version to compare")
+        components.unavailable(
+            "installed", "agentrl is not pip-installed here, so there is no distribution version to compare"
+        )
     assert installed == agentrl.__version__
 
 

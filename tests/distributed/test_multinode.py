@@ -131,12 +131,10 @@ def _cluster(worker_cpus=(2, 2)):
     ray = ray_or_skip()
     from ray.cluster_utils import Cluster
 
-    try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's node: no actors
-        workers = [c.add_node(num_cpus=n, resources={f"node_{chr(97 + i)}": 1}) for i, n in enumerate(worker_cpus)]
-        c.wait_for_nodes()
-    except Exception as e:
-        pytest.skip(f"a simulated Ray cluster cannot start here: {type(e).__name__}: {e}")
+    # Ray is installed: a cluster that cannot start fails the test (never a skip that hides a broken set-up)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # the driver's node: no actors
+    workers = [c.add_node(num_cpus=n, resources={f"node_{chr(97 + i)}": 1}) for i, n in enumerate(worker_cpus)]
+    c.wait_for_nodes()
     return ray, c, workers
 
 

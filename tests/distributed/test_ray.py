@@ -76,10 +76,7 @@ def ray_session():
 
     before = ray_pids()
     cluster = RayCluster(RayConfig(num_cpus=2))
-    try:
-        cluster.connect()
-    except Exception as e:
-        pytest.skip(f"a local Ray instance cannot start here: {type(e).__name__}: {e}")
+    cluster.connect()  # Ray is installed: a failed connect is agentrl's (or Ray's) failure, never a skip
     print(f"\nray.init (local, 2 CPUs): {cluster.connect_s:.1f}s")
     yield ray
     cluster.close()

@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import components
 import pytest
 from ray_local import RUN_ARGS, assert_no_leak, ray_or_skip, ray_pids  # also registers test/RayCount-v0
 
@@ -109,7 +110,7 @@ def _sglang_or_skip():
 
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        components.unavailable("sglang", reason)
 
 
 def _cfg(*sets: str):

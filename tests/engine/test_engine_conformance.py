@@ -27,6 +27,7 @@ import asyncio
 import copy
 import shutil
 
+import components
 import httpx
 import pytest
 import torch
@@ -388,10 +389,11 @@ async def test_seeded_sampling_is_reproducible(engine):
         r = httpx.get(f"{engine.urls[0]}/server_info", timeout=30)
         assert r.status_code == 200, r.text[:300]
         if not r.json().get("enable_deterministic_inference"):
-            pytest.skip(
+            components.unavailable(
+                "sglang-deterministic",
                 "SGLang honours sampling_seed only with --enable-deterministic-inference "
                 "(sampling_batch_info.py), which refuses torch_native, the CPU attention backend "
-                "(arg_groups/overrides.py); this server runs without it"
+                "(arg_groups/overrides.py); this server runs without it",
             )
     ps = prompts(8, seed=7)
     seeded = [SamplingParams(max_new_tokens=32, temperature=1.0, seed=1000 + i) for i in range(len(ps))]

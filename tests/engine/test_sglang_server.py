@@ -1,5 +1,6 @@
 """The SGLang launcher against a real server process (skips, saying why, where SGLang cannot run)."""
 
+import components
 import pytest
 
 from agentrl.engine.sglang_server import CPU_FLAGS, SGLangServer
@@ -43,7 +44,7 @@ def test_startup_failure_raises_with_the_log(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     server = SGLangServer(tmp_path, startup_timeout_s=120)
     if server.python is None:
-        pytest.skip("SGLang is not installed")
+        components.unavailable("sglang", "SGLang is not installed")
     with pytest.raises(EngineError, match="exited with code"):
         server.start()
     assert not server.alive()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import components
 import gymnasium
 import pytest
 
@@ -14,7 +15,7 @@ from agentrl.envs.base import AgentEnv
 from agentrl.envs.checker import assert_agent_env
 from agentrl.errors import ConfigError, RegistryError
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+tomllib = pytest.importorskip("tomllib", reason=components.reason("py311", "tomllib needs Python 3.11+"))
 
 THIRDPARTY = Path(__file__).resolve().parents[1] / "thirdparty_pkg"
 

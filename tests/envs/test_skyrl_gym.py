@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+import components
 import pytest
 
-skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (pip install 'agentrl[skyrl]')")
+skyrl_gym = pytest.importorskip(
+    "skyrl_gym", reason=components.reason("skyrl", "skyrl-gym is not installed (pip install 'agentrl[skyrl]')")
+)
 from gymnasium.error import ResetNeeded  # noqa: E402
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
 

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 
+import components
 import pytest
 
 from agentrl.sandbox.local import bwrap_unavailable_reason
@@ -37,17 +38,18 @@ MODES = {
 }
 
 
-def _skip_reason(mode: str) -> str | None:
+def _skip_reason(mode: str) -> tuple[str, str] | None:
+    """(component, why) when ``mode`` cannot be made on this machine, else None."""
     if mode == "bwrap":
-        return bwrap_unavailable_reason() and f"bubblewrap mode: {bwrap_unavailable_reason()}"
+        return bwrap_unavailable_reason() and ("bwrap", f"bubblewrap mode: {bwrap_unavailable_reason()}")
     if os.geteuid() != 0:
-        return f"{mode}: the test runs as uid {os.geteuid()}; it needs root to make the mode"
+        return "root", f"{mode}: the test runs as uid {os.geteuid()}; it needs root to make the mode"
     if mode == "not-root":
         if shutil.which("unshare") is None:
-            return "not-root mode: util-linux unshare is missing"
+            return "root", "not-root mode: util-linux unshare is missing"
         probe = subprocess.run(MODES[mode][0] + ["true"], capture_output=True)
         if probe.returncode != 0:
-            return f"not-root mode: user namespaces unavailable ({probe.stderr.decode().strip()[:200]})"
+            return "root", f"not-root mode: user namespaces unavailable ({probe.stderr.decode().strip()[:200]})"
     return None
 
 
@@ -55,7 +57,7 @@ def _skip_reason(mode: str) -> str | None:
 def test_shortened_default_recipe_has_no_infrastructure_failures(mode, tmp_path):
     reason = _skip_reason(mode)
     if reason:
-        pytest.skip(reason)
+        components.unavailable(*reason)
     prefix, options, words = MODES[mode]
     out = tmp_path / "run"
     kwargs = json.dumps({"sandbox_backend": "local", "sandbox_options": options})

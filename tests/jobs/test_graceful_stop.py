@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 
+import components
 import pytest
 
 from agentrl.jobs.crash_harness import final_checkpoint, ledger_check, small_run_cmd
@@ -99,7 +100,7 @@ def test_no_launched_sglang_server_outlives_its_run(sglang_model_dir, tmp_path, 
     from agentrl.engine.sglang_server import unavailable_reason
 
     if unavailable_reason():
-        pytest.skip(unavailable_reason())
+        components.unavailable("sglang", unavailable_reason())
     model = tmp_path / "model"
     shutil.copytree(sglang_model_dir, model)  # a path no other test's server has on its command line
 

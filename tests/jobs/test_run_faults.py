@@ -25,6 +25,7 @@ import threading
 import time
 from urllib.parse import urlparse
 
+import components
 import leak_probe
 import pytest
 import short_run  # noqa: F401  (registers test/Short-v0)
@@ -69,7 +70,7 @@ def test_docker_containers_killed_during_run(tmp_path):
 
     reason = docker_unavailable_reason()
     if reason is not None:
-        pytest.skip(f"docker backend unavailable: {reason}")
+        components.unavailable("docker", f"docker backend unavailable: {reason}")
     import docker
 
     client = docker.from_env()
@@ -163,7 +164,7 @@ def test_sglang_server_killed_during_run(sglang_model_dir, tmp_path):
 
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        components.unavailable("sglang", reason)
     G, groups, steps = 4, 2, 8
     out = tmp_path / "run"
     cfg = load_config(

@@ -4,6 +4,7 @@ run; engine config errors are checked without a server."""
 
 import json
 
+import components
 import pytest
 import short_run  # noqa: F401  (registers test/Short-v0)
 from typer.testing import CliRunner
@@ -63,7 +64,7 @@ def test_agentrl_run_on_sglang_syncs_weights(sglang_model_dir, tmp_path):
 
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        components.unavailable("sglang", reason)
     out = tmp_path / "run"
     sets = [x for s in ["engine.kind=sglang", *SHORT] for x in ("--set", s)]
     res = CliRunner().invoke(

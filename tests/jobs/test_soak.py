@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import components
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -59,7 +60,7 @@ def test_soak_leaves_nothing_behind(backend, tmp_path):
     if backend == "docker":
         reason = docker_unavailable_reason()
         if reason is not None:
-            pytest.skip(f"docker backend unavailable: {reason}")
+            components.unavailable("docker", f"docker backend unavailable: {reason}")
     r = _soak_in_fresh_process(backend, tmp_path)
     assert not r.get("skipped"), r.get("skipped")
     bench_soak._print(r)

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import components
 import pytest
 import torch
 
@@ -41,7 +42,7 @@ def test_choose_rule():
 
 def test_auto_is_cpu_float32_on_this_machine():
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+        components.unavailable("no-gpu", "this machine has a GPU")
     cfg = resolve_device(RunConfig())
     assert (cfg.model.device, cfg.model.dtype) == ("cpu", "float32")
     assert (cfg.trainer.device, cfg.trainer.param_dtype) == ("cpu", "float32")
@@ -90,7 +91,7 @@ def test_engine_and_trainer_choose_cuda_bf16_when_cuda_is_visible(fake_cuda):
 
 def test_engine_and_trainer_stay_on_cpu_float32_here():
     if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+        components.unavailable("no-gpu", "this machine has a GPU")
     from agentrl.engine.local import placement
     from agentrl.trainer.dist import pick_device
     from agentrl.trainer.models import mixed_precision

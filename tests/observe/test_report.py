@@ -2,6 +2,7 @@
 
 import json
 
+import components
 import pytest
 from typer.testing import CliRunner
 
@@ -95,7 +96,7 @@ def test_cli_writes_report_and_rejects_missing_dir(run_dir, tmp_path):
 
 def test_headless_chromium_screenshot(run_dir, tmp_path):
     if find_chromium() is None:
-        pytest.skip("no headless Chromium installed (apt-get install chromium-headless-shell)")
+        components.unavailable("chromium", "no headless Chromium installed (apt-get install chromium-headless-shell)")
     png = screenshot(write_report(run_dir), tmp_path / "report.png", height=1600)
     from PIL import Image
 

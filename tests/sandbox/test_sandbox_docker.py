@@ -8,6 +8,7 @@ import asyncio
 import os
 import time
 
+import components
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError
@@ -17,7 +18,7 @@ from agentrl.sandbox.docker import unavailable_reason
 REASON = unavailable_reason()
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(REASON is not None, reason=f"docker sandbox unavailable: {REASON}"),
+    pytest.mark.skipif(REASON is not None, reason=components.reason("docker", f"docker sandbox unavailable: {REASON}")),
 ]
 
 GRACE_S = 2.0  # a run returns within its deadline plus this (container work + a loaded 2-core machine)
@@ -425,7 +426,7 @@ async def test_gvisor_runtime():
     """The same backend on gVisor's user-space kernel, where it is registered (CI registers it)."""
     reason = _runsc_reason()
     if reason is not None:
-        pytest.skip(reason)
+        components.unavailable("gvisor", reason)
     from agentrl.sandbox.docker import DockerSandbox
 
     s = DockerSandbox(pool_size=0, max_concurrency=2, runtime="runsc")

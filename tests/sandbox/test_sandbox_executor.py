@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import components
 import pytest
 
 from agentrl.errors import SandboxError
@@ -27,7 +28,7 @@ MODES = ["bwrap", "no-bwrap"]
 @pytest.fixture(params=MODES)
 def sb(request):
     if request.param == "bwrap" and bwrap_unavailable_reason() is not None:
-        pytest.skip(f"bubblewrap mode: {bwrap_unavailable_reason()}")
+        components.unavailable("bwrap", f"bubblewrap mode: {bwrap_unavailable_reason()}")
     return make_sandbox("local", bwrap=request.param == "bwrap")
 
 
@@ -158,7 +159,7 @@ def test_the_executor_and_its_programs_die_with_the_trainer(tmp_path):
 
 def test_without_bwrap_as_root_a_run_has_its_own_pid_namespace():
     if os.geteuid() != 0:
-        pytest.skip("own pid namespaces need root (or bubblewrap)")
+        components.unavailable("root", "own pid namespaces need root (or bubblewrap)")
     sb = make_sandbox("local", bwrap=False)
     r = run(
         sb,
@@ -278,7 +279,7 @@ def test_a_run_cancelled_as_it_starts_leaves_nothing(sb):
 
 def test_a_one_shot_run_makes_its_work_dir_inside_its_jail(sb):
     if os.geteuid() != 0:
-        pytest.skip("work dirs inside a jail's own mount namespace need root")
+        components.unavailable("root", "work dirs inside a jail's own mount namespace need root")
     import glob
     import tempfile
 
@@ -298,8 +299,10 @@ def test_a_one_shot_run_makes_its_work_dir_inside_its_jail(sb):
 
 
 def test_no_nested_user_namespaces_in_bubblewraps_view():
-    if os.geteuid() != 0 or bwrap_unavailable_reason() is not None:
-        pytest.skip("the executor builds bubblewrap's view as root where bubblewrap works")
+    if os.geteuid() != 0:
+        components.unavailable("root", "the executor builds bubblewrap's view as root")
+    if bwrap_unavailable_reason() is not None:
+        components.unavailable("bwrap", f"bubblewrap's view: {bwrap_unavailable_reason()}")
     sb = make_sandbox("local", bwrap=True)
     r = asyncio.run(sb.run(["sh", "-c", "unshare -U true && echo MADE || echo refused"], timeout_s=10))
     assert r.ok and r.stdout.strip() == "refused", r

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import components
 import pytest
 
 from agentrl.errors import SandboxError
@@ -21,7 +22,7 @@ from agentrl.sandbox.docker import unavailable_reason
 REASON = unavailable_reason()
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(REASON is not None, reason=f"docker sandbox unavailable: {REASON}"),
+    pytest.mark.skipif(REASON is not None, reason=components.reason("docker", f"docker sandbox unavailable: {REASON}")),
 ]
 
 

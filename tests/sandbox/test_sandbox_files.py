@@ -7,6 +7,7 @@ import os
 import tarfile
 import threading
 
+import components
 import pytest
 
 from agentrl.sandbox.files import check_relpath, collect_files, collect_from_tar, files_to_tar, write_files
@@ -54,7 +55,7 @@ def test_write_caps_and_directory_in_the_way(tmp_path):
         write_files(str(tmp_path), {"s": "text"})  # type: ignore[dict-item]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.skipif(os.geteuid() != 0, reason=components.reason("root", "chown to another uid needs root"))
 def test_write_gives_files_to_the_sandbox_user(tmp_path):
     write_files(str(tmp_path), {"d/x": b"1"}, owner=(1234, 1234))
     assert (tmp_path / "d").stat().st_uid == 1234 and (tmp_path / "d/x").stat().st_uid == 1234

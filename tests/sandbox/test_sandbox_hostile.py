@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 
+import components
 import pytest
 from host_state import assert_host_unchanged, host_snapshot
 
@@ -82,7 +83,7 @@ async def backend(request):
     if name == "docker":
         reason = docker_unavailable_reason()
         if reason is not None:
-            pytest.skip(f"docker backend unavailable: {reason}")
+            components.unavailable("docker", f"docker backend unavailable: {reason}")
     before = host_snapshot(name)
     sb = make_sandbox("local", bwrap=False) if name == "local-plain" else make_sandbox(name)
     try:
@@ -117,7 +118,9 @@ async def run_case(case: str, backend: tuple, argv=None, *, code: str | None = N
 # ------------------------------------------------------------------------------ resources
 async def test_fork_bomb(backend):
     if not facts(backend[1])["pids"]:
-        pytest.skip("pids is not enforced on this backend here (local, not root): a fork bomb would exhaust host pids")
+        components.unavailable(
+            "root", "pids is not enforced on this backend here (local, not root): a fork bomb would exhaust host pids"
+        )
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     await run_case("fork_bomb", backend, code=code)
     await run_case("bash_fork_bomb", backend, ["bash", "-c", ":(){ :|:& };:"])
@@ -202,7 +205,7 @@ class _Listener:
 
 async def test_network(backend):
     if not facts(backend[1])["network"]:
-        pytest.skip("the local backend without bwrap and without root cannot stop network access")
+        components.unavailable("root", "the local backend without bwrap and without root cannot stop network access")
     lst = _Listener()
     try:
         port = lst.port
@@ -283,7 +286,9 @@ async def test_kill_parent(backend):
 async def test_kill_all_reaches_only_its_own_run(backend):
     name, sb = backend
     if not facts(sb)["kill_all"]:
-        pytest.skip("kill -9 -1 is not contained here (local without bwrap, not root): it would kill the trainer")
+        components.unavailable(
+            "root", "kill -9 -1 is not contained here (local without bwrap, not root): it would kill the trainer"
+        )
     bystander = asyncio.ensure_future(sb.run(["sh", "-c", "sleep 1.5; echo bystander"], timeout_s=10))
     await asyncio.sleep(0.5)
     r = await run_case("kill_all", backend, ["bash", "-c", "kill -9 -1; echo survived"])

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+import components
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError
@@ -27,7 +28,11 @@ from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 ROOT = os.geteuid() == 0
 BWRAP_REASON = LocalSandbox().bwrap_reason
 MODES = [
-    pytest.param(True, id="bwrap", marks=pytest.mark.skipif(BWRAP_REASON is not None, reason=str(BWRAP_REASON))),
+    pytest.param(
+        True,
+        id="bwrap",
+        marks=pytest.mark.skipif(BWRAP_REASON is not None, reason=components.reason("bwrap", str(BWRAP_REASON))),
+    ),
     pytest.param(False, id="plain"),
 ]
 
@@ -178,7 +183,10 @@ async def test_fsize_and_nofile(sb):
     assert r.exit_code == 1 and "Too many open files" in r.stderr
 
 
-@pytest.mark.skipif(not ROOT, reason="pids (RLIMIT_NPROC) is enforced only with a dedicated uid, i.e. as root")
+@pytest.mark.skipif(
+    not ROOT,
+    reason=components.reason("root", "pids (RLIMIT_NPROC) is enforced only with a dedicated uid, i.e. as root"),
+)
 async def test_pids_limit(sb):
     code = (
         "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
@@ -190,7 +198,7 @@ async def test_pids_limit(sb):
 
 async def test_disk_limit(sb):
     if not sb.tmpfs:
-        pytest.skip("the work dir is size-capped only on a tmpfs work dir, i.e. as root")
+        components.unavailable("root", "the work dir is size-capped only on a tmpfs work dir, i.e. as root")
     code = "for i in range(100):\n    open('f%d' % i, 'wb').write(b'x' * (1 << 20))"
     r = await sb.run(**py(code), timeout_s=10, limits=Limits(disk_mb=8))
     assert r.exit_code == 1 and "No space left" in r.stderr
@@ -220,7 +228,7 @@ async def test_output_cap_per_run(sb):
 
 async def test_concurrent_runs_get_distinct_uids(sb):
     if sb.uid_base is None:
-        pytest.skip("dedicated uids need root")
+        components.unavailable("root", "dedicated uids need root")
     code = "import os, time; time.sleep(0.3); print(os.stat('.').st_uid)"
     rs = await asyncio.gather(*[sb.run(**py(code), timeout_s=10) for _ in range(4)])
     # as root every program runs in a jail of the executor, under its own dedicated uid (the bwrap
@@ -277,7 +285,7 @@ async def test_session_file_copy_does_not_follow_links_the_program_planted(sb, t
 
 async def test_uids_are_released(sb):
     if sb.uid_base is None:
-        pytest.skip("dedicated uids need root")
+        components.unavailable("root", "dedicated uids need root")
     from agentrl.sandbox import jail
 
     before = set(jail._UIDS_IN_USE)
@@ -294,7 +302,7 @@ async def test_uids_are_released(sb):
     assert jail._UIDS_IN_USE == before
 
 
-@pytest.mark.skipif(not ROOT, reason="dedicated uids need root")
+@pytest.mark.skipif(not ROOT, reason=components.reason("root", "dedicated uids need root"))
 def test_uid_blocks_are_exclusive_between_processes():
     from agentrl.sandbox import jail
 
@@ -304,7 +312,7 @@ def test_uid_blocks_are_exclusive_between_processes():
     assert other != mine and other % jail.UID_RANGE == mine % jail.UID_RANGE
 
 
-@pytest.mark.skipif(not ROOT, reason="tmpfs work dirs need root")
+@pytest.mark.skipif(not ROOT, reason=components.reason("root", "tmpfs work dirs need root"))
 def test_stale_workdirs_of_dead_trainers_are_removed():
     p = subprocess.Popen(["true"])
     p.wait()  # a pid that is surely dead now

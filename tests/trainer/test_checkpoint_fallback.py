@@ -1,14 +1,17 @@
 """Resume that falls back (issue 20): ``--resume`` verifies the newest checkpoint (marker, sizes, sha256
 of every file, written with it) and falls back to the newest one that verifies, saying which it skipped
 and why, with the ledger still exactly once; a save that runs out of disk says so, removes its partial
-``.tmp`` and leaves the previous checkpoint usable."""
+``.tmp`` and leaves the previous checkpoint usable. Issue 31: a checkpoint whose files are gone (its
+manifest with them, only the marker left) is skipped the same way, naming the first missing file."""
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
 import uuid
 
+import components
 import pytest
 from typer.testing import CliRunner
 
@@ -17,17 +20,39 @@ from agentrl.config.schema import load_config
 from agentrl.errors import CheckpointError
 from agentrl.jobs.crash_harness import ledger_check, small_run_cmd
 from agentrl.jobs.run import Runner
-from agentrl.trainer.integrity import MANIFEST, MARKER, failed_save_cleanup, pick_resume, verify, write_manifest
+from agentrl.trainer.integrity import (
+    MANIFEST,
+    MARKER,
+    failed_save_cleanup,
+    layout_gap,
+    pick_resume,
+    verify,
+    write_manifest,
+)
 
 
-def _fake_ckpt(d, payload=b"x" * 1000):
-    d.mkdir(parents=True)
-    (d / "model.safetensors").write_bytes(payload)
-    (d / "rng").mkdir()
-    (d / "rng" / "rank0.pt").write_bytes(b"rng")
-    write_manifest(d)
+def _fake_ckpt(d, payload=b"x" * 1000, world=1, lora=0, critic=False, manifest=True):
+    """A checkpoint with the files ``checkpoint.load`` reads (contents are stand-ins)."""
+    state = {"version": 1, "world_size": world, "lora_rank": lora, "critic": critic, "extra": {}}
+    weights = ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"] if lora else ["model.safetensors"]
+    states = ["optimizer.pt", "scheduler.pt", *(f"rng/rank{r}.pt" for r in range(world))]
+    if critic:
+        states += ["critic/critic.safetensors", "critic/optimizer.pt", "critic/scheduler.pt"]
+    files = {"trainer_state.json": json.dumps(state).encode(), **dict.fromkeys(weights, payload)}
+    files.update(dict.fromkeys(states, b"state"))
+    for rel, data in files.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(data)
+    if manifest:
+        write_manifest(d)
     (d / MARKER).write_text("ok\n")
     return d
+
+
+def _only_marker_left(d):
+    for f in sorted(d.rglob("*"), reverse=True):  # files before their folders
+        if f.name != MARKER:
+            f.unlink() if f.is_file() else f.rmdir()
 
 
 def _truncate(d):
@@ -48,6 +73,7 @@ CORRUPTIONS = {
     "flipped_bytes": (_flip, "sha256"),
     "missing_file": (lambda d: (d / "rng" / "rank0.pt").unlink(), "rng/rank0.pt is missing"),
     "bad_manifest": (lambda d: (d / MANIFEST).write_text("{"), "MANIFEST.json is unreadable"),
+    "only_marker_left": (_only_marker_left, "trainer_state.json is missing"),
 }
 
 
@@ -64,6 +90,42 @@ def test_verify_names_each_corruption_and_pick_resume_falls_back(tmp_path, kind)
     notes = []
     assert pick_resume(ckpts, note=notes.append) == ckpts / "step_000002"
     assert len(notes) == 1 and "step_000003" in notes[0] and reason in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("layout", "lost", "reason"),
+    [
+        ({}, "trainer_state.json", "trainer_state.json is missing"),
+        ({}, "optimizer.pt", "optimizer.pt is missing"),
+        ({}, "model.safetensors", "model.safetensors is missing"),
+        ({"world": 2}, "rng/rank1.pt", "rng/rank1.pt is missing"),
+        ({"lora": 8}, "adapter/adapter_model.safetensors", "adapter/adapter_model.safetensors is missing"),
+        ({"critic": True}, "critic/scheduler.pt", "critic/scheduler.pt is missing"),
+    ],
+)
+def test_a_checkpoint_without_manifest_is_checked_by_its_layout(tmp_path, layout, lost, reason):
+    """Without a manifest (older checkpoints, or it was deleted with the rest) the marker alone does not
+    make a checkpoint usable: every file loading needs, as its trainer_state.json describes it."""
+    ckpts = tmp_path / "checkpoints"
+    _fake_ckpt(ckpts / "step_000001", manifest=False, **layout)
+    newest = _fake_ckpt(ckpts / "step_000002", manifest=False, **layout)
+    assert verify(newest) is None and layout_gap(newest) is None
+    (newest / lost).unlink()
+    assert verify(newest) == reason
+    notes = []
+    assert pick_resume(ckpts, note=notes.append) == ckpts / "step_000001"
+    assert notes == [f"--resume: skipped checkpoint {newest}: {reason}"]
+
+
+def test_a_lost_manifest_and_a_broken_state_are_named(tmp_path):
+    d = _fake_ckpt(tmp_path / "step_000001")
+    (d / "trainer_state.json").write_text("{")  # the manifest's sizes catch it first
+    assert "trainer_state.json is" in verify(d)
+    (d / MANIFEST).unlink()
+    assert verify(d).startswith("trainer_state.json is unreadable (")
+    (d / "trainer_state.json").write_text(json.dumps({"world_size": 1}))  # an older state: no critic flag
+    (d / "critic").mkdir()  # ... so a critic/ folder says it had one
+    assert verify(d) == "critic/critic.safetensors is missing"
 
 
 def test_pick_resume_with_every_checkpoint_broken_is_an_error_not_a_fresh_start(tmp_path):
@@ -121,7 +183,7 @@ def three_steps(tiny_model_dir, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["truncated_weights", "missing_marker", "flipped_bytes"])
+@pytest.mark.parametrize("kind", ["truncated_weights", "missing_marker", "flipped_bytes", "only_marker_left"])
 def test_resume_skips_a_corrupted_newest_checkpoint_and_the_ledger_stays_exactly_once(
     three_steps, tiny_model_dir, tmp_path, capsys, kind
 ):
@@ -152,7 +214,7 @@ def _mount_tmpfs(path, size):
             timeout=30,
         )
     except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs here ({getattr(e, 'stderr', '') or e}); needs root")
+        components.unavailable("root", f"cannot mount a tmpfs here ({getattr(e, 'stderr', '') or e}); needs root")
 
 
 def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_checkpoint_survives(

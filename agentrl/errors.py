@@ -7,7 +7,8 @@ Hierarchy::
     ├── RegistryError          unknown env id, bad entry point, duplicate registration
     ├── DatasetError           a dataset file or row that cannot be used (names file and row)
     ├── TemplateError          a chat template that breaks token-exact multi-turn rendering
-    ├── CheckpointError        a checkpoint cannot be written (disk full) or none can be resumed from
+    ├── CheckpointError        a checkpoint cannot be written (disk full) or read (a file missing),
+    │                          or none can be resumed from
     ├── InfraFailureError      every episode of a run's first eval or step failed for the same
     │                          infrastructure reason: the run stops instead of "finishing"
     ├── NodeLostError          a Ray node or actor of a run died mid-run (names it); the run
@@ -54,7 +55,8 @@ class TemplateError(AgentRLError, ValueError):
 
 
 class CheckpointError(AgentRLError):
-    """A checkpoint save failed (out of space: said so) or ``--resume`` found no usable checkpoint."""
+    """A checkpoint save failed (out of space: said so), a checkpoint lacks a file loading it needs, or
+    ``--resume`` found no usable checkpoint."""
 
 
 class InfraFailureError(AgentRLError):

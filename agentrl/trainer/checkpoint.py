@@ -7,7 +7,7 @@ Layout of a checkpoint directory::
     critic/critic.safetensors, critic/optimizer.pt, critic/scheduler.pt    (PPO with a critic)
     adapter/adapter_config.json, adapter/adapter_model.safetensors   (LoRA: the adapters, peft format)
     rng/rank{r}.pt                      torch (+cuda), numpy and python RNG states of each rank
-    trainer_state.json                  version, world size, caller's ``extra`` (data position, ...)
+    trainer_state.json                  version, world size, LoRA rank, has a critic, caller's ``extra``
     <caller's files>                    e.g. rollouts.jsonl: the run's finished-but-untrained groups
     MANIFEST.json                       size and sha256 of every file above (agentrl.trainer.integrity)
     COMPLETE                            written last: a directory without it is not a checkpoint
@@ -46,10 +46,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from agentrl.common.faults import fault_point
-from agentrl.errors import ConfigError
+from agentrl.errors import CheckpointError, ConfigError
 from agentrl.trainer import dist as D
 from agentrl.trainer import lora as L
-from agentrl.trainer.integrity import MARKER, failed_save_cleanup, write_manifest
+from agentrl.trainer.integrity import MARKER, failed_save_cleanup, layout_gap, write_manifest
 
 _TOKENIZER_FILES = (
     "tokenizer.json",
@@ -188,6 +188,7 @@ def _write(trainer, tmp: Path, rank: int, model_sd, optim_sd, critic_sd, critic_
             "version": trainer.version,
             "world_size": D.world(),
             "lora_rank": trainer.cfg.lora.rank,
+            "critic": trainer.critic is not None,
             "extra": extra or {},
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
@@ -236,6 +237,8 @@ def load(trainer, path: str | Path) -> dict:
     path = Path(path)
     if not (path / MARKER).exists():
         raise FileNotFoundError(f"{path} is not a complete trainer checkpoint (no {MARKER} marker)")
+    if gap := layout_gap(path):  # before reading anything: a clear error, not the first open() that fails
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {gap}")
     state = json.loads((path / "trainer_state.json").read_text())
     lora = trainer.cfg.lora
     if int(state.get("lora_rank", 0)) != lora.rank:

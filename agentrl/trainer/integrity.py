@@ -2,7 +2,9 @@
 and what a failed save leaves behind.
 
 Owns ``MANIFEST.json`` (every file's size and sha256, written into ``step_N.tmp`` just before the
-``COMPLETE`` marker), :func:`verify` (marker, then sizes, then checksums), :func:`pick_resume` (the
+``COMPLETE`` marker), :func:`layout_gap` (the first file loading a checkpoint needs that is not there:
+cheap, and the only check a checkpoint without a manifest gets), :func:`verify` (marker, then sizes,
+then the layout, then checksums), :func:`pick_resume` (the
 newest checkpoint that verifies; each newer one skipped is reported with its reason, and a run whose
 every checkpoint is broken stops instead of silently starting over) and :func:`failed_save_cleanup`
 (a save that fails removes its ``.tmp`` and never touches an earlier checkpoint; running out of disk
@@ -29,6 +31,7 @@ from agentrl.errors import CheckpointError
 
 MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
+STATE = "trainer_state.json"
 _STEP = re.compile(r"step_(\d+)")
 # How writers report a full disk: errno 28 in OSError or in a Rust/C++ error's text (safetensors),
 # torch's zip writer's failed seek ("unexpected pos"), its short write ("file write failed")
@@ -54,13 +57,47 @@ def write_manifest(d: Path) -> None:
     (d / MANIFEST).write_text(json.dumps({"version": 1, "files": files}, indent=1))
 
 
+def _shards(d: Path) -> list[str]:
+    index = d / "model.safetensors.index.json"
+    if not index.is_file():
+        return ["model.safetensors"]
+    return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+
+
+def layout_gap(d: Path) -> str | None:
+    """Why ``agentrl.trainer.checkpoint.load`` could not read checkpoint ``d`` — the first file it
+    needs that is missing (``STATE`` says which: the policy's weights or its adapters, one RNG state
+    per rank of the saving run, the critic's files if it had one) — or None. Names and presence only,
+    no checksums: what a checkpoint without a manifest (or with its manifest deleted) is checked by."""
+    if not (d / STATE).is_file():
+        return f"{STATE} is missing"
+    try:
+        state = json.loads((d / STATE).read_text())
+        world, lora = int(state["world_size"]), int(state.get("lora_rank", 0))
+        # written since the critic flag existed; before, a critic/ folder is the only sign of one
+        critic = bool(state.get("critic", (d / "critic").is_dir()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{STATE} is unreadable ({type(e).__name__}: {e})"
+    try:
+        policy = ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"] if lora else _shards(d)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"model.safetensors.index.json is unreadable ({type(e).__name__}: {e})"
+    need = [*policy, "optimizer.pt", "scheduler.pt", *(f"rng/rank{r}.pt" for r in range(world))]
+    if critic:
+        need += ["critic/critic.safetensors", "critic/optimizer.pt", "critic/scheduler.pt"]
+    for rel in need:
+        if not (d / rel).is_file():
+            return f"{rel} is missing"
+    return None
+
+
 def verify(d: Path) -> str | None:
-    """Why checkpoint ``d`` cannot be resumed from, or None if it verifies. A checkpoint written before
-    manifests existed has only its marker to go by."""
+    """Why checkpoint ``d`` cannot be resumed from, or None if it verifies. A checkpoint without a
+    manifest (written before manifests existed, or its manifest lost) is checked by its layout alone."""
     if not (d / MARKER).is_file():
         return f"no {MARKER} marker (its save did not finish)"
     if not (d / MANIFEST).is_file():
-        return None
+        return layout_gap(d)
     try:
         files = json.loads((d / MANIFEST).read_text())["files"]
         sizes = {rel: int(meta["size"]) for rel, meta in files.items()}
@@ -72,6 +109,8 @@ def verify(d: Path) -> str | None:
             return f"{rel} is missing"
         if f.stat().st_size != size:
             return f"{rel} is {f.stat().st_size} bytes, its manifest says {size} (truncated or overwritten)"
+    if gap := layout_gap(d):  # a needed file the manifest does not list is missing all the same
+        return gap
     for rel, meta in files.items():
         if _sha256(d / rel) != meta.get("sha256"):
             return f"{rel} does not match its sha256 checksum (corrupted)"

@@ -283,7 +283,7 @@ def test_agentrl_rollout_on_skyrl_gsm8k_multi_turn(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    string_stops = 0
+    string_stops = multi_turn = 0
     for t in trajs:
         t.validate()
         assert t.outcome in (Outcome.OK, Outcome.TRUNCATED_TURNS, Outcome.TRUNCATED_LENGTH), t.outcome_detail
@@ -300,7 +300,9 @@ def test_agentrl_rollout_on_skyrl_gsm8k_multi_turn(tiny_model_dir, tmp_path):
         if len(t.turns) > 1:  # the env's follow-up is an observation (mask 0)
             gap = t.loss_mask[t.turns[0].start + t.turns[0].n_sampled : t.turns[1].start]
             assert gap and not any(gap)
+            multi_turn += 1
     assert string_stops >= 1, "no turn ended on the stop string"
+    assert multi_turn >= 1, "no episode reached a second turn: the follow-up observation went unchecked"
 
 
 @pytest.mark.slow

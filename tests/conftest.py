@@ -10,6 +10,32 @@ from components import pytest_make_collect_report, pytest_report_header, pytest_
 collect_ignore = [] if importlib.util.find_spec("verifiers") else ["agents/test_verifiers.py"]
 
 
+#: Tests that must share one xdist worker (README's test command runs 2, ``--dist loadgroup``): one SGLang server
+#: per session serves every sglang test; Ray tests count every Ray process on the machine; the sandbox tests count
+#: host processes, mounts and containers. A group is dispatched before single tests, so the long ones start first.
+XDIST_GROUPS = (("ray", "ray"), ("sglang", "sglang"), ("docker", "sandbox"))
+
+
+def _xdist_group(item) -> str | None:
+    for marker, group in XDIST_GROUPS:
+        if item.get_closest_marker(marker) is not None:
+            return group
+    return "sandbox" if "/tests/sandbox/" in str(item.path) else None
+
+
+def pytest_collection_modifyitems(config, items):
+    grouped = []
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            grouped.append(item)
+    rank = {name: i for i, (_, name) in enumerate(XDIST_GROUPS)}
+    grouped.sort(key=lambda it: rank[_xdist_group(it)])  # stable: a group keeps its collection order
+    ids = {id(it) for it in grouped}
+    items[:] = grouped + [it for it in items if id(it) not in ids]
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The locally built byte-level BPE tokenizer carrying Qwen2.5's real chat template."""

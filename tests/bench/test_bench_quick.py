@@ -7,7 +7,8 @@ the full benchmark runs end to end and reports what BENCHMARKS.md quotes.
 Scripts needing a component skip, saying why, when it cannot run here: SGLang
 (``agentrl.engine.sglang_server.unavailable_reason``) and Ray (the ``ray`` extra). Docker is never
 required: the sandbox and soak scripts skip their docker parts themselves and say so in their table.
-The quick modes that take more than ~20 s on 2 cores are marked ``slow``.
+The quick modes that take more than ~20 s on 2 cores are marked ``slow``. A script whose quick mode would run
+the path a test already runs (``covered_by``) only imports and parses its arguments here.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class Case:
     slow: bool = False
     name: str = ""
     beside: tuple[str, ...] = ()  # suffixes of files written next to the JSON (a plot)
+    #: the test that runs this script's path: its quick mode would run it again, so here only ``--help`` runs
+    #: (the script imports and parses its arguments); the numbers come from the full benchmark
+    covered_by: str = ""
 
     @property
     def id(self) -> str:
@@ -94,7 +98,12 @@ CASES = [
         ("machine", "modes", "throughput_local"),
         slow=True,
     ),
-    Case("bench_soak.py", ("kind", "episodes", "tool statuses"), ("args", "reports"), slow=True),
+    Case(
+        "bench_soak.py",
+        ("kind", "episodes", "tool statuses"),
+        ("args", "reports"),
+        covered_by="tests/jobs/test_soak.py",
+    ),
     Case(
         "bench_lora_memory.py",
         ("arm", "trainable", "params MB", "grads MB", "optim MB", "train MB", "peak RSS MB"),
@@ -118,28 +127,28 @@ CASES = [
         "bench_learning.py",
         ("run", "steps", "solve start", "solve end", "reward first10", "reward last10"),
         ("name", "evals", "reward_first10", "reward_last10"),
-        slow=True,
         beside=(".png",),
+        covered_by="tests/jobs/test_default_recipe_isolation.py (the default recipe, shortened)",
     ),
     Case(
         "bench_faults.py",
         ("run", "kills", "at step", "in ckpt", "attempts", "check"),
         ("live", "ledger", "replay", "diff", "diff_recorded"),
-        slow=True,
+        covered_by="tests/jobs/test_resume.py and tests/jobs/test_run_faults.py (kills, resume, exactly once)",
     ),
     Case(
         "bench_ray.py",
         ("phase", "in-process s", "ray s", "ray/inproc", "added ms"),
         ("startup", "phases", "param_max_diff"),
         needs=("ray",),
-        slow=True,
+        covered_by="tests/distributed/test_ray.py",
     ),
     Case(
         "bench_weight_sync.py",
         ("model", "params", "path", "median s", "MB/s"),
         ("rows", "repeats"),
         needs=("sglang",),
-        slow=True,
+        covered_by="tests/weights/test_weight_sync.py",
     ),
     Case(
         "bench_engine.py",
@@ -147,20 +156,22 @@ CASES = [
         ("sglang_tok_s_median", "local_tok_s_median"),
         args=("--engine", "sglang"),
         needs=("sglang",),
-        slow=True,
         name="engine-sglang",
+        covered_by="tests/engine/test_engine_conformance.py and tests/engine/test_sglang_engine.py",
     ),
     Case(
         "bench_ray_sglang.py",
         ("metric", "in-process", "ray", "ray/inproc"),
         ("table", "runs"),
         needs=("ray", "sglang"),
-        slow=True,
+        covered_by="tests/distributed/test_ray_sglang.py",
     ),
 ]
 
 
 def _param(case: Case):
+    if case.covered_by:  # --help runs nothing heavy: no component needed, not slow
+        return pytest.param(case, id=case.id)
     marks = [getattr(pytest.mark, n) for n in case.needs] + ([pytest.mark.slow] if case.slow else [])
     return pytest.param(case, marks=marks, id=case.id)
 
@@ -196,7 +207,17 @@ def test_header_line_finds_only_a_full_header():
     assert header_line(out, ("stage", "hangs")) is None
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+@pytest.mark.parametrize("case", [_param(c) for c in CASES if c.covered_by])
+def test_scripts_covered_by_a_test_import_and_parse_their_arguments(case: Case):
+    """A quick mode that would repeat a test's path (``covered_by``) is not run again: the script must still
+    import and parse its arguments, offering --quick."""
+    cmd = [sys.executable, str(BENCH / case.script), "--help"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "--quick" in p.stdout, f"$ {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    assert (ROOT / case.covered_by.split()[0]).exists(), f"{case.covered_by} does not exist"
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES if not c.covered_by])
 def test_quick_mode_runs_and_reports(case: Case, tmp_path):
     reason = _skip_reason(case.needs)
     if reason:

@@ -1,6 +1,6 @@
 """The practice start (``agentrl.warmstart.textworld_practice``): its cache over a fake build that records its
 calls, and the real build shortened (1 world, 2 games, 2 SFT steps). The full build (4-9 minutes) runs in
-``tests/envs/test_textworld_learns.py`` when the cache has no start of the current recipe."""
+``bench/bench_credit.py --env textworld --model practice`` when the cache has no start of the current recipe."""
 
 import pytest
 

@@ -1,5 +1,8 @@
 import importlib.util
+import json
+import os
 import time
+from pathlib import Path
 
 import components
 import pytest
@@ -116,7 +119,37 @@ def pytest_sessionstart(session):
     _suite["reporter"] = session.config.pluginmanager.get_plugin("terminalreporter")
 
 
+#: AGENTRL_SUITE_TIMES=FILE: every test phase's duration, outcome, worker and tier markers are written there as JSON
+#: when the run ends (``python .ci/suite_time.py FILE`` prints where the time went; .ci/run does)
+TIMES_ENV = "AGENTRL_SUITE_TIMES"
+TIER_MARKERS = ("slow", "docker", "sglang", "ray")
+_phases: list[dict] = []
+
+
+def _record_phase(report) -> None:
+    node = getattr(report, "node", None)  # xdist's controller: the worker that ran it
+    _phases.append(
+        {
+            "test": report.nodeid,
+            "when": report.when,
+            "s": round(report.duration, 3),
+            "outcome": report.outcome,
+            "worker": getattr(getattr(node, "gateway", None), "id", "main"),
+            "marks": [m for m in TIER_MARKERS if m in report.keywords],
+        }
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get(TIMES_ENV)
+    if path and not hasattr(session.config, "workerinput"):  # the controller, or a run without workers
+        wall = time.monotonic() - _suite["start"]
+        Path(path).write_text(json.dumps({"wall_s": round(wall, 1), "exit": int(exitstatus), "phases": _phases}))
+
+
 def pytest_runtest_logreport(report):
+    if os.environ.get(TIMES_ENV):
+        _record_phase(report)
     reporter = _suite["reporter"]
     if report.duration >= SLOW_NOTE_S and reporter is not None:
         elapsed = (time.monotonic() - _suite["start"]) / 60

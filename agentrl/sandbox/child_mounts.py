@@ -108,18 +108,25 @@ def isolate_host(plan: dict, workdir: str | None, disk_mb: int) -> None:
     """The host's filesystem with tmpfs scratch dirs (``/tmp``, ``/var/tmp``, ``/dev/shm`` of
     ``disk_mb`` each, when ``plan["isolate"]``), the trainer's Python prefix grafted read-only at
     its own path under a tmpfs over its first unreachable ancestor (``plan["grafts"]``: [anchor,
-    prefix] pairs; see ``agentrl.sandbox.jail.ChildMounts``), and the work dir: a new tmpfs at
-    ``plan["workdir"]``, or the trainer's ``workdir`` bound back where a scratch dir hid it."""
+    prefix] pairs; see ``agentrl.sandbox.jail.ChildMounts``) or, when it lies under a scratch dir
+    (a virtualenv in ``/tmp``), bound read-only back over the scratch tmpfs that hid it
+    (``plan["prefixes"]``), and the work dir: a new tmpfs at ``plan["workdir"]``, or the trainer's
+    ``workdir`` bound back where a scratch dir hid it."""
     grafts = [tuple(g) for g in plan["grafts"]]
     scratch = [d for d in SCRATCH if plan["isolate"] and os.path.isdir(d) and not os.path.islink(d)]
-    binds = [(p, True) for _, p in grafts]
-    if workdir is not None and any(workdir.startswith(d + "/") for d in scratch):
+
+    def hidden(path: str) -> bool:
+        return any(path.startswith(d + "/") for d in scratch)
+
+    prefixes = [p for _, p in grafts] + [p for p in plan.get("prefixes", ()) if hidden(p)]
+    binds = [(p, True) for p in dict.fromkeys(prefixes)]
+    if workdir is not None and hidden(workdir):
         binds.append((workdir, False))
     # Open what the new tmpfs mounts will hide, in this namespace (bind sources must be ours).
     fds = [os.open(src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for src, _ in binds]
     for d in scratch:
         mount_tmpfs(d, disk_mb, 0, mode="1777")
-    for anchor in dict.fromkeys(a for a, _ in grafts):
+    for anchor in dict.fromkeys(a for a, p in grafts if not hidden(p)):  # under scratch: its tmpfs hides the rest
         mount_small_tmpfs(anchor, "1m")
     for (dst, ro), fd in zip(binds, fds):
         os.makedirs(dst, exist_ok=True)
@@ -165,8 +172,6 @@ def build_root(view: dict, workdir: str | None, disk_mb: int) -> None:
     for f in view["files"]:
         if f in fds:
             bind_fd(f, at(f, directory=os.path.isdir(f"/proc/self/fd/{fds[f]}")), True)
-    for src, dst in view["binds"]:
-        bind_fd(src, at(dst), True)
     dev = at("/dev")
     mount_small_tmpfs(dev, "64k", _MS_NOSUID)
     for name in DEVICES:
@@ -181,6 +186,8 @@ def build_root(view: dict, workdir: str | None, disk_mb: int) -> None:
         os.symlink(target, f"{dev}/{name}")
     for scratch in ("/tmp", "/dev/shm"):
         mount_tmpfs(at(scratch), disk_mb, 0, mode="1777")
+    for src, dst in view["binds"]:  # after the scratch tmpfs, which would hide a prefix under /tmp (a venv there)
+        bind_fd(src, at(dst), True)
     at("/proc")
     _workdir(at("/work"), fds[workdir] if workdir else None, disk_mb)
     for fd in fds.values():

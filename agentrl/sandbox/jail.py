@@ -10,7 +10,8 @@ The child-side namespace work needs root and exists for two reasons:
 
 * the trainer's Python may live where the sandbox uid cannot reach (pyenv under a 0700 ``/root``):
   a small tmpfs goes over the first unreachable ancestor (hiding the rest of it, e.g.
-  ``/root/.ssh``) and the prefix is bound read-only at its own path, so rpaths keep working;
+  ``/root/.ssh``) and the prefix is bound read-only at its own path, so rpaths keep working (a
+  prefix under a scratch dir, a virtualenv in ``/tmp``, is bound back over the scratch tmpfs);
 * without bwrap, it is the isolation we can still have as root: a private mount namespace with
   tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (``disk_mb`` each; the work dir made inside, or
   the trainer's re-bound), empty network, IPC, UTS and cgroup namespaces (no network at all,
@@ -101,7 +102,12 @@ class ChildMounts:
         if not self.active:
             return None
         # isolate: a pid namespace too, with our own init (agentrl.sandbox.child)
-        plan = {"isolate": self.isolate, "pidns": self.isolate, "grafts": [list(g) for g in self.grafts]}
+        plan = {
+            "isolate": self.isolate,
+            "pidns": self.isolate,
+            "grafts": [list(g) for g in self.grafts],
+            "prefixes": list(self.prefixes),  # bound back if a scratch tmpfs hides one (a venv under /tmp)
+        }
         return {**plan, "workdir": workdir} if workdir else plan
 
     @property

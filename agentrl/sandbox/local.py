@@ -27,7 +27,8 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    mounted for the run (inside the run's own mount namespace for a one-shot run whose files the
    trainer neither writes nor collects): filling the disk or the inodes fills only that. A Python
    prefix the uid cannot reach (pyenv under a 0700 ``/root``) is made visible read-only at its own
-   path. Stale mounts of a crashed trainer go at the next LocalSandbox.
+   path, and so is one a private ``/tmp`` below would hide (a virtualenv under ``/tmp``). Stale
+   mounts of a crashed trainer go at the next LocalSandbox.
 3. As root without bwrap: private mount, network, IPC, UTS, cgroup and pid namespaces made in the child:
    no network at all (loopback down), tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm`` of ``disk_mb``,
    an init of ours as pid 1 and a ``/proc`` that shows only the run (when the run ends its init

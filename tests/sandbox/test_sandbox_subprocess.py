@@ -16,7 +16,7 @@ from agentrl.tools import format_exec_result
 from agentrl.tools.bash import make_bash_tool
 from agentrl.tools.python import make_python_tool
 
-PY = sys.executable
+PY = sys.executable  # for the plain SubprocessSandbox only: it runs on the host, where this interpreter is
 
 
 def _gone(pid: int) -> bool:
@@ -160,7 +160,9 @@ def test_same_sandbox_from_two_event_loops():
     sb = default_sandbox()
     assert sb is default_sandbox()
     for _ in range(2):  # a semaphore bound to the first loop would break the second
-        r = asyncio.run(sb.run([PY, "-c", "print(1)"], timeout_s=10))
+        # `python3` from the sandbox's PATH, as the python tool runs it: this test is about event loops,
+        # not where the interpreter lives (tests/sandbox/test_sandbox_prefix.py is)
+        r = asyncio.run(sb.run(["python3", "-c", "print(1)"], timeout_s=10))
         assert r.stdout == "1\n"
 
 

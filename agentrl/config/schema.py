@@ -71,9 +71,11 @@ __all__ = [
 class ModelConfig:
     path: str | None = doc(
         None,
-        "A local HF model directory, or a Hugging Face Hub id 'org/name' (optionally 'org/name@revision') "
-        "downloaded once into the standard HF cache (HF_HUB_CACHE / HF_HOME; HF_TOKEN for gated or private "
-        "models; HF_HUB_OFFLINE=1 uses the cache only). null builds and caches the built-in tiny model.",
+        "A local HF model directory, a GGUF file (or a directory holding exactly one; converted once into an "
+        "HF directory cached under $AGENTRL_CACHE/gguf by the file's sha256), or a Hugging Face Hub id "
+        "'org/name' (optionally 'org/name@revision') downloaded once into the standard HF cache (HF_HUB_CACHE / "
+        "HF_HOME; HF_TOKEN for gated or private models; HF_HUB_OFFLINE=1 uses the cache only). null builds and "
+        "caches the built-in tiny model.",
     )
     revision: str | None = doc(
         None, "Hub models: the branch, tag or commit to pin (null: 'main', or the '@revision' in model.path)."

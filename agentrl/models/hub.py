@@ -1,7 +1,8 @@
-"""A model reference -> a local HF model directory: an existing directory, or a Hugging Face Hub id.
+"""A model reference -> a local HF model directory: an existing directory, a GGUF file, or a Hub id.
 
 Owns :func:`resolve_model`: ``model.path`` (and ``model.revision``) to a checked local directory.
-An existing path is a local directory (checked by ``agentrl.models.local_dir``); otherwise
+An existing path is a local directory (checked by ``agentrl.models.local_dir``), or a GGUF file (or a
+directory holding one), converted once into a cached HF directory by ``agentrl.models.gguf``; otherwise
 ``org/name`` or ``org/name@revision`` is a Hub id, fetched with ``huggingface_hub.snapshot_download``
 into the standard HF cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ~/.cache/huggingface/hub),
 so a second run, or any other HF tool, reuses it. The environment is read at each call, not at
@@ -62,11 +63,13 @@ def parse_ref(ref: str, revision: str | None = None, what: str = "model.path") -
         if revision is not None:
             raise ConfigError(f"model.revision: {revision!r} applies to Hub ids, but {what} {ref!r} is a local path")
         return local
+    if ref.lower().endswith(".gguf"):  # a file name, never a Hub id
+        raise ConfigError(f"{what}: GGUF file {ref!r} does not exist")
     m = _HUB_ID.match(ref)
     if not m or ".." in ref or ref.startswith(("/", ".", "~")):
         raise ConfigError(
             f"{what}: {ref!r} does not exist and is not a Hub id ('org/name' or 'org/name@revision'); "
-            "pass a local HF model directory, a Hub id, or null for the built-in model"
+            "pass a local HF model directory, a GGUF file, a Hub id, or null for the built-in model"
         )
     rev = m.group("rev")
     if rev and revision and rev != revision:
@@ -227,12 +230,16 @@ def download(ref: HubRef, what: str = "model.path") -> Path:
 
 
 def resolve_model(ref: str, revision: str | None = None, what: str = "model.path") -> Path:
-    """A usable local HF model directory for ``ref`` (a local directory, or a Hub id fetched into the
-    HF cache), checked by ``agentrl.models.local_dir.check_model_dir``. ConfigError names the
-    reference and the problem."""
+    """A usable local HF model directory for ``ref`` (a local directory, a GGUF file or a directory
+    holding one, converted once into the agentrl cache, or a Hub id fetched into the HF cache), checked
+    by ``agentrl.models.local_dir.check_model_dir``. ConfigError names the reference and the problem."""
+    from agentrl.models.gguf import converted_dir, find_gguf
     from agentrl.models.local_dir import check_model_dir
 
     target = parse_ref(str(ref), revision, what)
     if isinstance(target, HubRef):
         return check_model_dir(download(target, what), f"{what} ({target})")
+    gguf = find_gguf(target, what)
+    if gguf is not None:  # converted once into a cached HF directory, which everything then loads
+        return check_model_dir(converted_dir(gguf, what), f"{what} ({gguf.name}, converted)")
     return check_model_dir(target, what)

@@ -139,7 +139,7 @@ def rollout(
         None,
         "--model",
         "-m",
-        help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in tiny model.",
+        help="Local HF model dir, GGUF file or Hub id (org/name, org/name@revision); default: the built-in tiny model.",
     ),
     num_prompts: int | None = typer.Option(None, "--num-prompts", "-n", help="Tasks to sample (rollout.num_prompts)."),
     group_size: int | None = typer.Option(None, "--group-size", "-g", help="Samples per task (rollout.group_size)."),
@@ -182,7 +182,7 @@ def run(
         None,
         "--model",
         "-m",
-        help="Local HF model dir or Hub id (org/name, org/name@revision); default: the built-in "
+        help="Local HF model dir, GGUF file or Hub id (org/name, org/name@revision); default: the built-in "
         "SFT-warm-started tiny model.",
     ),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps (train.steps)."),
@@ -283,28 +283,37 @@ async def _run_stoppable(runner) -> dict:
 @app.command("check-template")
 def check_template_cmd(
     model: str | None = typer.Option(
-        None, "--model", "-m", help="Local HF model or tokenizer dir (default: model.path of the config)."
+        None,
+        "--model",
+        "-m",
+        help="Local HF model or tokenizer dir, GGUF file, or Hub id (default: model.path of the config).",
     ),
     config: list[str] | None = ConfigOpt,
     sets: list[str] | None = SetOpt,
 ) -> None:
-    """Report whether a chat template keeps the prefix property token-exact multi-turn needs."""
-    from transformers import AutoTokenizer
+    """Report whether a chat template keeps the prefix property token-exact multi-turn needs, rendered as a
+    run would (model.chat_template, model.tool_prompt), and which way tools reach the model."""
+    from pathlib import Path
 
     from agentrl.cli.options import load, named, pick
     from agentrl.episodes.template_check import check_template, render_report
+    from agentrl.episodes.tokenizer import load_chat_tokenizer
+    from agentrl.models.gguf import converted_dir, find_gguf
 
     try:
         cfg = load(config, sets)
         model = pick(model, cfg, "model.path", named(config, sets))
         if model is None:
             raise AgentRLError("check-template needs a model: --model DIR, or a config naming model.path")
-        tok = AutoTokenizer.from_pretrained(model)
+        gguf = find_gguf(model, "--model") if Path(model).expanduser().exists() else None
+        target = converted_dir(gguf, "--model") if gguf is not None else model  # a GGUF: its converted dir
+        tok, chat = load_chat_tokenizer(target, cfg.model.chat_template, cfg.model.tool_prompt, model=model)
     except AgentRLError as e:
         _fail(e)
     except (OSError, ValueError) as e:
         _fail(AgentRLError(f"cannot load a tokenizer from {model!r}: {e}"))
-    report = check_template(tok)
+    report = check_template(tok, tools=[] if chat.tools.used == "none" else None)
+    console.print(chat.line(), highlight=False)
     console.print(render_report(report))
     raise typer.Exit(0 if report.ok else 1)
 

@@ -5,8 +5,9 @@ runs is :mod:`agentrl.jobs.serve`.
 
 ``-c/--set`` give the run config's fields a served model shares with a run: ``output_dir`` (served
 when no PATH is given: the run's newest checkpoint), else ``model.path``; ``engine.kind`` (the
-backend), ``model.device`` and ``model.dtype``. A flag or PATH wins over the config, a field the
-config names wins over this command's default.
+backend), ``model.device`` and ``model.dtype``; ``model.chat_template`` and ``model.tool_prompt`` (how
+chats are rendered: a served run's own unless the config names them). A flag or PATH wins over the
+config, a field the config names wins over this command's default.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ BACKENDS = ("auto", "local", "sglang")
 def serve_cmd(
     path: str | None = typer.Argument(
         None,
-        help="HF model dir, a checkpoint (RUN/checkpoints/step_N) or a run dir (its newest checkpoint); "
+        help="HF model dir, GGUF file, a checkpoint (RUN/checkpoints/step_N) or a run dir (its newest checkpoint); "
         "default: the config's output_dir, else model.path.",
     ),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: pick a free one)."),
@@ -63,12 +64,13 @@ def serve_cmd(
     "openai/NAME", api_base=http://HOST:PORT/v1; agentrl eval --api-base http://HOST:PORT/v1)."""
     try:
         path, backend, device, dtype = settings(config, sets, path, backend, device, dtype)
+        chat = chat_settings(config, sets)
     except AgentRLError as e:
         fail(e)
     # SIGTERM ends the server like Ctrl-C does, so a supervised SGLang server is never orphaned
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose)
+        _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose, chat)
     except AgentRLError as e:
         fail(e)
     except KeyboardInterrupt:
@@ -77,7 +79,7 @@ def serve_cmd(
         signal.signal(signal.SIGTERM, previous)
 
 
-def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose) -> None:
+def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose, chat=None) -> None:
     from agentrl.jobs.serve import LocalServer, SGLangService, resolve_target
 
     if backend not in BACKENDS:
@@ -87,6 +89,8 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
 
         backend = "local" if unavailable_reason() else "sglang"
     target = resolve_target(path, follow=follow)
+    for key, value in (chat or {}).items():  # the config's, over a run's own
+        setattr(target, key, value)
     from agentrl.models.local_dir import check_model_dir
 
     check_model_dir(target.model_dir, "serve")  # before a server starts on it
@@ -150,6 +154,16 @@ def settings(
         pick(device, cfg, "model.device", given, "auto"),
         pick(dtype, cfg, "model.dtype", given, "auto"),
     )
+
+
+def chat_settings(config: list[str] | None, sets: list[str] | None) -> dict:
+    """``model.chat_template`` / ``model.tool_prompt`` where the config names them ({field: value}): they
+    win over a served run's own (``ServeTarget``); unnamed, a run's own or the defaults apply."""
+    from agentrl.cli.options import load, named
+
+    cfg = load(config, sets)
+    given = named(config, sets)
+    return {k: getattr(cfg.model, k) for k in ("chat_template", "tool_prompt") if f"model.{k}" in given}
 
 
 def _interrupt(signum, frame) -> None:

@@ -2,8 +2,9 @@
 
 Owns the command's arguments and its summary table; everything it runs is ``agentrl.warmstart.sft``.
 
-``-c/--set`` are the one config tree: the stage reads its ``sft.*`` section and ``model.path`` (the
-model to fine-tune when ``--model`` is not given). Layers: the built-in warm-start recipe (and
+``-c/--set`` are the one config tree: the stage reads its ``sft.*`` section, ``model.path`` (the
+model to fine-tune when ``--model`` is not given), ``model.chat_template`` and ``model.tool_prompt``
+(how its chats are rendered, as in a run). Layers: the built-in warm-start recipe (and
 ``--steps``, ``--data``'s ``sft.num_demos=0``) <- the ``-c`` files <- ``--set``. The flat names of
 0.1.0 (``--set lr=1e-3``) still work for one release, as ``sft.lr``, with a deprecation note.
 """
@@ -28,7 +29,7 @@ def sft_cmd(
         None,
         "--model",
         "-m",
-        help="Local HF model dir or Hub id (org/name, org/name@revision) to fine-tune; "
+        help="Local HF model dir, GGUF file or Hub id (org/name, org/name@revision) to fine-tune; "
         "default: the built-in tiny model before its warm start.",
     ),
     data: list[str] | None = typer.Option(
@@ -66,7 +67,13 @@ def sft_cmd(
         model = pick(model, tree, "model.path", named(config, sets))
         model_path = base_model_path() if model is None else resolve_model_path(model)
         summary = run_sft(
-            model_path, out, cfg, data=data or [], log=_progress(cfg.steps, not quiet and sys.stderr.isatty())
+            model_path,
+            out,
+            cfg,
+            data=data or [],
+            log=_progress(cfg.steps, not quiet and sys.stderr.isatty()),
+            chat_template=tree.model.chat_template,
+            tool_prompt=tree.model.tool_prompt,
         )
     except AgentRLError as e:
         fail(e)

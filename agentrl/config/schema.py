@@ -80,6 +80,18 @@ class ModelConfig:
     revision: str | None = doc(
         None, "Hub models: the branch, tag or commit to pin (null: 'main', or the '@revision' in model.path)."
     )
+    chat_template: str | None = doc(
+        None,
+        "The chat template conversations are rendered with: a built-in name ('chatml', 'qwen2_5') or the path "
+        "of a jinja file; null: the model's own (a model without one must name one here).",
+    )
+    tool_prompt: Literal["auto", "template", "agentrl", "none"] = doc(
+        "auto",
+        "How tool schemas reach the model: 'template' (the chat template's own tool rendering), 'agentrl' "
+        "(agentrl's Hermes-format block in the system message: <tools> schemas, calls as <tool_call>{name, "
+        "arguments}</tool_call>; agentrl/templates/tool_prompt.jinja), 'none' (not shown); auto: template "
+        "when it renders tools, else agentrl.",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
         "auto",
         "Compute dtype: the engine's weights and the trainer's forward/backward when trainer.param_dtype "

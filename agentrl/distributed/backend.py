@@ -220,6 +220,7 @@ class RayBackend:
 
         from agentrl.distributed.ray_actors import RolloutWorker, TrainerRank
         from agentrl.envs.registry import spec
+        from agentrl.episodes.tokenizer import template_text
 
         t0 = time.perf_counter()
         self.cluster.connect()
@@ -239,6 +240,11 @@ class RayBackend:
         engine_of, ready = build(cfg, model_path, [] if external else layout.engines)
         wpe = self.rc.workers_per_engine
         env_spec = spec(cfg.env.id)
+        chat = (  # the template's text, not its path: a worker on another node may not see the driver's files
+            None if cfg.model.chat_template is None else template_text(cfg.model.chat_template),
+            cfg.model.chat_template,
+            cfg.model.tool_prompt,
+        )
         if env_spec.source == "register" and callable(env_spec.entry_point):
             ship_by_value(env_spec.entry_point)
         workers = [
@@ -250,6 +256,7 @@ class RayBackend:
                 cfg.rollout,
                 env_spec,
                 dict(cfg.env.kwargs),
+                chat,
             )
             for k, s in enumerate(layout.workers)
         ]

@@ -83,15 +83,24 @@ class EngineActor(_Placed):
 class RolloutWorker(_Placed):
     """An async actor running episodes with its own EpisodeManager (env, tokenizer, turn loop) and
     the engine ``make_engine()`` builds here (a picklable factory: ``functools.partial(RayEngine,
-    actors)`` or ``functools.partial(SGLangClient, urls)``)."""
+    actors)`` or ``functools.partial(SGLangClient, urls)``). ``chat`` is (the text of
+    ``model.chat_template`` or None, its config value, ``model.tool_prompt``): the tokenizer is set up
+    as the driver's (``agentrl.episodes.tokenizer.prepare``)."""
 
     def __init__(
-        self, make_engine: Callable[[], Engine], model_path: str, rollout_cfg, env_spec, env_kwargs: dict
+        self,
+        make_engine: Callable[[], Engine],
+        model_path: str,
+        rollout_cfg,
+        env_spec,
+        env_kwargs: dict,
+        chat: tuple = (None, None, "auto"),
     ) -> None:
         from transformers import AutoTokenizer
 
         from agentrl.envs import registry
         from agentrl.episodes.manager import EpisodeManager
+        from agentrl.episodes.tokenizer import prepare
 
         if env_spec.source == "register":  # registered by the driver's code, not by a package
             registry.register(
@@ -103,10 +112,13 @@ class RolloutWorker(_Placed):
 
         # partial_rollouts=false: the driver drains every worker around a weight push (hold/release)
         self.engine = with_partial_rollouts(make_engine(), rollout_cfg.partial_rollouts)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        text, name, tool_prompt = chat  # as the driver set its own up (agentrl.episodes.tokenizer)
+        prepare(tokenizer, text, tool_prompt, name=name, model=model_path)
         self.manager = EpisodeManager(
             self.engine,
             lambda: registry.make(env_id, **env_kwargs),
-            AutoTokenizer.from_pretrained(model_path),
+            tokenizer,
             rollout_cfg,
             env_id=env_id,
         )

@@ -5,7 +5,8 @@ parallel tool calls and a user follow-up), ``TemplateReport`` and ``render_repor
 ``agentrl check-template``). Checks, in order:
 
 * ``has_chat_template`` — the tokenizer carries a template;
-* ``renders_tools`` — tool schemas appear in the rendered prompt (skipped with ``tools=[]``);
+* ``renders_tools`` — tool schemas appear in the rendered prompt (skipped with ``tools=[]``); a
+  tokenizer set up by ``agentrl.episodes.tokenizer`` passes it with agentrl's tool block;
 * ``stop_token`` — the token that ends an assistant turn is found and is a stop id;
 * ``prefix`` — at every assistant-turn boundary the text so far is a prefix of the next rendering
   (checked at boundaries, not after every message: Qwen2.5 legitimately closes a block of tool
@@ -26,6 +27,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from agentrl.episodes.chat import ChatRenderer, first_difference, render
+from agentrl.episodes.tool_prompt import renders_tools as template_renders_tools
 from agentrl.errors import TemplateError
 
 SAMPLE_TOOLS = [
@@ -157,15 +159,13 @@ def check_template(tokenizer, tools: list[dict] | None = None, **template_kwargs
     def renders_tools():
         if not use_tools:
             return True, "skipped (no tools requested)"
-        text = render(tokenizer, msgs[:2], tools=use_tools, add_generation_prompt=True, **template_kwargs)
-        plain = render(tokenizer, msgs[:2], add_generation_prompt=True, **template_kwargs)
-        missing = [t["function"]["name"] for t in use_tools if t["function"]["name"] not in text]
-        if text == plain or missing:
-            return False, (
-                "tool schemas are not rendered (missing: " + ", ".join(missing or ["all"]) + "); "
-                "describe the tools in the system prompt yourself, or use tools=[]"
+        ok, detail = template_renders_tools(tokenizer, use_tools, **template_kwargs)
+        if not ok:
+            detail += (
+                "; model.tool_prompt=auto or agentrl adds agentrl's tool block (agentrl.episodes.tool_prompt), "
+                "or describe the tools in the system prompt yourself and use tools=[]"
             )
-        return True, f"{len(use_tools)} tool schema(s) rendered"
+        return ok, detail
 
     add("renders_tools", renders_tools)
     renderer = ChatRenderer(tokenizer, tools=use_tools, **template_kwargs)

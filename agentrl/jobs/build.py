@@ -30,6 +30,14 @@ def model_dir(cfg: RunConfig) -> Path:
     return resolve_model_path(cfg.model.path, cfg.model.revision)
 
 
+def chat_tokenizer(cfg: RunConfig, model_path: Path):
+    """The tokenizer the job renders chats with (``model.chat_template`` and ``model.tool_prompt``
+    applied; ``agentrl.episodes.tokenizer``) and the ``ChatSetup`` saying what was chosen."""
+    from agentrl.episodes.tokenizer import load_chat_tokenizer
+
+    return load_chat_tokenizer(model_path, cfg.model.chat_template, cfg.model.tool_prompt, model=cfg.model.path)
+
+
 class EnvFactory:
     """Builds the run's envs (``factory()``). One is built at once and closed, to fail fast on a bad
     env or kwargs before any engine work, and to read ``isolation``: the ``sandbox: ...`` line of

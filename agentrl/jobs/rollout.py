@@ -21,7 +21,7 @@ from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
 from agentrl.episodes.manager import EpisodeManager, make_specs
 from agentrl.episodes.summary import RolloutMetrics
-from agentrl.jobs.build import env_factory, episode_manager, make_engine, model_dir
+from agentrl.jobs.build import chat_tokenizer, env_factory, episode_manager, make_engine, model_dir
 from agentrl.trajectory import Trajectory, json_text
 
 
@@ -74,8 +74,6 @@ def run_rollout(
 ) -> tuple[list[Trajectory], RolloutMetrics, Path]:
     """Run ``cfg``'s rollout (its plan for job ``rollout``); returns the trajectories, their
     metrics and the output directory."""
-    from transformers import AutoTokenizer
-
     from agentrl.models.device import device_line
 
     cfg = resolve(cfg, "rollout").cfg  # written as config.yaml: what really ran
@@ -88,7 +86,8 @@ def run_rollout(
     if factory.isolation:
         note(factory.isolation)
     model_path = model_dir(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    tokenizer, chat = chat_tokenizer(cfg, model_path)
+    note(chat.line())
     engine = make_engine(cfg, model_path)
 
     async def main() -> tuple[list[Trajectory], RolloutMetrics, dict]:

@@ -128,6 +128,7 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
         manager = self.backend.episodes
         display = RunDisplay(self.progress, cfg.train.steps, start=self.step)
         display.note(self.device_line)
+        display.note(self.chat_line)
         if self.isolation:
             display.note(self.isolation)
         take_queue_waits()  # the first step's queue times are its own

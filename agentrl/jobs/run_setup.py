@@ -21,18 +21,17 @@ from agentrl.batches.ledger import rewind
 from agentrl.batches.prompt_stream import PromptStream
 from agentrl.batches.staleness import load_ready
 from agentrl.config.schema import save_config, to_dict
-from agentrl.jobs.build import env_factory, eval_env_factory, make_sync, model_dir, start_backend
+from agentrl.jobs.build import chat_tokenizer, env_factory, eval_env_factory, make_sync, model_dir, start_backend
 from agentrl.trainer.integrity import pick_resume
 
 
 class RunSetup:
     """Setup and teardown of ``Runner`` (reads ``cfg``, ``plan``, ``run_dir``; sets the pieces:
-    ``model_path``, ``tokenizer``, ``make_env``, ``make_eval_env``, ``backend``, ``trainer``,
-    ``engine``, ``weight_sync``, ``sinks``, and the resumed state)."""
+    ``model_path``, ``tokenizer`` (with ``chat_line``, the template and tool prompt it renders with),
+    ``make_env``, ``make_eval_env``, ``backend``, ``trainer``, ``engine``, ``weight_sync``, ``sinks``, and
+    the resumed state)."""
 
     def _setup(self) -> None:
-        from transformers import AutoTokenizer
-
         from agentrl.jobs.rollout import tune_gc
         from agentrl.observe.sinks import make_sinks
 
@@ -41,7 +40,8 @@ class RunSetup:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         self.model_path = model_dir(cfg)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.tokenizer, chat = chat_tokenizer(cfg, self.model_path)
+        self.chat_line = chat.line()
         self.make_env = env_factory(cfg)
         self.isolation = self.make_env.isolation
         self.make_eval_env = eval_env_factory(self.plan)

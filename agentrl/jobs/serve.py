@@ -39,12 +39,16 @@ _STEP = re.compile(r"step_(\d+)")
 # ---------------------------------------------------------------------------------------- paths
 @dataclass
 class ServeTarget:
-    """What to serve: ``model_dir`` is loaded now; ``run_dir`` is set when a run can be followed."""
+    """What to serve: ``model_dir`` is loaded now; ``run_dir`` is set when a run can be followed;
+    ``chat_template`` and ``tool_prompt`` are the ``model.*`` values chats are rendered with (a run's
+    own, when the target is in a run)."""
 
     model_dir: Path
     run_dir: Path | None = None
     checkpoint: Path | None = None
     version: int = 0
+    chat_template: str | None = None
+    tool_prompt: str = "auto"
 
     def describe(self) -> dict:
         return {"weights": str(self.model_dir), "checkpoint": self.checkpoint.name if self.checkpoint else None}
@@ -87,13 +91,44 @@ def _run_initial_model(run_dir: Path) -> Path:
     return resolve_model_path(model_path)
 
 
+def _run_chat(run: Path) -> dict:
+    """The run's ``model.chat_template`` / ``model.tool_prompt`` (its ``config.yaml``), as far as it says."""
+    import yaml
+
+    try:
+        model = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("model") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    return {k: model[k] for k in ("chat_template", "tool_prompt") if k in model}
+
+
 def resolve_target(path: str | Path, *, follow: bool = False) -> ServeTarget:
     """PATH -> what to serve. ConfigError naming PATH when it is none of the accepted kinds.
 
     With ``follow``, PATH must be (in) a run: a run directory, or one of its checkpoints (the run
     is then followed from there). A run with no complete checkpoint yet serves the model it
-    started from (its ``config.yaml``) until the first one appears."""
+    started from (its ``config.yaml``) until the first one appears. A target in a run renders chats
+    with the run's ``model.chat_template`` and ``model.tool_prompt``. A GGUF file (or a directory
+    holding one) is served from its converted HF directory (``agentrl.models.gguf``)."""
+    target = _resolve_target(path, follow)
+    run = target.run_dir or (target.checkpoint.parent.parent if target.checkpoint is not None else None)
+    if run is not None:
+        for k, v in _run_chat(run).items():
+            setattr(target, k, v)
+    return target
+
+
+def _resolve_target(path: str | Path, follow: bool) -> ServeTarget:
     p = Path(path).expanduser()
+    if p.exists():
+        from agentrl.models.gguf import find_gguf
+
+        if find_gguf(p, "serve PATH") is not None:
+            if follow:
+                raise ConfigError(f"serve: --follow needs a run directory; {str(path)!r} is a GGUF model")
+            from agentrl.models.hub import resolve_model
+
+            return ServeTarget(resolve_model(str(p), what="serve PATH"))
     if not p.exists():
         from agentrl.models.hub import HubRef, parse_ref, resolve_model
 
@@ -232,16 +267,23 @@ class LocalServer:
 
     def start(self) -> LocalServer:
         import torch
-        from transformers import AutoTokenizer
 
         from agentrl.engine.local import LocalEngine
+        from agentrl.episodes.tokenizer import load_chat_tokenizer
         from agentrl.jobs.serve_api import OpenAIAPI
 
+        t = self.target
+        try:
+            tokenizer, chat = load_chat_tokenizer(t.model_dir, t.chat_template, t.tool_prompt)
+        except AgentRLError:
+            raise
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"serve: cannot load a model from {t.model_dir}: {e}") from e
+        self.log(chat.line())
         try:
             dtype = getattr(torch, self.dtype, None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"dtype {self.dtype!r} is not a torch dtype (float32, bfloat16, float16)")
-            tokenizer = AutoTokenizer.from_pretrained(str(self.target.model_dir))
             self.engine = LocalEngine.from_pretrained(
                 str(self.target.model_dir), device=self.device, dtype=dtype, max_batch_size=self.max_batch_size
             )
@@ -351,12 +393,40 @@ class SGLangService:
         self.target, self.follow, self.poll_s, self.log = target, follow, poll_s, log
         self.name = name or default_name(target)
         self.server = SGLangServer(target.model_dir, host=host, port=port, **server_kwargs)
-        self._base_args = list(self.server.extra_args)
+        self._base_args = list(self.server.extra_args) + self._chat_args()
         self.follower = CheckpointFollower(target, self._swap, poll_s=poll_s, log=log) if follow else None
 
     @property
     def url(self) -> str:
         return self.server.url
+
+    def _chat_args(self) -> list[str]:
+        """``--chat-template FILE`` when agentrl renders chats differently from the model's own template
+        (``model.chat_template`` set, or agentrl's tool block added), so SGLang's ``/v1`` renders as
+        a run would; [] otherwise. The file is kept in the agentrl cache under the template's hash."""
+        import hashlib
+        import os
+
+        from transformers import AutoTokenizer
+
+        from agentrl.common.paths import cache_dir
+        from agentrl.episodes.tokenizer import prepare, template_text
+
+        t = self.target
+        tok = AutoTokenizer.from_pretrained(str(t.model_dir))
+        own = tok.chat_template
+        text = None if t.chat_template is None else template_text(t.chat_template)
+        chat = prepare(tok, text, t.tool_prompt, name=t.chat_template, model=str(t.model_dir))
+        self.log(chat.line())
+        if tok.chat_template == own or not isinstance(tok.chat_template, str):
+            return []
+        f = cache_dir() / "chat-templates" / (hashlib.sha256(tok.chat_template.encode()).hexdigest()[:32] + ".jinja")
+        if not f.is_file():
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
+            tmp.write_text(tok.chat_template, encoding="utf-8")
+            tmp.replace(f)
+        return ["--chat-template", str(f)]
 
     def _args(self) -> list[str]:
         return [*self._base_args, "--served-model-name", self.name, "--weight-version", str(self.target.version)]

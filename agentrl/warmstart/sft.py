@@ -219,11 +219,15 @@ def run_sft(
     data: Iterable[str | Path] = (),
     examples: list[SFTExample] | None = None,
     log=None,
+    chat_template: str | None = None,
+    tool_prompt: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``model_path`` on demonstrations (``cfg.num_demos``) plus chat JSONL ``data`` (and
     any ready ``examples``) with the shared Trainer (``policy_loss="sft"``); write an HF model
     directory (weights + tokenizer) to ``out_dir``. Returns a summary (losses, timings, counts).
-    ``log(step, metrics)`` is called after every step."""
+    ``log(step, metrics)`` is called after every step. ``chat_template`` / ``tool_prompt`` (the
+    ``model.*`` fields; both None: the tokenizer as it is) set up the tokenizer chats are rendered
+    with, as a run does (``agentrl.episodes.tokenizer``)."""
     import random
     import time
 
@@ -234,7 +238,12 @@ def run_sft(
 
     cfg = cfg or SFTConfig()
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    if chat_template is None and tool_prompt is None:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    else:
+        from agentrl.episodes.tokenizer import load_chat_tokenizer
+
+        tokenizer, _ = load_chat_tokenizer(model_path, chat_template, tool_prompt or "auto")
     pool: list[SFTExample] = list(examples or [])
     for path in data:
         pool += load_chat_jsonl(path, tokenizer)

@@ -112,8 +112,10 @@ def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
 
 
 #: |logprob(engine) - logprob(HF fp32)| allowed: the local engine runs fp32 (summation order only);
-#: SGLang serves an fp32 checkpoint in fp16 (see tests/engine/test_engine_conformance.py for the budget)
-TOL = {"local": 1e-3, "sglang": 5e-2}
+#: SGLang runs fp32 on CPU too (agentrl.engine.sglang_server: --dtype float32). Measured here, greedy
+#: after pushing perturbed weights (6 pushes x 8 prompts x 32 tokens, against HF fp32 and against
+#: Trainer.logprobs): max 3.3e-6; 2e-5 is ~6x that. (The perturbation moves logprobs by > 10x it.)
+TOL = {"local": 1e-3, "sglang": 2e-5}
 
 
 def check_against_hf(model_dir, state_dict, gen, tol: float, old: dict | None = None) -> float:

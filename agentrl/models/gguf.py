@@ -111,7 +111,7 @@ def converted_dir(gguf: str | Path, what: str = "model.path") -> Path:
 
     def build(tmp: Path) -> None:
         say(
-            f"converting {src.name} ({src.stat().st_size / 1e6:.0f} MB GGUF) once into an HF model directory "
+            f"converting {src.name} ({_size(src.stat().st_size)} GGUF) once into an HF model directory "
             f"{dest} (float32 safetensors; cached by the file's sha256)"
         )
         convert(src, tmp, what)
@@ -119,6 +119,13 @@ def converted_dir(gguf: str | Path, what: str = "model.path") -> Path:
         (tmp / META).write_text(json.dumps({**meta, "sha256": digest}, indent=2))
 
     return cached(dest, build)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
 
 
 def describe(src: Path) -> tuple[str, list[str]]:

@@ -29,38 +29,53 @@ def test_waits_are_recorded_and_reach_the_callers_clock():
     take_queue_waits()
 
     async def main():
+        held, release = asyncio.Event(), asyncio.Event()
+
         async def holder():
             async with slots.hold():
-                await asyncio.sleep(0.3)
+                held.set()
+                await release.wait()
 
         async def waiter():
+            t0 = time.perf_counter()
             async with slots.hold():
-                return WAIT_CLOCK.get().waited()
+                return WAIT_CLOCK.get().waited(), time.perf_counter() - t0
 
         h = asyncio.ensure_future(holder())
-        await asyncio.sleep(0.05)
+        await held.wait()
         clock = WaitClock()
         WAIT_CLOCK.set(clock)
-        waited = await waiter()
+        w = asyncio.ensure_future(waiter())
+        while slots.waiting == 0:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.2)  # the waiter waits at least this long
+        release.set()
+        waited, elapsed = await w
         await h
-        return waited, clock.waited()
+        return waited, elapsed, clock.waited()
 
-    waited, total = asyncio.run(main())
-    assert 0.15 < waited < 1.0 and total == pytest.approx(waited, abs=0.01)
+    waited, elapsed, total = asyncio.run(main())
+    # bounded by what the test itself did, not by a wall time: at least the 0.2 s it held the slot,
+    # at most the waiter's own stopwatch around the wait
+    assert 0.2 <= waited <= elapsed and total == waited
     recorded = take_queue_waits()
-    assert len(recorded) == 2 and recorded[0] == 0.0 and recorded[1] == pytest.approx(waited, abs=0.05)
+    assert len(recorded) == 2 and recorded[0] == 0.0 and 0.2 <= recorded[1] <= elapsed, (recorded, elapsed)
     assert take_queue_waits() == []
 
 
 def test_overlapping_waits_of_parallel_calls_count_once():
     clock = WaitClock()
+    t0 = time.perf_counter()
     clock._begin()
     clock._begin()
     time.sleep(0.1)
     clock._end()
     time.sleep(0.1)
     clock._end()
-    assert 0.19 < clock.waited() < 0.4
+    span = time.perf_counter() - t0
+    # at least the 0.2 s slept, at most the span itself: counted one by one the two waits would add
+    # the overlap twice (> span), whatever the machine's load
+    assert 0.2 <= clock.waited() <= span
 
 
 def test_admission_waits_while_a_sandbox_is_saturated(monkeypatch):
@@ -68,22 +83,29 @@ def test_admission_waits_while_a_sandbox_is_saturated(monkeypatch):
     slots = Slots(1)
 
     async def main():
-        async def hold(seconds):
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(first=False):
             async with slots.hold():
-                await asyncio.sleep(seconds)
+                if first:
+                    held.set()
+                    await release.wait()
 
-        first = asyncio.ensure_future(hold(0.3))
-        await asyncio.sleep(0.02)
-        waiting = [asyncio.ensure_future(hold(0.0)) for _ in range(2)]  # 2 waiting > capacity 1
-        await asyncio.sleep(0.02)
+        first = asyncio.ensure_future(hold(first=True))
+        await held.wait()
+        waiting = [asyncio.ensure_future(hold()) for _ in range(2)]  # 2 waiting > capacity 1
+        while slots.waiting < 2:
+            await asyncio.sleep(0)
         assert slots.saturated
-        t0 = time.perf_counter()
-        await admission()
-        held = time.perf_counter() - t0
+        gate = asyncio.ensure_future(admission())
+        await asyncio.sleep(0.1)  # ten polls
+        held_back = not gate.done()
+        release.set()  # one waiter runs, one waits: no longer saturated
+        await asyncio.wait_for(gate, 30)
         await asyncio.gather(first, *waiting)
-        return held
+        return held_back
 
-    assert asyncio.run(main()) > 0.2
+    assert asyncio.run(main()), "admission() returned while the sandbox was saturated"
     assert not slots.saturated
 
 

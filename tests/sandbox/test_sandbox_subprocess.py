@@ -78,9 +78,8 @@ async def test_bad_file_names_rejected(sb, name):
 async def test_stdin_given_and_closed(sb):
     r = await sb.run([PY, "-c", "import sys; print(sys.stdin.read().upper())"], stdin=b"abc", timeout_s=10)
     assert r.stdout == "ABC\n"
-    t0 = time.monotonic()
     r = await sb.run([PY, "-c", "import sys; print(repr(sys.stdin.read()))"], timeout_s=10)
-    assert r.stdout == "''\n" and time.monotonic() - t0 < 5  # EOF at once, not a hang
+    assert (r.status, r.stdout) == ("ok", "''\n"), r  # EOF at once (an open stdin: the read runs into the deadline)
 
 
 @pytest.mark.parametrize("code", ["while True: pass", "import time; time.sleep(100)"])
@@ -88,14 +87,14 @@ async def test_timeout_kills(sb, code):
     t0 = time.monotonic()
     r = await sb.run([PY, "-c", code], timeout_s=0.5)
     assert r.status == "timeout" and r.exit_code is None
-    assert time.monotonic() - t0 < 3
+    # a hang guard, not a timing test: back at ~0.5 s; a kill that failed would wait 100 s or for ever
+    assert time.monotonic() - t0 < 0.5 + 30
 
 
 async def test_background_children_are_killed_after_normal_exit(sb):
-    t0 = time.monotonic()
     r = await sb.run(["bash", "-c", "sleep 987 & echo $!"], timeout_s=10)
     assert r.status == "ok" and r.exit_code == 0
-    assert time.monotonic() - t0 < 3  # did not wait for the orphan to close its pipes
+    assert r.wall_s < 10  # did not wait for the orphan to close its pipes (that runs into the deadline)
     assert await _wait_gone(int(r.stdout))
 
 
@@ -123,11 +122,10 @@ async def test_cancellation_kills_the_program(sb, tmp_path):
 
 async def test_output_flood_is_capped_and_killed():
     sb = SubprocessSandbox(max_output_bytes=1000)
-    t0 = time.monotonic()
     r = await sb.run([PY, "-c", "import sys\nwhile True: sys.stdout.write('x' * 4096)"], timeout_s=10)
     assert r.status == "output_limit" and r.truncated and r.exit_code is None
     assert r.stdout == "x" * 1000
-    assert time.monotonic() - t0 < 3
+    assert r.wall_s < 10  # the cap ended it, not the deadline
 
 
 async def test_output_exactly_at_cap_is_fine():

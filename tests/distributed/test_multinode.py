@@ -367,6 +367,7 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
         f"noticed after {detect_s:.1f}s ({rec['error'][:120]}); resumed at step {rec['resumed_step']}; "
         f"first step after the restart done {recover_s:.1f}s after the removal; run wall {wall:.1f}s"
     )
+    # a hang guard, not a timing test: noticed after 0.3-0.5 s (BENCHMARKS.md); a loss nobody notices never ends
     assert 0 <= detect_s < 30 and rec["resumed_step"] >= 1
     chk = ledger_check(out)
     assert chk["steps"] == list(range(1, steps + 1)), chk

@@ -11,6 +11,8 @@ Hierarchy::
     │                          or none can be resumed from
     ├── InfraFailureError      every episode of a run's first eval or step failed for the same
     │                          infrastructure reason: the run stops instead of "finishing"
+    ├── DemonstrationError     oracle demonstrations of the SFT warm start failed their checks
+    │                          (names the first: its task, the check, the tool's output; how many)
     ├── NodeLostError          a Ray node or actor of a run died mid-run (names it); the run
     │                          restarts from its checkpoint when ray.restart_on_node_loss allows
     └── EpisodeError           something that ends one episode; carries the typed Outcome
@@ -61,6 +63,11 @@ class CheckpointError(AgentRLError):
 
 class InfraFailureError(AgentRLError):
     """Every episode failed with the same infrastructure outcome; the message names it and an example."""
+
+
+class DemonstrationError(AgentRLError):
+    """Oracle SFT demonstrations failed (the sandbox, the template's tool format, or the tasks): the
+    message says how many of how many, and which check the first failing one failed, with its task."""
 
 
 class NodeLostError(AgentRLError):

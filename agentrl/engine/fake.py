@@ -23,6 +23,7 @@ class FakeContext:
 
     call_index: int
     state: dict = field(default_factory=dict)  # shared across calls, for stateful scripts
+    session: str | None = None  # the caller's session (the episode manager passes the episode id)
 
 
 Policy = Callable[[Sequence[int], SamplingParams, FakeContext], Sequence[int]]
@@ -57,7 +58,7 @@ class FakeEngine(Engine):
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, session: str | None = None
     ) -> Generation:
-        ctx = FakeContext(self.calls, self.state)
+        ctx = FakeContext(self.calls, self.state, session)
         self.calls += 1
         if self._max_context is not None and len(prompt_ids) >= self._max_context:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens exceeds max_context {self._max_context}")

@@ -1,184 +1,40 @@
-"""The SFT warm start: token-exact oracle demonstrations and the supervised stage.
+"""The SFT warm start: the supervised stage, on oracle demonstrations and/or chat data.
 
 Owns:
 
-* ``make_demonstrations``: oracle trajectories on an agent env, produced by the *real*
-  ``EpisodeManager`` and env (the real python tool runs every program) with a scripted
-  ``FakeEngine`` whose "policy" writes the reference turns as token ids. A demonstration therefore
-  has exactly the token layout RL sees: prompt ids, sampled-turn ids (mask 1), observation deltas
-  (mask 0). Turn 1 calls the tool with the task's reference ``solution``; turn 2 gives the
-  answer it printed as ``\\boxed{..}`` (or, for function tasks, the function in a code block).
-  A fraction ``direct_frac`` of the demonstrations instead answer at once, without the tool, as a
-  chat model often does with arithmetic: the corpus then mixes both habits, like real chat data,
-  and the SFT model inherits the mix. Which habit pays is left to RL to find (a tiny model's mental
-  arithmetic is mostly wrong).
-* user chat data: read by ``agentrl.warmstart.chat_data`` (``load_chat_jsonl``) and mixed in by ``run_sft``.
 * ``run_sft``: the stage itself, driven through the shared ``agentrl.trainer.Trainer`` with
-  ``policy_loss="sft"`` (masked NLL); it has no training loop of its own.
+  ``policy_loss="sft"`` (masked NLL); it has no training loop of its own. Its data: oracle tool-use
+  demonstrations of ``code_exec`` (``agentrl.warmstart.demos``: token-exact with the model's own chat
+  template and ``model.tool_prompt``, each checked; a failed check stops the stage with a
+  ``DemonstrationError``) and user chat data (``agentrl.warmstart.chat_data.load_chat_jsonl``).
+  A fraction ``direct_frac`` of the demonstrations answer at once, without the tool, as a chat model
+  often does with arithmetic: the corpus then mixes both habits, like real chat data, and the SFT
+  model inherits the mix. Which habit pays is left to RL to find (a tiny model's mental arithmetic is
+  mostly wrong).
+* ``build_sft_config``: the ``sft`` section from overrides, with the checks across its fields.
 
 Does not: decide the default model's size or budget (``agentrl.warmstart.default_model``) or evaluate.
+The demonstration names (``make_demonstrations``, ``OracleSandbox``, ``oracle_turn``, ...) are
+re-exported from ``agentrl.warmstart.demos``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.sandbox.base import Sandbox
 from agentrl.warmstart.chat_data import SFTExample, load_chat_jsonl
 from agentrl.warmstart.config import SFTConfig  # the tree's sft section, re-exported
-
-_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
-_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
-
-
-# ------------------------------------------------------------------------------ demonstrations
-class OracleSandbox(Sandbox):
-    """Runs the oracle's own reference programs (``python3 -`` with the code on stdin) *in this
-    process* with ``exec`` and returns what a sandbox would: their real stdout/stderr and exit code,
-    as an ``ExecResult``. Spawning a process per demonstration would make data generation, not
-    training, the cost of the warm start. Only for trusted code we generated: it isolates nothing,
-    has no deadline and no output cap. ``tests/warmstart/test_sft.py`` checks that demonstrations made with it
-    are token-identical to ones made with a real sandbox. It cannot grade difficulty-5 tasks (their
-    unit tests run as a file): such episodes end ``sandbox_error`` and are dropped, so use
-    ``demo_sandbox='env'`` for them."""
-
-    name = "oracle"
-
-    async def run(self, argv, *, stdin: bytes | None = None, timeout_s: float, files=None, **_: Any):
-        import contextlib
-        import io
-        import time
-        import traceback
-
-        from agentrl.errors import SandboxError
-        from agentrl.sandbox.base import ExecResult
-
-        if list(argv)[-1:] != ["-"] or files:
-            raise SandboxError(f"OracleSandbox only runs python programs given on stdin, not {list(argv)!r}")
-        out, err, code = io.StringIO(), io.StringIO(), 0
-        t0 = time.perf_counter()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                exec(
-                    compile((stdin or b"").decode("utf-8", "surrogatepass"), "<stdin>", "exec"),
-                    {"__name__": "__main__"},
-                )
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-        return ExecResult(
-            stdout=out.getvalue(), stderr=err.getvalue(), exit_code=code, status="ok", wall_s=time.perf_counter() - t0
-        )
-
-
-def oracle_turn(task: dict, turn: int, observation: str | None, parser: str = "hermes", direct: bool = False) -> str:
-    """The reference assistant turn ``turn`` (0 = the tool call, 1 = the final answer) for ``task``;
-    ``direct=True``: turn 0 is the final answer itself (the task's known answer, no tool call)."""
-    code = task["solution"]
-    if direct and turn == 0:
-        if task.get("tests"):
-            return f"```python\n{task['solution']}\n```"
-        return f"The answer is \\boxed{{{task['answer']}}}."
-    if turn == 0:
-        if task.get("tests"):  # a function task: define it and try it on the first test's call
-            call = task["tests"][0].removeprefix("assert ").rsplit(" == ", 1)[0]
-            code = f"{code}\n\nprint({call})"
-        if parser == "python_block":
-            return f"```python\n{code}\n```"
-        return "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call>"
-    if task.get("tests"):
-        if parser == "python_block":  # a block would be run, not read: the last code run is the answer
-            return f"The function `{task['entry_point']}` I ran above is my solution."
-        return f"```python\n{task['solution']}\n```"
-    return f"The answer is \\boxed{{{(observation or '').strip()}}}."
-
-
-def _oracle_policy(tokenizer, tasks_by_prompt: dict[str, dict], parser: str):
-    """A FakeEngine policy writing ``oracle_turn``s; a task with ``"direct": True`` is answered at once."""
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def policy(prompt_ids, params, ctx):
-        text = tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
-        task = tasks_by_prompt[_USER.search(text).group(1)]
-        turn = text.count("<|im_start|>assistant") - 1
-        responses = _RESPONSE.findall(text)
-        reply = oracle_turn(task, turn, responses[-1] if responses else None, parser, bool(task.get("direct")))
-        return list(tokenizer.encode(reply, add_special_tokens=False)) + [end]
-
-    return policy
-
-
-def demo_tasks(
-    n: int, difficulty: int | list[int] = (1, 2, 3, 4), seed: int = 0, direct_frac: float = 0.0
-) -> list[dict]:
-    """``n`` train-split procedural tasks, difficulties cycled (never a held-out prompt); a seeded
-    ``direct_frac`` of them marked ``"direct": True`` (demonstrated without the tool)."""
-    import random
-
-    from agentrl.envs import tasks
-
-    levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
-    rng = random.Random(seed)
-    out = [tasks.generate_task(seed * 1_000_003 + i, levels[i % len(levels)], "train") for i in range(n)]
-    return [{**t, "direct": True} if rng.random() < direct_frac else t for t in out]
-
-
-async def make_demonstrations(
-    tokenizer, tasks: list[dict], *, env_kwargs: dict | None = None, max_concurrency: int = 16
-) -> list[Any]:
-    """Oracle ``Trajectory``s for ``tasks`` on ``code_exec`` (see the module docstring). Only
-    episodes that ended ``ok`` with reward 1 are returned: a demonstration is always a success."""
-    from agentrl.engine.fake import FakeEngine
-    from agentrl.envs.registry import make
-    from agentrl.episodes.config import RolloutConfig
-    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
-
-    kwargs = dict(env_kwargs or {})
-    parser = kwargs.get("parser") or "hermes"
-    engine = FakeEngine(_oracle_policy(tokenizer, {t["prompt"]: t for t in tasks}, parser), logprob=0.0)
-    cfg = RolloutConfig(max_turns=3, max_concurrency=max_concurrency, max_new_tokens=4096, max_context=1 << 20)
-    manager = EpisodeManager(engine, lambda: make("code_exec", **kwargs), tokenizer, cfg, env_id="code_exec")
-    specs = [EpisodeSpec(f"demo-{i}", 0, i, options={"task": t}) for i, t in enumerate(tasks)]
-    trajs = await manager.collect(specs)
-    return [t for t in trajs if t.outcome.value == "ok" and t.reward == 1.0]
-
-
-def _run_sync(coro):
-    """``asyncio.run`` that also works when called from inside a running loop (e.g. a run's setup)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def demonstration_examples(
-    tokenizer,
-    n: int,
-    *,
-    difficulty: int | list[int] = (1, 2, 3, 4),
-    seed: int = 0,
-    direct_frac: float = 0.0,
-    env_kwargs: dict | None = None,
-) -> list[SFTExample]:
-    """``n`` demonstrations as ``SFTExample``s (token ids and loss mask straight from the trajectories)."""
-    trajs = _run_sync(
-        make_demonstrations(
-            tokenizer, demo_tasks(n, difficulty, seed, direct_frac), env_kwargs=env_kwargs, max_concurrency=64
-        )
-    )
-    return [SFTExample(list(t.token_ids), list(t.loss_mask), f"demo:{t.task.get('id', '')}") for t in trajs]
+from agentrl.warmstart.demos import (  # noqa: F401 - re-exported: their home until 0.3
+    OracleSandbox,
+    demo_tasks,
+    demonstration_examples,
+    make_demonstrations,
+    oracle_turn,
+)
+from agentrl.warmstart.demos import run_sync as _run_sync  # noqa: F401 - textworld_demos imports it here
 
 
 # ------------------------------------------------------------------------------ the SFT stage
@@ -208,6 +64,11 @@ def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFT
 
     if not cfg.difficulty or any(d not in DIFFICULTIES for d in cfg.difficulty):
         raise ConfigError(f"sft.difficulty: {cfg.difficulty!r} must be a non-empty list of {list(DIFFICULTIES)}")
+    if 5 in cfg.difficulty and cfg.demo_sandbox == "oracle" and cfg.num_demos != 0:
+        raise ConfigError(
+            f"sft.difficulty: {cfg.difficulty!r} holds 5 (function tasks graded by unit tests run as a file), which "
+            "sft.demo_sandbox='oracle' cannot grade; set sft.demo_sandbox=env or leave 5 out"
+        )
     return cfg
 
 
@@ -259,12 +120,8 @@ def run_sft(
             seed=cfg.seed,
             direct_frac=cfg.direct_frac,
             env_kwargs=env_kwargs,
+            sandbox=cfg.demo_sandbox,
         )
-        if len(demos) < cfg.num_demos:
-            raise RuntimeError(
-                f"only {len(demos)} of {cfg.num_demos} oracle demonstrations succeeded; "
-                "the sandbox or the tasks' reference solutions are broken"
-            )
         pool += demos
         n_demos = len(demos)
     if not pool:

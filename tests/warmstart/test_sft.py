@@ -39,10 +39,9 @@ def test_demonstrations_are_token_exact(tiny_tokenizer, sandbox, parser):
     kw = {"sandbox": sandbox, "parser": parser}
     trajs = asyncio.run(sft.make_demonstrations(tok, todo, env_kwargs=kw))
     assert len(trajs) == len(todo)  # every oracle episode succeeds (reward 1, outcome ok)
-    by_id = {t["id"]: t for t in todo}
-    for traj in trajs:
+    for task, traj in zip(todo, trajs):  # in task order (two function tasks share a prompt and an id)
         traj.validate()
-        task = by_id[traj.task["id"]]
+        assert traj.task["id"] == task["id"]
         assert [m["role"] for m in traj.messages] == ["system", "user", "assistant", "tool", "assistant"]
         # the whole sequence is exactly the template's rendering of the conversation
         r = ChatRenderer(tok, tools=sft_tools(parser))

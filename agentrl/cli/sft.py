@@ -4,9 +4,11 @@ Owns the command's arguments and its summary table; everything it runs is ``agen
 
 ``-c/--set`` are the one config tree: the stage reads its ``sft.*`` section, ``model.path`` (the
 model to fine-tune when ``--model`` is not given), ``model.chat_template`` and ``model.tool_prompt``
-(how its chats are rendered, as in a run). Layers: the built-in warm-start recipe (and
-``--steps``, ``--data``'s ``sft.num_demos=0``) <- the ``-c`` files <- ``--set``. The flat names of
-0.1.0 (``--set lr=1e-3``) still work for one release, as ``sft.lr``, with a deprecation note.
+(how its chats are rendered, as in a run). Layers: the field defaults (``--steps``, ``--data``'s
+``sft.num_demos=0``) <- the ``-c`` files <- ``--set``; then the fields still null take a recipe,
+said in one line at start: the built-in model's warm start (``WARM_START``) when no model is named,
+the pretrained recipe (``agentrl.warmstart.config.PRETRAINED``) otherwise. The flat names of 0.1.0
+(``--set lr=1e-3``) still work for one release, as ``sft.lr``, with a deprecation note.
 """
 
 from __future__ import annotations
@@ -43,37 +45,45 @@ def sft_cmd(
 ) -> None:
     """Fine-tune on oracle tool-use demonstrations of code_exec and/or your chat JSONL.
 
-    With --data, demonstrations are off unless you --set sft.num_demos=N; without it, the default
-    warm-start recipe of the built-in model is used. `--set help=1` lists the sft.* fields."""
+    With --data, demonstrations are off unless you --set sft.num_demos=N. Fields you leave unset take
+    the built-in model's warm-start recipe without --model, and a recipe for a pretrained model with
+    one (lr 5e-5; printed at start). `--set help=1` lists the sft.* fields."""
     import dataclasses
 
     from agentrl.cli.options import load, named, pick
+    from agentrl.warmstart.config import resolve
     from agentrl.warmstart.sft import SFTConfig, build_sft_config, run_sft
 
     try:
         if any(s.split("=", 1)[0].strip() in ("help", "sft.help") for s in sets or []):
             _print_fields(SFTConfig)
             return
-        from agentrl.warmstart.default_model import WARM_START, base_model_path, resolve_model_path
+        from agentrl.warmstart.default_model import base_model_path, resolve_model_path
 
         sets = dotted_sets(sets or [], note=_deprecated)
-        base: dict = dict(WARM_START)
+        base: dict = {}
         if data:
             base["num_demos"] = 0
         if steps is not None:
             base["steps"] = steps
         tree = load(config, sets, {"sft": base})
-        cfg = build_sft_config(base=dataclasses.asdict(tree.sft))  # the checks beyond one field (difficulties)
         model = pick(model, tree, "model.path", named(config, sets))
+        sft = dataclasses.asdict(tree.sft)
+        if model is None:  # the built-in tiny model from random weights: its own warm-start recipe
+            sft = builtin_recipe(sft, _note)
+        cfg, chosen = resolve(build_sft_config(base=sft))  # build: the checks beyond one field (difficulties)
+        if chosen:
+            _note(f"sft: {chosen}")
         model_path = base_model_path() if model is None else resolve_model_path(model)
         summary = run_sft(
             model_path,
             out,
             cfg,
             data=data or [],
-            log=_progress(cfg.steps, not quiet and sys.stderr.isatty()),
+            log=_progress(cfg, quiet),
             chat_template=tree.model.chat_template,
             tool_prompt=tree.model.tool_prompt,
+            say=_note,
         )
     except AgentRLError as e:
         fail(e)
@@ -86,11 +96,29 @@ def sft_cmd(
     console.print(f"wrote {summary['model']}")
 
 
-def _progress(total: int, enabled: bool):
-    if not enabled:
+def builtin_recipe(sft: dict, note) -> dict:
+    """The ``sft`` fields with those left null set from the built-in model's warm start
+    (``agentrl.warmstart.default_model.WARM_START``); ``note`` says which."""
+    from agentrl.warmstart.default_model import WARM_START
+
+    filled = {k: v for k, v in WARM_START.items() if sft.get(k) is None}
+    if filled:
+        text = ", ".join(f"sft.{k}={v:g}" for k, v in filled.items() if isinstance(v, (int, float)))
+        note(f"sft: {text} (the built-in model's warm-start recipe; --set sft.NAME=VALUE to change)")
+    return {**sft, **filled}
+
+
+def _note(line: str) -> None:
+    console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _progress(cfg, quiet: bool):
+    """A progress bar on a terminal."""
+    if quiet or not sys.stderr.isatty():
         return None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    total = cfg.steps
     bar = Progress(
         TextColumn("[bold]sft"),
         BarColumn(),
@@ -103,7 +131,8 @@ def _progress(total: int, enabled: bool):
     bar.start()
 
     def log(step: int, metrics: dict) -> None:
-        bar.update(task, completed=step, status=f"loss={metrics['loss']:.3f}")
+        status = f"loss={metrics['loss']:.3f} {metrics.get('tokens_per_s', 0):.0f} tok/s"
+        bar.update(task, completed=step, status=status)
         if step >= total:
             bar.stop()
 

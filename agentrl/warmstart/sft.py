@@ -13,6 +13,7 @@ Owns:
   mostly wrong).
 * ``build_sft_config``: the ``sft`` section from overrides, with the checks across its fields.
 
+Fields left null take the recipe for a pretrained model (``agentrl.warmstart.config.resolve``).
 Does not: decide the default model's size or budget (``agentrl.warmstart.default_model``) or evaluate.
 The demonstration names (``make_demonstrations``, ``OracleSandbox``, ``oracle_turn``, ...) are
 re-exported from ``agentrl.warmstart.demos``.
@@ -20,13 +21,13 @@ re-exported from ``agentrl.warmstart.demos``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
 from agentrl.warmstart.chat_data import SFTExample, load_chat_jsonl
-from agentrl.warmstart.config import SFTConfig  # the tree's sft section, re-exported
+from agentrl.warmstart.config import SFTConfig, resolve  # the tree's sft section, re-exported
 from agentrl.warmstart.demos import (  # noqa: F401 - re-exported: their home until 0.3
     OracleSandbox,
     demo_tasks,
@@ -79,16 +80,20 @@ def run_sft(
     *,
     data: Iterable[str | Path] = (),
     examples: list[SFTExample] | None = None,
-    log=None,
+    log: Callable[[int, dict], None] | None = None,
     chat_template: str | None = None,
     tool_prompt: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``model_path`` on demonstrations (``cfg.num_demos``) plus chat JSONL ``data`` (and
     any ready ``examples``) with the shared Trainer (``policy_loss="sft"``); write an HF model
     directory (weights + tokenizer) to ``out_dir``. Returns a summary (losses, timings, counts).
-    ``log(step, metrics)`` is called after every step. ``chat_template`` / ``tool_prompt`` (the
-    ``model.*`` fields; both None: the tokenizer as it is) set up the tokenizer chats are rendered
-    with, as a run does (``agentrl.episodes.tokenizer``)."""
+    ``cfg``'s null fields take the pretrained recipe (``resolve``). ``log(step, metrics)`` is called
+    after every step (metrics: the trainer's, ``tokens``, ``tokens_per_s``, ``step_time_s``...);
+    ``say(line)`` gets what the stage chose and made (the recipe, the chat setup, the data).
+    ``chat_template`` / ``tool_prompt`` (the ``model.*`` fields; both None: the tokenizer as it is) set
+    up the tokenizer chats are rendered with, as a run does (``agentrl.episodes.tokenizer``); a
+    ``chat_template`` is written into the output's tokenizer, so the model renders as it was trained."""
     import random
     import time
 
@@ -97,14 +102,18 @@ def run_sft(
     from agentrl.trainer import Trainer, TrainerConfig, TrainSample
     from agentrl.trainer.checkpoint import write_hf
 
-    cfg = cfg or SFTConfig()
+    say = say or (lambda line: None)
+    cfg, chosen = resolve(cfg or SFTConfig())
+    if chosen:
+        say(f"sft: {chosen}")
     t0 = time.perf_counter()
     if chat_template is None and tool_prompt is None:
         tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     else:
         from agentrl.episodes.tokenizer import load_chat_tokenizer
 
-        tokenizer, _ = load_chat_tokenizer(model_path, chat_template, tool_prompt or "auto")
+        tokenizer, setup = load_chat_tokenizer(model_path, chat_template, tool_prompt or "auto")
+        say(setup.line())
     pool: list[SFTExample] = list(examples or [])
     for path in data:
         pool += load_chat_jsonl(path, tokenizer)
@@ -124,6 +133,11 @@ def run_sft(
         )
         pool += demos
         n_demos = len(demos)
+        say(
+            f"sft: {n_demos} oracle demonstrations made and checked in {time.perf_counter() - t0:.0f} s "
+            f"({sum(len(e.token_ids) for e in demos) / n_demos:.0f} tokens each, "
+            f"{sum(e.num_target for e in demos) / n_demos:.0f} of them trained)"
+        )
     if not pool:
         raise ConfigError("nothing to train on: sft.num_demos is 0 and no --data was given")
     t_data = time.perf_counter() - t0
@@ -144,7 +158,9 @@ def run_sft(
     rng = random.Random(cfg.seed)
     order: list[int] = []
     losses: list[float] = []
+    tokens = 0
     with Trainer(str(model_path), tcfg) as trainer:
+        t_train = time.perf_counter()
         for step in range(1, cfg.steps + 1):
             if len(order) < cfg.batch_size:  # epochs of shuffled examples, batches never straddle a reshuffle gap
                 idx = list(range(len(pool)))
@@ -159,20 +175,39 @@ def run_sft(
                 ]
             )
             losses.append(metrics["loss"])
+            tokens += int(metrics.get("tokens", sum(len(e.token_ids) for e in batch)))
             if log is not None:
                 log(step, metrics)
+        train_s = time.perf_counter() - t_train
         out = Path(out_dir)
         write_hf(out, trainer.full_state_dict(), trainer.model, str(model_path))
+    if chat_template is not None:
+        _keep_template(tokenizer, out)
     return {
         "model": str(out),
         "base_model": str(model_path),
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
         "examples": len(pool),
         "demonstrations": n_demos,
         "target_tokens": sum(e.num_target for e in pool),
         "loss_first": losses[0],
         "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        "trained_tokens": tokens,
+        "tokens_per_s": round(tokens / max(train_s, 1e-9), 1),
         "data_s": round(t_data, 2),
         "train_s": round(time.perf_counter() - t0 - t_data, 2),
     }
+
+
+def _keep_template(tokenizer, out: Path) -> None:
+    """Save ``model.chat_template`` (without agentrl's tool prompt, which every job applies itself from
+    ``model.tool_prompt``) with the output's tokenizer: the model was trained on that template."""
+    from transformers import AutoTokenizer
+
+    from agentrl.episodes.tool_prompt import strip
+
+    saved = AutoTokenizer.from_pretrained(str(out))
+    saved.chat_template = strip(tokenizer.chat_template)
+    saved.save_pretrained(str(out))

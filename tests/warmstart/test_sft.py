@@ -261,3 +261,18 @@ def test_sft_command_lists_its_fields():
 
     res = CliRunner().invoke(app, ["sft", "--set", "help=1"], terminal_width=200)
     assert res.exit_code == 0 and "direct_frac" in res.output and "Optimizer steps." in res.output
+
+
+def test_a_model_takes_the_pretrained_recipe_and_explicit_fields_win():
+    from agentrl.cli.sft import builtin_recipe
+    from agentrl.warmstart.config import PRETRAINED, SFTConfig, resolve
+
+    cfg, said = resolve(SFTConfig(steps=30))
+    assert (cfg.lr, cfg.steps, cfg.batch_size) == (PRETRAINED["lr"], 30, PRETRAINED["batch_size"])
+    assert cfg.num_demos == 30 * PRETRAINED["batch_size"] and cfg.warmup_steps == 3
+    assert "sft.lr=5e-05" in said and "sft.steps" not in said and "pretrained" in said
+    assert resolve(cfg) == (cfg, "")  # nothing left to choose
+    notes = []
+    built = builtin_recipe({**vars(SFTConfig()), "lr": 1e-3}, notes.append)
+    assert built["lr"] == 1e-3 and built["steps"] == 400 and built["num_demos"] == 4000
+    assert "sft.steps=400" in notes[0] and "sft.lr" not in notes[0] and "built-in" in notes[0]

@@ -7,7 +7,8 @@ model to fine-tune when ``--model`` is not given), ``model.chat_template`` and `
 (how its chats are rendered, as in a run). Layers: the field defaults (``--steps``, ``--data``'s
 ``sft.num_demos=0``) <- the ``-c`` files <- ``--set``; then the fields still null take a recipe,
 said in one line at start: the built-in model's warm start (``WARM_START``) when no model is named,
-the pretrained recipe (``agentrl.warmstart.config.PRETRAINED``) otherwise. The flat names of 0.1.0
+the pretrained recipe (``agentrl.warmstart.config.PRETRAINED``) otherwise. Off a terminal, progress
+is a line every ``sft.log_every`` steps (``agentrl.warmstart.progress``). The flat names of 0.1.0
 (``--set lr=1e-3``) still work for one release, as ``sft.lr``, with a deprecation note.
 """
 
@@ -113,9 +114,14 @@ def _note(line: str) -> None:
 
 
 def _progress(cfg, quiet: bool):
-    """A progress bar on a terminal."""
-    if quiet or not sys.stderr.isatty():
+    """A progress bar on a terminal; else a line every ``sft.log_every`` steps and once a minute."""
+    if quiet:
         return None
+    if not sys.stderr.isatty():
+        from agentrl.warmstart.progress import sft_progress
+
+        every = cfg.log_every or max(1, cfg.steps // 20)
+        return sft_progress("sft", cfg.steps, every, min_interval_s=60.0)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = cfg.steps

@@ -72,17 +72,25 @@ class SFTConfig:
     )
     device: str = doc("auto", "Trainer device ('auto', 'cpu', 'cuda').")
     seed: int = doc(0, "Seeds the demonstration tasks, the data order and the trainer.")
+    log_every: int | None = doc(
+        None,
+        "When stderr is not a terminal, a progress line (loss, trained tokens/s, elapsed) every N steps and at "
+        "least once a minute. null: steps // 20 (about 20 lines a run).",
+        min=1,
+    )
 
 
 def resolve(cfg: SFTConfig) -> tuple[SFTConfig, str]:
     """``cfg`` with its null fields filled from ``PRETRAINED`` (``num_demos``: steps * batch_size,
-    ``warmup_steps``: steps // 10); and the choices made, as one sentence
+    ``warmup_steps``: steps // 10, ``log_every``: steps // 20); and the choices made, as one sentence
     ("" when every field was set)."""
     out = replace(cfg, **{k: v for k, v in PRETRAINED.items() if getattr(cfg, k) is None})
     if out.num_demos is None:
         out.num_demos = out.steps * out.batch_size
     if out.warmup_steps is None:
         out.warmup_steps = out.steps // 10
+    if out.log_every is None:
+        out.log_every = max(1, out.steps // 20)
     chosen = [k for k in ("lr", "steps", "batch_size", "warmup_steps", "num_demos") if getattr(cfg, k) is None]
     if not chosen:
         return out, ""

@@ -83,11 +83,13 @@ def default_model_path(warm_start: bool = True) -> Path:
         return dest
 
     def build(tmp: Path) -> None:
+        from agentrl.warmstart.model_cache import sft_progress
         from agentrl.warmstart.sft import SFTConfig, run_sft
 
         say(f"building the built-in model's SFT warm start in {dest} (first use only; a few minutes on CPU)")
         t0 = time.perf_counter()
-        summary = run_sft(base, tmp, SFTConfig(**WARM_START))
+        log = sft_progress("built-in model warm start", WARM_START["steps"], every=100, min_interval_s=60)
+        summary = run_sft(base, tmp, SFTConfig(**WARM_START), log=log)
         summary["model"] = str(dest)  # where it lives once renamed into place
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
         say(

@@ -269,10 +269,56 @@ def test_a_model_takes_the_pretrained_recipe_and_explicit_fields_win():
 
     cfg, said = resolve(SFTConfig(steps=30))
     assert (cfg.lr, cfg.steps, cfg.batch_size) == (PRETRAINED["lr"], 30, PRETRAINED["batch_size"])
-    assert cfg.num_demos == 30 * PRETRAINED["batch_size"] and cfg.warmup_steps == 3
+    assert cfg.num_demos == 30 * PRETRAINED["batch_size"] and cfg.warmup_steps == 3 and cfg.log_every == 1
     assert "sft.lr=5e-05" in said and "sft.steps" not in said and "pretrained" in said
     assert resolve(cfg) == (cfg, "")  # nothing left to choose
     notes = []
     built = builtin_recipe({**vars(SFTConfig()), "lr": 1e-3}, notes.append)
     assert built["lr"] == 1e-3 and built["steps"] == 400 and built["num_demos"] == 4000
     assert "sft.steps=400" in notes[0] and "sft.lr" not in notes[0] and "built-in" in notes[0]
+
+
+def test_progress_lines_say_loss_tokens_per_second_and_elapsed():
+    from agentrl.warmstart.progress import sft_progress
+
+    now, lines = [0.0], []
+    log = sft_progress("sft", 10, every=4, min_interval_s=60, out=lines.append, clock=lambda: now[0])
+    for step in range(1, 11):
+        now[0] += 10 if step != 6 else 100  # step 6 is slow: its line comes from the minute rule
+        log(step, {"loss": float(step), "tokens": 500})
+    assert [line.split(",")[1].strip() for line in lines] == [
+        "step 1/10", "step 4/10", "step 6/10", "step 8/10", "step 10/10"
+    ]  # fmt: skip
+    assert lines[0] == "sft, step 1/10, loss 1.000, 50 trained tokens/s, 10s elapsed"
+    assert lines[1] == "sft, step 4/10, loss 3.000, 50 trained tokens/s, 40s elapsed"
+    assert lines[2].endswith("loss 5.500, 9 trained tokens/s, 2m30s elapsed")
+
+
+def test_sft_command_on_a_model_says_its_recipe_progress_and_failed_demonstrations(tmp_path, monkeypatch):
+    """`agentrl sft --model DIR`: the pretrained recipe said at start, a line per step off a terminal,
+    and failed demonstrations as one `error:` line (exit 2), not an internal error."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+    from agentrl.sandbox.base import ExecResult
+    from agentrl.warmstart import demos
+    from agentrl.warmstart.tiny_model import build_model
+
+    base = build_model(tmp_path / "base", hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64)
+    args = ["sft", "--model", str(base), "--steps", "2", "--set", "sft.batch_size=2", "--set", "sft.device=cpu"]
+    res = CliRunner().invoke(app, [*args, "--set", "sft.log_every=1", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "sft.lr=5e-05, sft.warmup_steps=0, sft.num_demos=4 (the recipe for a pretrained model" in out
+    assert "4 oracle demonstrations made and checked" in out
+    assert "sft, step 1/2, loss" in out and "sft, step 2/2" in out and "trained tokens/s" in out
+
+    async def broken(self, argv, *, stdin=None, timeout_s, files=None, **_):
+        return ExecResult(stdout="", stderr="SyntaxError: boom", exit_code=1, status="ok", wall_s=0.0)
+
+    monkeypatch.setattr(demos.OracleSandbox, "run", broken)
+    res = CliRunner().invoke(app, [*args, "-q", "-o", str(tmp_path / "out2")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "internal error" not in out, res.output
+    assert "error: 4 of 4 oracle demonstrations failed their checks" in out and "SyntaxError: boom" in out
+    assert not (tmp_path / "out2").exists()

@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.agents.recorder import Recorder, covered
+from agentrl.common.ports import listening_socket
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.errors import ConfigError, EngineError, TemplateError
@@ -345,8 +345,7 @@ class ProxyEndpoint:
             import uvicorn
 
             app = KeyedApp(self.make_app(RecordingEngine(engine), tokenizer, self.model_name), self.links)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            sock = listening_socket("127.0.0.1", 0)  # the OS picks a port, already ours: no race for it
             port = sock.getsockname()[1]
             self._server = uvicorn.Server(
                 uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2)

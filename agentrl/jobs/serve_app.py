@@ -18,7 +18,6 @@ or follow checkpoints (:mod:`agentrl.jobs.serve`).
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations.
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -27,6 +26,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 
+from agentrl.common.ports import listening_socket
 from agentrl.errors import ConfigError
 from agentrl.jobs.serve_errors import APIError
 
@@ -117,13 +117,9 @@ class HTTPServer:
     def start(self, timeout_s: float = 30.0) -> "HTTPServer":
         import uvicorn
 
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
+        try:  # bound and listening before anyone learns the port (port 0: the OS picks): no race for it
+            sock = listening_socket(self.host, self.port)
         except OSError as e:
-            sock.close()
             raise ConfigError(f"serve: cannot listen on {self.host}:{self.port}: {e}") from e
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(

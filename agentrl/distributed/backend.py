@@ -117,6 +117,7 @@ class RayBackend:
         self.cluster = RayCluster(rc)
         self.actors: list[Any] = []
         self.engine_actors: list[Any] = []  # SGLangEngineActors (stopped before the kill)
+        self.actor_servers: list[Any] = []  # their driver-side handles (SGLangEngine(servers=...))
         self.engine: Any = None  # RayEngine (engine.kind=local) or SGLangEngine
         self.episodes: RayEpisodes | None = None
         self.trainer: RayTrainer | None = None
@@ -208,10 +209,11 @@ class RayBackend:
         self.engine_actors = engines
         infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
         servers = [ActorServer(e, i, model_path, self.rc.startup_timeout_s) for e, i in zip(engines, infos)]
+        self.actor_servers = servers
         self.engine = SGLangEngine(servers=servers, max_context=mc)
         self.engine.weight_stagers = servers  # engine.weight_sync=object_store: each node writes its own copy
         return (
-            [partial(SGLangClient, [i["url"]], max_context=mc, retries=6) for i in infos],
+            [partial(SGLangClient, [i["url"]], actors=(e,), max_context=mc, retries=6) for e, i in zip(engines, infos)],
             [e.ready.remote() for e in engines],
         )
 
@@ -260,11 +262,13 @@ class RayBackend:
             )
             for k, s in enumerate(layout.workers)
         ]
-        get_all(
+        done = get_all(
             setups + ready + [w.ping.remote() for w in workers],
             deadline,
             "starting trainer ranks, engines and rollout workers",
         )
+        for server, info in zip(self.actor_servers, done[len(setups) : len(setups) + len(ready)]):
+            server.follow(info)  # a server launched again on a fresh port (its port was taken) moved
         t3 = time.perf_counter()
         engines = self.engine_actors or getattr(self.engine, "actors", [])
         self.named = {

@@ -12,12 +12,15 @@ Owns three small pieces:
   ``model_path``, ``alive``, ``restart``, ``log_path``). The driver's engine is
   ``SGLangEngine(servers=[ActorServer, ...])``: it supervises the actors' servers exactly as it
   supervises its own (health checks, restart of a dead server - executed by its actor, on the same
-  port - reload of the newest weights, version labels, pause/resume, weight pushes). Routing,
-  retries and recovery stay in ``agentrl.engine.sglang``.
+  port unless another program took it - reload of the newest weights, version labels,
+  pause/resume, weight pushes). Routing, retries and recovery stay in ``agentrl.engine.sglang``.
 - ``SGLangClient``: the rollout workers' engine, an ``SGLangEngine`` attached to the server URLs
   that only generates: it never pushes a ``weight_version`` label (the driver's engine owns those;
   a worker starting late would otherwise relabel a server with its own stale version). Its tokens
-  are stamped by the servers' ``weight_versions`` spans, as the driver's are.
+  are stamped by the servers' ``weight_versions`` spans, as the driver's are. Given the engine
+  actors, it follows their servers' URLs: a server launched again on a fresh port (its port was
+  taken before it could bind it) is where ``ready()`` (at start) or ``info()`` (when a server stops
+  answering) says.
 
 Does not place actors (``backend``) or move weights (``agentrl.weights``, run by the
 driver on the driver's engine: the disk path needs a weights dir every server can read; the
@@ -26,6 +29,7 @@ object-store path asks each node's actor to write its own copy, ``stage_weights`
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from typing import Any
@@ -49,21 +53,23 @@ class SGLangEngineActor(_Placed):
             host = ray.util.get_node_ip_address()
         self._lock = threading.Lock()  # restart/stop come on different threads of this actor
         self.reaper = Reaper()
+        # the watchdog is told of every process group the server spawns (a relaunch on a fresh port
+        # included) and forgets each one the server kills
         self.server = SGLangServer(
-            model_path, host=host, device=device, max_total_tokens=max_total_tokens, startup_timeout_s=startup_timeout_s
+            model_path,
+            host=host,
+            device=device,
+            max_total_tokens=max_total_tokens,
+            startup_timeout_s=startup_timeout_s,
+            reaper=self.reaper,
         )
         self._launch(restart=False)
 
     def _launch(self, restart: bool) -> None:
-        old = self.server.proc.pid if self.server.proc is not None else None
         if restart:
             self.server.restart(wait=False)  # kills the old group first
         else:
             self.server.start(wait=False)
-        if old is not None:
-            self.reaper.forget(old)
-        assert self.server.proc is not None
-        self.reaper.watch(self.server.proc.pid)  # its own session: pid == process group id
 
     def info(self) -> dict[str, Any]:
         """Where the server is: ``url``, ``pid`` (= its process group), this actor's ``actor_pid``,
@@ -98,7 +104,8 @@ class SGLangEngineActor(_Placed):
         return self.server.alive()
 
     def restart(self) -> dict[str, Any]:
-        """Kill the server's process group and start it again on the same port; wait until ready."""
+        """Kill the server's process group and start it again (on the same port unless another
+        program took it meanwhile: then on a fresh one, see ``info()["url"]``); wait until ready."""
         with self._lock:
             self._launch(restart=True)
             self.server.wait_ready()
@@ -110,10 +117,7 @@ class SGLangEngineActor(_Placed):
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL its group) and end the watchdog. Idempotent."""
         with self._lock:
-            pid = self.server.proc.pid if self.server.proc is not None else None
-            self.server.stop()
-            if pid is not None and self.reaper.proc.poll() is None:
-                self.reaper.forget(pid)
+            self.server.stop()  # (forgets its group in the watchdog)
             self.reaper.close()
 
 
@@ -159,12 +163,15 @@ class ActorServer:
         except ray.exceptions.RayError:
             return False  # the actor is gone, and its server with it
 
+    def follow(self, info: dict[str, Any]) -> None:
+        """Take the actor's newer ``info`` (its ``ready()`` answer: the URL its server listens at)."""
+        self.info, self.url = dict(info), info["url"]
+
     def restart(self, wait: bool = True) -> None:
         import ray
 
         self.info = ray.get(self.actor.restart.remote(), timeout=self.startup_timeout_s + 60)
-        if self.info["url"] != self.url:  # pragma: no cover - the launcher keeps its port
-            raise RuntimeError(f"restarted server moved from {self.url} to {self.info['url']}")
+        self.url = self.info["url"]  # a fresh port if another program took its port meanwhile
 
     def stop(self) -> None:
         import ray
@@ -187,7 +194,32 @@ class ActorServer:
 
 class SGLangClient(SGLangEngine):
     """An attached SGLangEngine that generates and never relabels the servers' weight version
-    (see the module docstring); pause, resume and weight pushes belong to the driver's engine."""
+    (see the module docstring); pause, resume and weight pushes belong to the driver's engine.
+    ``actors``: the engine actors of ``urls`` (same order), whose servers' URLs it follows."""
+
+    #: seconds an ``info()`` asked of an engine actor may take before the URL known is kept
+    INFO_TIMEOUT_S = 10.0
+
+    def __init__(self, urls, *, actors: tuple = (), **kwargs: Any) -> None:
+        super().__init__(urls, **kwargs)
+        self._actors = list(actors)
+
+    async def start(self) -> None:
+        if self._actors and not self._started:  # where each server listens once it is ready
+            infos = await asyncio.gather(*(a.ready.remote() for a in self._actors), return_exceptions=True)
+            for b, info in zip(self.router.backends, infos):
+                if isinstance(info, dict):  # (a failed one: its requests fail, naming the URL known)
+                    b.url = info["url"].rstrip("/")
+        await super().start()
+
+    async def _probe(self, b, timeout_s: float = 5.0) -> bool:
+        if b.index < len(self._actors):  # its actor may have launched it again on a fresh port
+            try:
+                info = await asyncio.wait_for(self._actors[b.index].info.remote(), self.INFO_TIMEOUT_S)
+                b.url = info["url"].rstrip("/")
+            except Exception:  # noqa: BLE001 - an unreachable actor: probe the URL known
+                pass
+        return await super()._probe(b, timeout_s)
 
     async def _push_version(self, b, version: int | None = None) -> None:
         return None

@@ -35,7 +35,9 @@ re-sent exactly once, after the server is restarted (supervised) or to another h
 Health checks every ``HEALTH_INTERVAL_S`` restart a supervised server that died while idle (and
 retry a failed restart; requests do not wait on one) and bring an attached server back when its
 ``/health`` answers. A restarted server reloads ``weights_path`` (:meth:`note_weights`) when set,
-else it serves its original weights and keeps that version label, so stamps stay honest.
+else it serves its original weights and keeps that version label, so stamps stay honest. A
+supervised server whose port another program took is launched on a fresh one; the engine follows
+its URL (at ``start`` and after a restart).
 Prompt ids outside the vocabulary are refused here: SGLang 0.5.23's scheduler dies on them.
 """
 
@@ -190,6 +192,7 @@ class SGLangEngine(Supervision, Admin, Engine):
                 self._running.set()
             for b in self.router.backends:  # fresh locks for this loop
                 b.lock = asyncio.Lock()
+                self._follow_server(b)
             await self._learn_limits()
             self._base_version = self._version
             await asyncio.gather(*(self._push_version(b) for b in self.router.backends), return_exceptions=True)

@@ -1,10 +1,12 @@
 """Launching and supervising one ``sglang.launch_server`` process.
 
 Owns: where SGLang's Python lives (it pins its own torch, so it sits in its own virtualenv), the
-pinned version, the launch flags (the CPU flags in ONE place), picking a free port,
-waiting until the server answers ``/health``, killing (its whole process group) and restarting,
-and the server's log file (its tail goes into every error). Does not send generation requests or
-route between servers (``agentrl.engine.sglang``).
+pinned version, the launch flags (the CPU flags in ONE place), picking a free port (and starting
+again on a fresh one, a bounded number of times, when another program took it before the server
+bound it: ``agentrl.common.ports``), waiting until the server - this one, not another program on
+its port - answers ``/health``, killing (its whole process group) and restarting, and the
+server's log file (its tail goes into every error; agentrl's own notes are lines starting ``===``).
+Does not send generation requests or route between servers (``agentrl.engine.sglang``).
 
 Where SGLang is looked for, first hit wins:
 ``$AGENTRL_SGLANG_PYTHON`` (a python executable), ``$AGENTRL_CACHE/sglang-venv/bin/python`` (what
@@ -14,9 +16,9 @@ Where SGLang is looked for, first hit wins:
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,10 @@ from pathlib import Path
 
 import httpx
 
+from agentrl.common.ports import addr_in_use, free_port, listener_is_ours
 from agentrl.errors import EngineError
+
+log = logging.getLogger("agentrl.engine.sglang")
 
 #: The SGLang release agentrl is tested against (.ci/install_sglang.sh installs it).
 SGLANG_VERSION = "0.5.23"
@@ -79,12 +84,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class SGLangServer:
     """One supervised SGLang server process.
 
@@ -92,11 +91,18 @@ class SGLangServer:
     SGLang reserves most of the machine's memory on CPU). ``dtype`` is SGLang's ``--dtype``; the
     default (None) is ``float32`` on CPU, where SGLang's own default would serve an fp32 checkpoint in
     fp16 (behaviour logprobs then differ from an fp32 trainer's by ~2e-2 instead of ~1e-5), and
-    SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim. ``reap_with_owner``: a
+    SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim. ``port`` None (or 0): a free
+    one, and a fresh one for each new launch when the server finds it taken (``PORT_ATTEMPTS``
+    launches in all; :attr:`url` follows); a port given is used as is. ``reap_with_owner``: a
     watchdog (:class:`agentrl.common.reaper.Reaper`) kills the server when this process dies without
-    stopping it (SIGKILL, a crash): the server runs in a session of its own and would outlive it.
-    Use as a context manager or call :meth:`start` / :meth:`stop`.
+    stopping it (SIGKILL, a crash): the server runs in a session of its own and would outlive it;
+    ``reaper``: the owner's own watchdog, told about every process this server spawns and kills
+    (not closed by :meth:`stop`). Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
+
+    #: launches of a server whose port was taken before it could bind it (EADDRINUSE), each on a
+    #: fresh port, before giving up; only when agentrl chose the port
+    PORT_ATTEMPTS = 3
 
     def __init__(
         self,
@@ -113,11 +119,13 @@ class SGLangServer:
         log_path: str | Path | None = None,
         startup_timeout_s: float = 240.0,
         reap_with_owner: bool = False,
+        reaper=None,
     ) -> None:
         if not Path(model_path).is_dir():
             raise EngineError(f"SGLang model path {model_path} is not a directory")
         self.model_path = str(model_path)
         self.host, self.port = host, port or free_port(host)
+        self.port_chosen = not port  # ours to change when another program takes it
         self.device = device
         self.max_total_tokens, self.max_running_requests = max_total_tokens, max_running_requests
         self.dtype = dtype or ("float32" if device == "cpu" else "auto")
@@ -128,11 +136,14 @@ class SGLangServer:
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.reap_with_owner = reap_with_owner
-        self._reaper = None
+        self._reaper, self._own_reaper = reaper, False
+        self._log_start = 0  # where the current launch's part of the log begins
         # stop() and spawning exclude each other; a stop() while a restart() is under way (another
         # thread: the engine restarts in a worker thread) makes that restart spawn nothing.
         self._spawn_lock = threading.Lock()
         self._stops = 0
+        # one waiter relaunches at a time (a Ray engine actor's ready() and restart() run on threads)
+        self._ready_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -178,6 +189,7 @@ class SGLangServer:
     def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self._log_start = log.tell()
             log.write(f"\n=== agentrl: starting {' '.join(self.command())}\n".encode())
             log.flush()
             from agentrl.common.llm_api import without_secrets
@@ -192,31 +204,88 @@ class SGLangServer:
                 start_new_session=True,
                 env=env,
             )
-        if self.reap_with_owner:
+        if self._reaper is None and self.reap_with_owner:
             from agentrl.common.reaper import Reaper
 
-            self._reaper = self._reaper or Reaper()
+            self._reaper, self._own_reaper = Reaper(), True
+        if self._reaper is not None:
             self._reaper.watch(self.proc.pid)  # its own session: pid == process group id
 
+    def _note(self, msg: str) -> None:
+        """A line of agentrl's own in the server's log (and agentrl's)."""
+        log.warning("SGLang server: %s (log %s)", msg, self.log_path)
+        try:
+            with open(self.log_path, "ab") as f:
+                f.write(f"=== agentrl: {msg}\n".encode())
+        except OSError:
+            pass
+
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Block until ``/health`` answers 200; raise EngineError (with the log tail) if the process
-        exits or the deadline passes."""
-        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        """Block until ``/health`` answers 200 from this server (not another program listening on its
+        port); raise EngineError (with the log tail) if the process exits or the deadline passes
+        (``timeout_s`` per launch). A server that found its port taken is started again on a fresh
+        one, up to ``PORT_ATTEMPTS`` launches, when agentrl chose the port; each is noted in the log."""
+        with self._ready_lock:
+            self._wait_ready(timeout_s)
+
+    def _wait_ready(self, timeout_s: float | None) -> None:
+        stops = self._stops
+        for launch in range(1, self.PORT_ATTEMPTS + 1):
+            taken = self._wait_launch(timeout_s or self.startup_timeout_s)
+            if taken is None:
+                return
+            if not self.port_chosen or launch == self.PORT_ATTEMPTS:
+                break
+            with self._spawn_lock:
+                if self._stops != stops:
+                    raise EngineError(f"SGLang server on port {self.port} was stopped while starting")
+                old, self.port = self.port, free_port(self.host)
+                self._note(
+                    f"port {old} was taken before the server could bind it ({taken}); starting again on "
+                    f"port {self.port} (launch {launch + 1} of {self.PORT_ATTEMPTS})"
+                )
+                self._spawn()
+        hint = f"{self.PORT_ATTEMPTS} free ports tried" if self.port_chosen else "pass a free port, or none"
+        raise EngineError(
+            f"SGLang server: port {self.port} on {self.host} is in use ({taken}); {hint}; "
+            f"log {self.log_path} ends with:\n{self.log_tail()}"
+        )
+
+    def _wait_launch(self, timeout_s: float) -> str | None:
+        """Wait for the current launch: None once it serves; the log line saying its port was taken
+        if it logged that (its process group then killed: SGLang 0.5.23 does not exit after uvicorn's
+        bind error, it hangs in "Waiting for application shutdown"); EngineError for any other end."""
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.alive():
+            alive = self.alive()  # before reading the log: a death's last words are in it by then
+            taken = addr_in_use(self._launch_log())
+            if taken is not None:
+                self.kill()  # its scheduler and detokenizer children too
+                return taken
+            if not alive:
                 code = None if self.proc is None else self.proc.returncode
                 raise EngineError(
                     f"SGLang server on port {self.port} exited with code {code} while starting; "
                     f"log {self.log_path} ends with:\n{self.log_tail()}"
                 )
-            if self.healthy(timeout_s=2.0):
-                return
+            # another program answering on our port is not our server (ours will log its bind error)
+            if self.healthy(timeout_s=2.0) and listener_is_ours(self.port, self.proc.pid) is not False:
+                return None
             time.sleep(0.5)
         self.kill()
         raise EngineError(
-            f"SGLang server on port {self.port} not ready after {timeout_s or self.startup_timeout_s}s; "
+            f"SGLang server on port {self.port} not ready after {timeout_s}s; "
             f"log {self.log_path} ends with:\n{self.log_tail()}"
         )
+
+    def _launch_log(self) -> str:
+        """The server's output since its current launch began."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
         try:
@@ -253,9 +322,9 @@ class SGLangServer:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         self.kill()
-        if self._reaper is not None:
+        if self._reaper is not None and self._own_reaper:
             self._reaper.close()
-            self._reaper = None
+            self._reaper, self._own_reaper = None, False
 
     def restart(self, wait: bool = True) -> None:
         stops = self._stops

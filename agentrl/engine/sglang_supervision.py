@@ -63,6 +63,7 @@ class Supervision:
         log.warning("SGLang server %s died; restarting (log: %s)", b.url, server.log_path)
         try:
             await asyncio.to_thread(server.restart)
+            self._follow_server(b)
             b.pushed_version = None
             served = self._base_version
             if self.weights_path is not None:
@@ -83,6 +84,14 @@ class Supervision:
             log.error("restarting SGLang server %s failed: %s", b.url, e)
         finally:
             b.epoch += 1
+
+    def _follow_server(self, b: Backend) -> None:
+        """``b``'s URL as its supervised server has it: a launch that found its port taken by another
+        program listens on a fresh one (``SGLangServer.PORT_ATTEMPTS``)."""
+        server = self._servers.get(b.index)
+        if server is not None and server.url.rstrip("/") != b.url:
+            log.warning("SGLang server %s listens at %s now (its port was taken)", b.url, server.url)
+            b.url = server.url.rstrip("/")
 
     async def _probe(self, b: Backend, timeout_s: float = 5.0) -> bool:
         assert self._client is not None

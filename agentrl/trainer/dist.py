@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -157,9 +156,3 @@ def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.
     """A client of the store :func:`listening_store` made on ``host``."""
     timeout = datetime.timedelta(seconds=timeout_s)
     return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import components
 import pytest
 import torch
+from refused_port import refused_port
 from typer.testing import CliRunner
 
 from agentrl.cli import doctor
@@ -50,12 +51,6 @@ class _Server:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_doctor_json_reports_every_check_and_never_the_token(monkeypatch):
@@ -124,8 +119,9 @@ def test_hub_reachable_and_down(monkeypatch):
         assert row.status == "ok" and f"{hub.url} answers (HTTP 200)" in row.detail and "no HF_TOKEN" in row.detail
     finally:
         hub.close()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
-    (row,) = doctor.check_hub(RunConfig())
+    with refused_port() as port:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        (row,) = doctor.check_hub(RunConfig())
     assert row.status == "warn" and "not reachable" in row.detail
 
 
@@ -137,8 +133,9 @@ def test_configured_sglang_server_version():
         assert row.status == "ok" and "SGLang 0.5.23" in row.detail and "/models/x" in row.detail
     finally:
         server.close()
-    cfg = load_config([], ["engine.kind=sglang", f"engine.urls=['http://127.0.0.1:{_closed_port()}']"])
-    (row,) = doctor.check_sglang(cfg)
+    with refused_port() as port:
+        cfg = load_config([], ["engine.kind=sglang", f"engine.urls=['http://127.0.0.1:{port}']"])
+        (row,) = doctor.check_sglang(cfg)
     assert row.status == "warn" and "not answering" in row.detail
 
 
@@ -150,8 +147,9 @@ def test_ray_cluster_reachable_or_not(monkeypatch):
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{head.getsockname()[1]}")
         rows = doctor.check_ray(RunConfig())
         assert rows[0].status == "ok" and rows[1].status == "ok" and "answers" in rows[1].detail
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{_closed_port()}")
-    rows = doctor.check_ray(RunConfig())
+    with refused_port() as port:
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        rows = doctor.check_ray(RunConfig())
     assert rows[1].status == "warn" and "no answer" in rows[1].detail
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -214,18 +215,18 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
     ray = ray_or_skip()
     from agentrl.distributed import RayBackend
     from agentrl.episodes.manager import make_specs
-    from agentrl.trainer.dist import free_port
 
     cli = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
     before = ray_pids()
-    port = free_port()
     log = open(tmp_path / "head.log", "w")
+    # --port=0: the head's GCS binds a port the OS picks (a port picked here could be taken before the
+    # head bound it: EADDRINUSE); `ray start` then prints where it listens
     head = subprocess.Popen(
         [
             cli,
             "start",
             "--head",
-            f"--port={port}",
+            "--port=0",
             "--num-cpus=2",
             "--include-dashboard=false",
             "--disable-usage-stats",
@@ -235,7 +236,17 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    port = None
     try:
+        deadline = time.monotonic() + 120
+        while port is None:
+            found = re.search(r"--address='[^']*:(\d+)'", (tmp_path / "head.log").read_text())
+            if found:
+                port = int(found.group(1))
+            elif head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ray head did not say where it listens: {(tmp_path / 'head.log').read_text()[-3000:]}")
+            else:
+                time.sleep(0.5)
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
         monkeypatch.chdir(tmp_path)  # the workers cannot import this test's module from the cwd either
         backend = None
@@ -270,7 +281,7 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
             head.wait()
         log.close()
         current = Path("/tmp/ray/ray_current_cluster")  # `ray start` recorded our head there
-        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+        if port is not None and current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
     assert_no_leak(before, timeout_s=60)
 

@@ -16,11 +16,11 @@ import signal
 import time
 
 import pytest
+from refused_port import refused_port
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.router import Router
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang_server import free_port
 from agentrl.engine.sglang_wire import load_stats, sampling_params, to_generation
 from agentrl.errors import EngineError
 
@@ -82,8 +82,15 @@ def test_constructor_validates():
         SGLangEngine(["http://x:1"], retries=-1)
 
 
-def test_dead_port_retries_with_backoff_then_engine_error():
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+@pytest.fixture
+def dead_url():
+    """A URL where connecting is refused for the whole test (tests/refused_port.py)."""
+    with refused_port() as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_dead_port_retries_with_backoff_then_engine_error(dead_url):
+    url = dead_url
     eng = SGLangEngine([url], retries=2, backoff_s=0.05)
 
     async def go():
@@ -264,8 +271,8 @@ def test_sticky_and_least_loaded_across_two_backends(sglang_server):
 
 
 @pytest.mark.sglang
-def test_attached_failover_to_a_healthy_server(sglang_server):
-    dead = f"http://127.0.0.1:{free_port()}"
+def test_attached_failover_to_a_healthy_server(sglang_server, dead_url):
+    dead = dead_url
     eng = SGLangEngine([dead, sglang_server.url], backoff_s=0.01)
 
     async def go():

@@ -361,14 +361,16 @@ async def test_sglang_backend_serves_v1_and_follows(tmp_path, sglang_model_dir):
 
 
 def test_cli_serves_until_sigterm(tiny_model_dir):
-    """The real command in a subprocess: it listens, answers, and exits cleanly on SIGTERM."""
+    """The real command in a subprocess: it listens, answers, and exits cleanly on SIGTERM. ``--port 0``:
+    it binds a port of the OS's choosing (one picked here could be taken before it bound it) and
+    prints where it serves."""
+    import os
+    import re
     import signal
     import subprocess
     import sys
+    import threading
 
-    from agentrl.engine.sglang_server import free_port
-
-    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -379,24 +381,27 @@ def test_cli_serves_until_sigterm(tiny_model_dir):
             "--backend",
             "local",
             "--port",
-            str(port),
+            "0",
             "--name",
             "cli-tiny",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "COLUMNS": "400"},  # one line per message, the URL unbroken
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
     try:
-        url = f"http://127.0.0.1:{port}"
+        found = None
         end = time.monotonic() + 180
-        while time.monotonic() < end and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()
+        while found is None and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.2)
+            found = re.search(r"serving cli-tiny .* at (http://127\.0\.0\.1:\d+)/v1", "".join(lines))
+        assert found is not None and proc.poll() is None, "".join(lines)
+        url = found.group(1)
+        assert httpx.get(f"{url}/health").status_code == 200
         r = httpx.post(
             f"{url}/v1/chat/completions",
             timeout=60,
@@ -405,7 +410,8 @@ def test_cli_serves_until_sigterm(tiny_model_dir):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert "serving cli-tiny" in proc.stdout.read()
+        reader.join(timeout=10)
+        assert "Traceback" not in "".join(lines), "".join(lines)
     finally:
         if proc.poll() is None:
             proc.kill()

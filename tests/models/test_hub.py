@@ -3,10 +3,10 @@ built-in tiny model (HF_HUB_OFFLINE=1), and a local HTTP server standing in for 
 for downloads, 404s, gated repos and a Hub that is down. The token never shows up anywhere."""
 
 import logging
-import socket
 
 import pytest
 from fake_hub import FakeHub, build_hub_cache
+from refused_port import refused_port
 from typer.testing import CliRunner
 
 from agentrl.errors import ConfigError
@@ -120,11 +120,8 @@ def test_gated_repo_needs_hf_token_and_the_token_never_leaks(tiny_model_dir, hf_
 
 
 def test_hub_down_is_a_clear_error(hf_env, monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    with pytest.raises(ConfigError) as e:
+    with refused_port() as port, pytest.raises(ConfigError) as e:  # the hub is down
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
         resolve_model_path("org/tiny")
     msg = str(e.value)
     assert "'org/tiny'" in msg and "not reachable" in msg and "HF_HUB_OFFLINE" in msg

@@ -20,6 +20,8 @@ XDIST_GROUPS = (("ray", "ray"), ("sglang", "sglang"), ("docker", "sandbox"))
 
 
 def _xdist_group(item) -> str | None:
+    if "sglang_server" in getattr(item, "fixturenames", ()):  # the worker's session server: start it once
+        return "sglang"
     for marker, group in XDIST_GROUPS:
         if item.get_closest_marker(marker) is not None:
             return group
@@ -29,6 +31,8 @@ def _xdist_group(item) -> str | None:
 def pytest_collection_modifyitems(config, items):
     grouped = []
     for item in items:
+        if "sglang_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("sglang") is None:
+            item.add_marker(pytest.mark.sglang)  # -m sglang selects every test that needs the server
         group = _xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -86,13 +90,48 @@ def start_sglang_or_skip(model_dir, **kwargs):
         raise
 
 
+#: an API key in the environment of the session server's launch (tests/engine/test_sglang_server.py checks it
+#: never reaches the server)
+SGLANG_CANARY = "sk-canary-" + "7" * 24
+
+
 @pytest.fixture(scope="session")
 def sglang_server(sglang_model_dir):
     """One live SGLang server (started with the CPU flags pinned in agentrl.engine.sglang_server) shared by
     the session's tests. Tests that change its weights must restore them (or use their own server)."""
-    server = start_sglang_or_skip(sglang_model_dir)
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"OPENAI_API_KEY": SGLANG_CANARY}):  # must not reach the server's environment
+        server = start_sglang_or_skip(sglang_model_dir)
     yield server
     server.stop()
+
+
+def _sglang_generate_meta(url: str) -> dict:
+    import httpx
+
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "return_logprob": True}
+    r = httpx.post(f"{url}/generate", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()["meta_info"]
+
+
+@pytest.fixture
+def sglang_server_restored(sglang_server, sglang_model_dir):
+    """The session's SGLang server for a test that changes its weights: afterwards its own weights and weight
+    version are loaded back, and checked (the same logprobs as before the test), so later tests see it as it
+    started. A test that must kill or reconfigure a server starts its own instead."""
+    import httpx
+
+    before = _sglang_generate_meta(sglang_server.url)
+    yield sglang_server
+    body = {"model_path": str(sglang_model_dir), "weight_version": before["weight_version"], "flush_cache": True}
+    r = httpx.post(f"{sglang_server.url}/update_weights_from_disk", json=body, timeout=300)
+    assert r.status_code == 200 and r.json().get("success", True), f"restoring the session server: {r.text[:300]}"
+    after = _sglang_generate_meta(sglang_server.url)
+    assert after["weight_version"] == before["weight_version"]
+    lp = lambda m: m["output_token_logprobs"][0][0]  # (logprob, token id, text)
+    assert abs(lp(after) - lp(before)) < 1e-4, "the session server's weights were not restored"
 
 
 @pytest.fixture

@@ -90,14 +90,10 @@ async def test_local_engine_drained_never_spans(local_model):
 # --- real SGLang server --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def drain_server(sglang_model_dir):
-    """This module's own server (its weights are changed by the test)."""
-    from conftest import start_sglang_or_skip
-
-    server = start_sglang_or_skip(sglang_model_dir)
-    yield server
-    server.stop()
+@pytest.fixture
+def drain_server(sglang_server_restored):
+    """The session's server; the test changes its weights, so its own are loaded back after it."""
+    return sglang_server_restored
 
 
 @pytest.mark.sglang

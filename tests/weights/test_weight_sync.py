@@ -156,14 +156,10 @@ def check_against_hf(model_dir, state_dict, gen, tol: float, old: dict | None = 
 
 
 # -- live SGLang -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def weight_server(sglang_model_dir):
-    """This module's own server (its weights are changed by the tests)."""
-    from conftest import start_sglang_or_skip
-
-    server = start_sglang_or_skip(sglang_model_dir)
-    yield server
-    server.stop()
+@pytest.fixture
+def weight_server(sglang_server_restored):
+    """The session's server; the tests change its weights, so its own are loaded back after each."""
+    return sglang_server_restored
 
 
 def run_push(server, model_dir, make_sync, version: int, seed: int) -> tuple:

@@ -96,7 +96,7 @@ CASES = [
         "bench_sandbox.py",
         ("what", "p50 ms", "p99 ms", "ratio (median of pairs) / result", "target"),
         ("machine", "modes", "throughput_local"),
-        slow=True,
+        covered_by="tests/sandbox/test_sandbox_local.py and tests/sandbox/test_sandbox_docker.py (the same runs)",
     ),
     Case(
         "bench_soak.py",

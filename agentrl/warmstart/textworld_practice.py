@@ -5,7 +5,8 @@ in a few minutes on varied explorer games of the first ``worlds`` train worlds, 
 What it is for: a start that solves a part of those worlds' episodes and fails the rest (by wandering
 or by writing a broken call), built in 4-9 minutes on 2 CPU cores (by machine), where the built-in warm start
 (``agentrl.warmstart.textworld_model``) takes ~50. The measurement that GiGPO learns on practised worlds
-and the credit comparison there (``bench/bench_credit.py --env textworld --model practice``) start from it. It memorized its games:
+and the credit comparison there (``bench/bench_credit.py --env textworld --model practice``) start
+from it. It memorized its games:
 on its 4 worlds it solves 26 of 64 episodes at temperature 0.5 and 6 of 64 at 1 (BENCHMARKS.md,
 issue 15), and nothing of worlds it has not seen.
 

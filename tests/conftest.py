@@ -34,6 +34,8 @@ def pytest_collection_modifyitems(config, items):
         if "sglang_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("sglang") is None:
             item.add_marker(pytest.mark.sglang)  # -m sglang selects every test that needs the server
         group = _xdist_group(item)
+        if group in ("sglang", "ray"):  # a server or a cluster to start: never part of the inner loop
+            item.add_marker(pytest.mark.slow)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
             grouped.append(item)

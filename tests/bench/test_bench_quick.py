@@ -86,11 +86,13 @@ CASES = [
         "bench_trainer.py",
         ("arm", "tok/s (median)", "tok/cpu-s", "micro-batches", "padding"),
         ("arms", "speedup_vs_pad", "speedup_vs_pad_sorted", "workload"),
+        slow=True,  # ~20 s on an idle 2-core machine
     ),
     Case(
         "bench_partial_rollouts.py",
         ("mode", "tok/s", "mixed_version_turns", "drain wait", "push med"),
         ("summary", "ratio_drained_over_partial_tokens_per_s", "runs"),
+        slow=True,  # ~20 s on an idle 2-core machine
     ),
     Case(
         "bench_sandbox.py",

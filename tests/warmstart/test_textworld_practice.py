@@ -21,8 +21,9 @@ def test_practice_start_is_built_once_per_world_count_and_then_reused(tmp_path, 
     monkeypatch.setattr(textworld_practice, "build_practice_start", fake_build)
     a = textworld_practice.practice_model_path(4)
     said = [line for line in capfd.readouterr().err.splitlines() if ", step " in line]
-    assert [line.split(", step ")[1].split(",")[0] for line in said] == ["50/200", "200/200"], said
-    assert said[0].startswith("agentrl: TextWorld practice start, step 50/200, loss 0.020, ")
+    steps = [line.split(", step ")[1].split(",")[0] for line in said]
+    assert steps == ["1/200", "50/200", "200/200"], said  # the first step, every 50, the last
+    assert said[1].startswith("agentrl: TextWorld practice start, step 50/200, loss 0.020, ")
     assert a.parent == tmp_path / "models" and a.name.startswith("tiny-qwen3-textworld-practice-4w-")
     assert textworld_practice.practice_model_path(4) == a and built == [4]  # reused, not rebuilt
     b = textworld_practice.practice_model_path(8)

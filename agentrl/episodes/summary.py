@@ -141,6 +141,7 @@ class RolloutMetrics:
     prompt_tokens: int = 0
     rewards: list[float] = field(default_factory=list)  # returns of trainable episodes
     solved: int = 0
+    tool_users: int = 0  # trainable episodes with at least one tool call
     turns_per_episode: list[int] = field(default_factory=list)
     gen_s: list[float] = field(default_factory=list)  # per turn
     env_s: list[float] = field(default_factory=list)  # per turn
@@ -158,6 +159,7 @@ class RolloutMetrics:
         self.obs_tokens += len(t.token_ids) - t.prompt_len - t.num_sampled
         if Outcome(e.outcome).trainable:
             self.rewards.append(e.ret)
+            self.tool_users += e.tool_calls > 0
         self.solved += is_solved(e.outcome, e.reward)
         for k, v in t.info.get("tool_stats", {}).items():
             self.tool[k] += v
@@ -179,6 +181,7 @@ class RolloutMetrics:
             "outcomes": dict(self.outcomes),
             "trainable": trainable,
             "reward_mean": statistics.fmean(self.rewards) if self.rewards else 0.0,  # trainable episodes only
+            "tool_use_rate": self.tool_users / trainable if trainable else 0.0,  # as summarize's
             "turns_mean": self.turns / n,
             "turns_max": max(self.turns_per_episode, default=0),
             "sampled_tokens": self.sampled_tokens,

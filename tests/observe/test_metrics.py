@@ -64,6 +64,7 @@ def test_one_definition_of_solved():
     s = m.summary()
     assert (s["solve_rate"], s["infra_failure_rate"], s["episodes"]) == (0.558, 0.22, 500)
     assert s["reward_mean"] == 279 / 390  # the trainable episodes' mean, as trained on
+    assert s["tool_use_rate"] == 1.0  # 390 trainable episodes, each with a call (the timeouts have none)
 
 
 class SlowEnv(ToolEnv):

@@ -130,7 +130,15 @@ def start_model(args) -> Path:
     summary = run_sft(
         base,
         tmp,
-        SFTConfig(steps=args.sft_steps, batch_size=16, lr=3e-3, num_demos=0, warmup_steps=10, batching="pad"),
+        SFTConfig(
+            steps=args.sft_steps,
+            batch_size=16,
+            lr=3e-3,
+            num_demos=0,
+            warmup_steps=10,
+            batching="pad",
+            micro_batch_tokens=4096,
+        ),
         examples=examples,
     )
     tmp.rename(warm)

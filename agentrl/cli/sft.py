@@ -92,17 +92,17 @@ def sft_cmd(
     tab.add_column("")
     tab.add_column("value", justify="right")
     for k, v in summary.items():
-        tab.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+        tab.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(tab)
     console.print(f"wrote {summary['model']}")
 
 
 def builtin_recipe(sft: dict, note) -> dict:
     """The ``sft`` fields with those left null set from the built-in model's warm start
-    (``agentrl.warmstart.default_model.WARM_START``); ``note`` says which."""
-    from agentrl.warmstart.default_model import WARM_START
+    (``agentrl.warmstart.default_model.WARM_START`` and its batching); ``note`` says which."""
+    from agentrl.warmstart.default_model import WARM_START, WARM_START_BATCHING
 
-    filled = {k: v for k, v in WARM_START.items() if sft.get(k) is None}
+    filled = {k: v for k, v in {**WARM_START, **WARM_START_BATCHING}.items() if sft.get(k) is None}
     if filled:
         text = ", ".join(f"sft.{k}={v:g}" for k, v in filled.items() if isinstance(v, (int, float)))
         note(f"sft: {text} (the built-in model's warm-start recipe; --set sft.NAME=VALUE to change)")

@@ -18,9 +18,10 @@ from agentrl.common.fields import doc
 #: What a null field becomes: the recipe for a pretrained model (``--model``), where the built-in
 #: tiny model's 3e-3 (it starts from random weights) would wreck what the model knows. 5e-5 is the
 #: Hugging Face Trainer's default (TRL's SFT uses 2e-5 for 0.5-7B models); a small instruct model
-#: learns the demonstrations' two-turn tool format within a few dozen steps at it. ``num_demos``: each
-#: demonstration is seen once; ``warmup_steps``: a tenth of the steps.
-PRETRAINED = dict(lr=5e-5, steps=60, batch_size=16)
+#: learns the demonstrations' two-turn tool format within a few dozen steps at it. Micro-batches of
+#: 1024 tokens halve a 135M model's peak memory on CPU (activations of 30 layers) at no cost in speed.
+#: ``num_demos``: each demonstration is seen once; ``warmup_steps``: a tenth of the steps.
+PRETRAINED = dict(lr=5e-5, steps=60, batch_size=16, micro_batch_tokens=1024)
 
 
 @dataclass
@@ -66,7 +67,13 @@ class SFTConfig:
         "'oracle': run the reference programs in-process (trusted code, ~15x faster; difficulties 1-4 "
         "only); 'env': in the env's own sandbox, as RL does.",
     )
-    micro_batch_tokens: int = doc(4096, "Tokens per trainer micro-batch.", min=1)
+    micro_batch_tokens: int | None = doc(
+        None,
+        "Tokens per trainer micro-batch (gradients accumulate over a step's micro-batches: only the float rounding "
+        "changes). null: 1024 for a --model (SmolLM2-135M on 2 CPU cores: 4.8 GB peak instead of 9.9 GB at 4096, "
+        "and no slower); the built-in model's warm start sets 4096.",
+        min=1,
+    )
     batching: Literal["pad", "pack"] = doc(
         "pad", "Trainer layout: 'pad' (fastest for short uniform demos on CPU) or 'pack'."
     )
@@ -91,7 +98,8 @@ def resolve(cfg: SFTConfig) -> tuple[SFTConfig, str]:
         out.warmup_steps = out.steps // 10
     if out.log_every is None:
         out.log_every = max(1, out.steps // 20)
-    chosen = [k for k in ("lr", "steps", "batch_size", "warmup_steps", "num_demos") if getattr(cfg, k) is None]
+    names = ("lr", "steps", "batch_size", "warmup_steps", "num_demos", "micro_batch_tokens")
+    chosen = [k for k in names if getattr(cfg, k) is None]
     if not chosen:
         return out, ""
     text = ", ".join(f"sft.{k}={getattr(out, k):g}" for k in chosen)

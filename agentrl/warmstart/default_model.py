@@ -37,6 +37,10 @@ WARM_START = dict(
     seed=0,
 )
 
+#: How the warm start's steps are cut into micro-batches: left out of ``WARM_START`` (and so of the
+#: fingerprint), as the trainer's loss denominators are per step and only the float rounding depends on it.
+WARM_START_BATCHING = dict(micro_batch_tokens=4096)
+
 #: The null ("auto") trainer fields `agentrl run` fills for the built-in model (BENCHMARKS.md P7):
 #: lr 2e-4 (1e-3 collapses); the normalization gains learn at 300 x lr, as RL sharpens through
 #: them; a cosine decay to 0.1 x over the run's steps keeps the late, sharp policy stable (at a
@@ -89,7 +93,7 @@ def default_model_path(warm_start: bool = True) -> Path:
         say(f"building the built-in model's SFT warm start in {dest} (first use only; a few minutes on CPU)")
         t0 = time.perf_counter()
         log = sft_progress("built-in model warm start", WARM_START["steps"], every=100, min_interval_s=60)
-        summary = run_sft(base, tmp, SFTConfig(**WARM_START), log=log)
+        summary = run_sft(base, tmp, SFTConfig(**WARM_START, **WARM_START_BATCHING), log=log)
         summary["model"] = str(dest)  # where it lives once renamed into place
         (tmp / "sft_summary.json").write_text(json.dumps(summary, indent=2))
         say(

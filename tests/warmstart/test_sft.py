@@ -275,6 +275,7 @@ def test_a_model_takes_the_pretrained_recipe_and_explicit_fields_win():
     notes = []
     built = builtin_recipe({**vars(SFTConfig()), "lr": 1e-3}, notes.append)
     assert built["lr"] == 1e-3 and built["steps"] == 400 and built["num_demos"] == 4000
+    assert built["micro_batch_tokens"] == 4096
     assert "sft.steps=400" in notes[0] and "sft.lr" not in notes[0] and "built-in" in notes[0]
 
 
@@ -309,7 +310,7 @@ def test_sft_command_on_a_model_says_its_recipe_progress_and_failed_demonstratio
     res = CliRunner().invoke(app, [*args, "--set", "sft.log_every=1", "-o", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    assert "sft.lr=5e-05, sft.warmup_steps=0, sft.num_demos=4 (the recipe for a pretrained model" in out
+    assert "sft.lr=5e-05, sft.warmup_steps=0, sft.num_demos=4, sft.micro_batch_tokens=1024 (the recipe" in out
     assert "4 oracle demonstrations made and checked" in out
     assert "sft, step 1/2, loss" in out and "sft, step 2/2" in out and "trained tokens/s" in out
 

@@ -4,7 +4,8 @@ Owns :class:`SFTConfig` (every field documented, with its range), re-exported by
 ``agentrl.config.schema`` as ``RunConfig.sft`` and by ``agentrl.warmstart.sft``, and the recipe for a
 pretrained model (``PRETRAINED``, laid by :func:`resolve` over the fields left null). ``agentrl sft``
 reads it (``--set sft.lr=1e-3``); ``agentrl run`` does not (the built-in model's warm start is
-``agentrl.warmstart.default_model.WARM_START``, which sets every field ``PRETRAINED`` would).
+``agentrl.warmstart.default_model.WARM_START`` and ``WARM_START_BATCHING``, which set every field
+``PRETRAINED`` would).
 Does not train (``agentrl.warmstart.sft``).
 """
 
@@ -30,8 +31,8 @@ class SFTConfig:
 
     steps: int | None = doc(
         None,
-        "Optimizer steps. null: 60 for a --model (a pretrained model); without --model, the built-in "
-        "model's warm start sets 400.",
+        "Optimizer steps. null: 60 for a --model (a pretrained model; ~40 min for a 135M model on 2 CPU cores); "
+        "without --model, the built-in model's warm start sets 400.",
         min=1,
     )
     batch_size: int | None = doc(

@@ -146,7 +146,7 @@ def three_nodes():
     yield ray, c, workers
     ray.shutdown()
     c.shutdown()
-    assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before)
 
 
 class Stager:
@@ -373,7 +373,7 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
     assert chk["steps"] == list(range(1, steps + 1)), chk
     assert chk["duplicates"] == [] and chk["lost"] == [], chk
     assert (out / "checkpoints" / f"step_{steps:06d}" / "COMPLETE").exists()
-    assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before)
 
 
 # -- the object-store path on real SGLang engine actors (skips without SGLang) ----------------------
@@ -444,4 +444,4 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
         if ray.is_initialized():
             ray.shutdown()
         c.shutdown()
-    assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before)

@@ -286,7 +286,7 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
         current = Path("/tmp/ray/ray_current_cluster")  # `ray start` recorded our head there
         if port is not None and current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
-    assert_no_leak(before, timeout_s=60)
+    assert_no_leak(before)
 
 
 @pytest.mark.ray

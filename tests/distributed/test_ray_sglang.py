@@ -440,7 +440,7 @@ def test_a_sigkilled_driver_leaves_no_server(sglang_model_dir, tmp_path):
             f"server {info['pid']} or its watchdog outlived a SIGKILLed driver"
         )
         t1 = time.monotonic()
-        assert_no_leak(before, timeout_s=120)
+        assert_no_leak(before)
         print(
             f"\nafter the driver's SIGKILL: server reaped in {t1 - t0:.1f}s, Ray gone in {time.monotonic() - t0:.1f}s"
         )

@@ -26,6 +26,11 @@ def test_verifiers_suite_in_its_own_venv():
         components.unavailable(
             "verifiers", f"{PYTHON} cannot import verifiers.v1 and agentrl: {probe.stderr.strip()[-300:]}"
         )
+    # verifiers' harness bootstraps uv and its script's dependencies from the package index on first use; on a
+    # cold, loaded machine that first use ran past verifiers' own limits and an episode made no request (seen
+    # once in CI-like conditions). One rollout warms that cache first; its result is not the test's.
+    warm = [str(PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS), "-k", "test_rollout_through"]
+    subprocess.run(warm, capture_output=True, text=True, cwd=TESTS.parents[2], timeout=900)
     # One process per event loop: verifiers 0.4's SubprocessRuntime keeps its uv-script locks in a class-level
     # dict, so a lock made in one test's loop fails ("bound to a different event loop") when it is contended in
     # the next test's loop (seen on a loaded machine). A user's run has one loop per process.

@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
             grouped.append(item)
     rank = {name: i for i, (_, name) in enumerate(XDIST_GROUPS)}
-    grouped.sort(key=lambda it: rank[_xdist_group(it)])  # stable: a group keeps its collection order
+    # stable: a group keeps its collection order, but for tests marked first_in_group
+    grouped.sort(key=lambda it: (rank[_xdist_group(it)], it.get_closest_marker("first_in_group") is None))
     ids = {id(it) for it in grouped}
     items[:] = grouped + [it for it in items if id(it) not in ids]
 

@@ -202,8 +202,11 @@ class TestOnLocalRay:
         )
 
 
+# First in the Ray group: after an in-process local instance has run and shut down, attaching this process to an
+# outside head failed (the trainer actor "never ran"), while the test alone passes; Ray's process-wide state
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.first_in_group
 def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir, tmp_path, monkeypatch):
     """A Ray head started apart (as on a cluster); RAY_ADDRESS points the unchanged config at it.
     The env class (tests/ray_local.py's CountEnv) reaches the workers by value (no shared import path)."""

@@ -28,6 +28,7 @@ def _xdist_group(item) -> str | None:
     return "sandbox" if "/tests/sandbox/" in str(item.path) else None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     grouped = []
     for item in items:

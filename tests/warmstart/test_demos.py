@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from token_spans import mask_spans
 
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.episodes.tokenizer import prepare
@@ -33,17 +34,6 @@ def _tok(template: str | None, tool_prompt: str):
     tok = build_tokenizer()
     setup = prepare(tok, template, tool_prompt)
     return tok, setup.tools.used
-
-
-def _spans(ids, mask):
-    spans, cur = [], []
-    for t, m in zip(ids, mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            spans.append(cur)
-            cur = []
-    return spans + ([cur] if cur else [])
 
 
 @pytest.mark.parametrize(
@@ -75,7 +65,7 @@ def test_demonstrations_render_with_the_model_template_and_tool_prompt(template,
             assert "<tools>" in prompt and "<tool_call>" in prompt
         turns = [demos.oracle_turn(task, k, None, direct=bool(task.get("direct"))) for k in (0, 1)]
         want = turns[:1] if task.get("direct") else turns
-        assert [tok.decode(s) for s in _spans(traj.token_ids, traj.loss_mask)] == [w + end for w in want]
+        assert [tok.decode(s) for s in mask_spans(traj.token_ids, traj.loss_mask)] == [w + end for w in want]
 
 
 def _tools():

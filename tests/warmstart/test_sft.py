@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+from token_spans import mask_spans
 
 from agentrl.envs import tasks
 from agentrl.episodes.chat import ChatRenderer
@@ -19,17 +20,6 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def sandbox():
     return SubprocessSandbox()
-
-
-def _mask_spans(ids, mask):
-    spans, cur = [], []
-    for t, m in zip(ids, mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            spans.append(cur)
-            cur = []
-    return spans + ([cur] if cur else [])
 
 
 @pytest.mark.parametrize("parser", ["hermes", "python_block"])
@@ -49,7 +39,7 @@ def test_demonstrations_are_token_exact(tiny_tokenizer, sandbox, parser):
         # mask 1 = exactly the two demonstrated turns, each closed by the end-of-turn token
         observation = traj.messages[3]["content"]
         want = [sft.oracle_turn(task, 0, None, parser), sft.oracle_turn(task, 1, observation, parser)]
-        spans = _mask_spans(traj.token_ids, traj.loss_mask)
+        spans = mask_spans(traj.token_ids, traj.loss_mask)
         assert [tok.decode(s) for s in spans] == [w + "<|im_end|>" for w in want]
         assert traj.token_ids[: traj.prompt_len] == r.prompt_ids(traj.messages[:2])
         if task["answer"] is not None:
@@ -102,7 +92,7 @@ def test_chat_example_masks_exactly_the_assistant_turns(tiny_tokenizer):
     assert len(ex.token_ids) == len(ex.loss_mask) and ex.loss_mask[0] == 0
     r = ChatRenderer(tok, tools=tools)
     assert tok.decode(ex.token_ids) + r.glue == r.render(messages)
-    spans = [tok.decode(s) for s in _mask_spans(ex.token_ids, ex.loss_mask)]
+    spans = [tok.decode(s) for s in mask_spans(ex.token_ids, ex.loss_mask)]
     call = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
     assert spans == [call + "<|im_end|>", "It is \\boxed{42}.<|im_end|>", "2<|im_end|>"]
 

@@ -1,9 +1,10 @@
 """agentrl's RL algorithms: the one module to import. Pure functions chosen by name from registries;
 the trainer is algorithm-blind and only applies the per-token weights these produce.
 
-Owns (re-exported from ``advantages``, ``losses``, ``credit``, ``shaping``, ``sampling``): every
-advantage estimator, credit mode, policy loss, loss aggregation, KL estimator, entropy, value loss,
-mismatch correction, length-shaping term and group filter.
+Owns (re-exported from ``advantages``, ``losses``, ``credit``, ``shaping``, ``sampling``,
+``rollout_correction``): every advantage estimator, credit mode, policy loss, loss aggregation, KL
+estimator, entropy, value loss, mismatch correction (TIS and the ratio masks), length-shaping term
+and group filter.
 Does not: run models, hold optimizer or trainer state, reduce across ranks, read configs.
 
 Shapes: ``B`` sequences; ``[B, T]`` padded per-token; ``[N]`` flat packed tokens (any number of
@@ -107,10 +108,25 @@ Other per-token functions
 * ``truncated_is_weights(train_logp, behaviour_logp, cap=2.0) -> [N]``: ``min(exp(train - behaviour),
   cap)``, no grad; multiply the policy loss by it (TIS). ``mismatch_metrics(train, behaviour, mask)``.
 
+``ROLLOUT_CORRECTIONS`` - the training/inference mismatch (``rollout_correction``):
+``(train_logp [N], behaviour_logp [N], *, mask, seq_index, bounds) -> (weights [N] | None, metrics)``
+on ``rho_t = exp(train_logp_t - behaviour_logp_t)`` (no grad; multiply the policy loss by the weights).
+Only action tokens (``mask`` 1) count:
+
+* ``tis``:        ``min(rho_t, cap)`` (``cap`` null: none)
+* ``icepop``:     ``rho_t 1[low <= rho_t <= high]`` (IcePop, Ring-1T; 0.5 / 5): both tails masked
+* ``mis``:        the same formula with TRL's ``token_mask`` defaults: no lower bound, ``high`` 3
+* ``seq_reject``: ``1[low <= rho_i <= high]`` on every token of sequence i, ``rho_i`` the geometric
+  mean of its action tokens' ratios (SkyRL, verl geometric RS; 0.99 / 1.01)
+* ``none``:       nothing
+
+The masks report ``rollout_masked_frac`` (1 on a masked action token) and ``rollout_weight``.
+
 Composing one micro-batch (what the trainer does; every term is per token, then one aggregate)::
 
     loss_tok, metrics = POLICY_LOSSES[name](logp, old_logp, adv, clip_low=..., clip_high=...)
-    loss_tok = loss_tok * truncated_is_weights(old_logp, behaviour_logp)     # if TIS
+    w, _ = ROLLOUT_CORRECTIONS["tis"](old_logp, behaviour_logp, cap=2.0)    # or icepop, mis, ...
+    loss_tok = loss_tok * w                                                 # unless w is None
     loss_tok = loss_tok + beta * KL_ESTIMATORS["k3"](logp, ref_logp) - ent_coef * entropy
     share = aggregate("token-mean", loss_tok, mask, seq_ntokens, global_tokens=..., global_seqs=...)
 """
@@ -160,6 +176,7 @@ from agentrl.algos.losses import (
     vanilla_pg,
 )
 from agentrl.algos.registry import REGISTRIES, lookup
+from agentrl.algos.rollout_correction import ROLLOUT_CORRECTIONS, icepop, mis, no_correction, seq_reject, tis
 from agentrl.algos.sampling import dynamic_sampling_keep
 from agentrl.algos.shaping import overlong_penalty
 
@@ -201,6 +218,12 @@ __all__ = [
     "value_loss",
     "truncated_is_weights",
     "mismatch_metrics",
+    "ROLLOUT_CORRECTIONS",
+    "tis",
+    "icepop",
+    "mis",
+    "seq_reject",
+    "no_correction",
     "overlong_penalty",
     "dynamic_sampling_keep",
     "adaptive_kl_coef",

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from agentrl.algos.advantages import ADVANTAGES
 from agentrl.algos.credit import CREDIT
 from agentrl.algos.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from agentrl.algos.rollout_correction import ROLLOUT_CORRECTIONS
 from agentrl.errors import ConfigError
 
 REGISTRIES: dict[str, dict[str, Callable]] = {
@@ -16,6 +17,7 @@ REGISTRIES: dict[str, dict[str, Callable]] = {
     "policy_loss": POLICY_LOSSES,
     "aggregation": AGGREGATIONS,
     "kl": KL_ESTIMATORS,
+    "rollout_correction": ROLLOUT_CORRECTIONS,
 }
 
 

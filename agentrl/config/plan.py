@@ -31,7 +31,9 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    the preset's (gspo requires its own: another is rejected);
    ``loss_norm_len`` the most tokens an episode can sample), then ``TrainerConfig.check``;
    ``trainer.dual_clip_c`` only with ``policy_loss=ppo_clip`` (gspo and cispo have no dual clip);
-   ``trainer.temperature`` must equal ``rollout.temperature``.
+   ``trainer.temperature`` must equal ``rollout.temperature``; a ratio mask
+   (``trainer.rollout_correction`` icepop, mis, seq_reject) needs ``trainer.old_logprobs=current``
+   (a run's samples carry no old logprobs, so with ``behaviour`` its ratio would be 1 on every token).
 
 Does not touch the filesystem, the network or any model: a model directory, a replay run and the
 Ray cluster are checked when the job builds them (``agentrl.jobs.build``).
@@ -50,6 +52,8 @@ from agentrl.errors import ConfigError
 
 #: The jobs a plan can be made for.
 JOBS = ("run", "rollout")
+#: The ``trainer.rollout_correction`` modes that mask on the ratio pi_old / pi_engine.
+MASKS = ("icepop", "mis", "seq_reject")
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,12 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
         raise ConfigError(
             f"trainer.temperature ({trainer.temperature}) must equal rollout.temperature "
             f"({cfg.rollout.temperature}): the trainer rescores tokens with the sampling distribution"
+        )
+    if trainer.rollout_correction in MASKS and trainer.old_logprobs != "current":
+        raise ConfigError(
+            f"trainer.rollout_correction: {trainer.rollout_correction!r} masks on pi_old / pi_engine, which is 1 "
+            f"on every token with trainer.old_logprobs={trainer.old_logprobs!r} (a run's samples carry no old "
+            "logprobs): set trainer.old_logprobs=current"
         )
     return Plan(dataclasses.replace(cfg, engine=engine, trainer=trainer, algo=algo), job, preset)
 

@@ -204,8 +204,34 @@ class TrainerConfig:
     )
     tis_cap: float | None = doc(
         None,
-        "Truncated importance sampling: weight the policy loss by min(pi_old/pi_engine, cap) (null = off).",
+        "Truncated importance sampling: weight the policy loss by min(pi_old/pi_engine, cap) (null = off). "
+        "Only with rollout_correction tis.",
         min=0.0,
+    )
+    rollout_correction: Literal["tis", "icepop", "mis", "seq_reject", "none"] = doc(
+        "tis",
+        "What the policy loss does about the engine's probabilities differing from the trainer's, on the "
+        "ratio rho = pi_old/pi_engine of each action token (agentrl.algos.ROLLOUT_CORRECTIONS): 'tis' "
+        "weights it by min(rho, tis_cap) (tis_cap null: nothing, the default); 'icepop' (IcePop, Ring-1T) "
+        "masks both tails: weight rho inside [low, high], 0 outside (no gradient); 'mis' is TRL's token_mask, "
+        "the same weight with no lower bound unless rollout_correction_low is set; 'seq_reject' gives a whole "
+        "episode no gradient when the geometric mean of its action tokens' ratios leaves [low, high] (SkyRL, "
+        "verl), and weight 1 otherwise; 'none': nothing. The masked share of loss tokens is logged as "
+        "train/rollout_masked_frac. pi_old is the trainer's policy at the start of the step only with "
+        "old_logprobs=current (with 'behaviour' rho is 1: `agentrl run` rejects a mask there).",
+    )
+    rollout_correction_low: float | None = doc(
+        None,
+        "Lower bound of the ratio band of icepop / mis / seq_reject (0 = none). null: the mode's default, "
+        "icepop 0.5 (IcePop's), mis none (TRL's), seq_reject 0.99 (SkyRL's).",
+        min=0.0,
+        max=1.0,
+    )
+    rollout_correction_high: float | None = doc(
+        None,
+        "Upper bound of the ratio band of icepop / mis / seq_reject. null: the mode's default, icepop 5 "
+        "(IcePop's), mis 3 (TRL's vllm_importance_sampling_clip_max), seq_reject 1.01 (SkyRL's).",
+        min=1.0,
     )
     kl_coef: float = doc(
         0.0, "Weight of KL(policy || reference) in the loss (> 0 loads a frozen reference model).", min=0.0
@@ -255,6 +281,28 @@ class TrainerConfig:
             raise ConfigError(
                 "trainer.loss_norm_len: null, but loss_agg 'seq-mean-token-sum-norm' needs a constant length"
             )
+        self._check_rollout_correction()
+
+    def _check_rollout_correction(self) -> None:
+        mode = self.rollout_correction
+        if self.tis_cap and mode != "tis":
+            raise ConfigError(
+                f"trainer.tis_cap: {self.tis_cap} applies only with rollout_correction 'tis', got {mode!r} "
+                "(leave tis_cap null)"
+            )
+        for name, v in (("low", self.rollout_correction_low), ("high", self.rollout_correction_high)):
+            if v is None:
+                continue
+            if mode in ("tis", "none"):
+                raise ConfigError(
+                    f"trainer.rollout_correction_{name}: {v} is a bound of the icepop / mis / seq_reject band, "
+                    f"but rollout_correction is {mode!r}"
+                )
+            if (name == "low" and not 0.0 <= v <= 1.0) or (name == "high" and not v >= 1.0):
+                raise ConfigError(
+                    f"trainer.rollout_correction_{name}: {v} leaves ratio 1 outside the band (low must be in "
+                    "[0, 1], high >= 1: an on-policy token is never masked)"
+                )
 
     def resolved(self) -> TrainerConfig:
         """A copy with the Trainer API's choices for the null ("auto") fields."""

@@ -1,8 +1,9 @@
 """The training objective of one micro-batch, from the names in TrainerConfig.
 
-Owns :class:`Objective`: the policy loss, KL estimator and their options looked up once in
-``agentrl.algos`` (errors list the choices), and per micro-batch the per-token loss (policy
-gradient with optional TIS weights, KL to a frozen reference, entropy bonus, critic value loss),
+Owns :class:`Objective`: the policy loss, KL estimator, rollout correction and their options looked
+up once in ``agentrl.algos`` (errors list the choices), and per micro-batch the per-token loss (policy
+gradient times the rollout correction's weights: TIS or a ratio mask; KL to a frozen reference,
+entropy bonus, critic value loss),
 aggregated to this rank's share of the global loss, with the token sums the step's metrics are
 built from; and the trainer-vs-engine logprob mismatch of a whole step.
 
@@ -43,6 +44,17 @@ class Objective:
         self.loss_kw = {k: v for k, v in offered.items() if takes_all or k in params}
         # Sequence-level losses (gspo) group tokens by sequence: they get each token's sample index.
         self.seq_index = "seq_index" in params
+        # The rollout correction (TIS or a ratio mask) gets the bounds it takes that are set (a null
+        # bound: the function's default) and, if it works per sequence (seq_reject), the sample index.
+        if cfg.rollout_correction not in A.ROLLOUT_CORRECTIONS:
+            raise ConfigError(
+                f"trainer.rollout_correction: {cfg.rollout_correction!r} is not one of {sorted(A.ROLLOUT_CORRECTIONS)}"
+            )
+        self.correction = A.ROLLOUT_CORRECTIONS[cfg.rollout_correction]
+        rc_params = inspect.signature(self.correction).parameters
+        bounds = {"cap": cfg.tis_cap, "low": cfg.rollout_correction_low, "high": cfg.rollout_correction_high}
+        self.correction_kw = {k: v for k, v in bounds.items() if k in rc_params and v is not None}
+        self.correction_seq = "seq_index" in rc_params
 
     def loss(
         self, policy: Any, ref: Any, critic: Any, inputs: dict, mb: MicroBatch, glob: dict, acc: dict
@@ -60,10 +72,12 @@ class Objective:
         # A micro-batch holds whole sequences, so a per-sequence quantity is complete within it.
         seq_kw = {"seq_index": mb.seq_index[sel]} if self.seq_index else {}
         pg_tok, pg_metrics = self.loss_fn(logp, old, adv, **self.loss_kw, **seq_kw)
-        if cfg.tis_cap:
-            w = A.truncated_is_weights(old, beh, cap=cfg.tis_cap).detach()
-            pg_tok = pg_tok * w
-            acc["tis_weight_sum"] += float(w.sum())
+        rc_seq = {"seq_index": mb.seq_index[sel]} if self.correction_seq else {}
+        w, rc_metrics = self.correction(old, beh, **self.correction_kw, **rc_seq)
+        if w is not None:
+            pg_tok = pg_tok * w.detach()
+        for k, v in rc_metrics.items():  # token sums -> means over the step's loss tokens (tis_weight, ...)
+            acc[f"{k}_sum"] += float(v.detach().sum())
         tok = pg_tok
         if ref is not None:
             with torch.no_grad():

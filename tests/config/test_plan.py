@@ -23,6 +23,7 @@ RUN_OK = [
     ["rollout.temperature=0.7", "trainer.temperature=0.7"],
     ["engine.cpu_threads=3", "train.steps=7", "trainer.mini_batches=2"],
     ["model.path=/not/built/here", "trainer.loss_agg=seq-mean-token-sum-norm"],
+    ["trainer.rollout_correction=seq_reject", "trainer.old_logprobs=current", "trainer.rollout_correction_high=1.05"],
 ]
 RUN_REJECTED = [
     (["trainer.temperature=0.5"], "trainer.temperature (0.5) must equal rollout.temperature (1.0)"),
@@ -33,6 +34,8 @@ RUN_REJECTED = [
     (["trainer.lr_schedule=cosine", "trainer.warmup_steps=500"], "trainer.warmup_steps: 500 must be below"),
     (["distributed=ray", "engine.kind=sglang", "engine.num_servers=2"], "engine.num_servers: 2 with distributed=ray"),
     (["rollout.group_size=0"], "rollout.group_size: 0 is below the minimum 1"),
+    (["trainer.rollout_correction=icepop"], "trainer.rollout_correction: 'icepop' masks on pi_old / pi_engine"),
+    (["trainer.rollout_correction=mis", "trainer.tis_cap=2"], "trainer.tis_cap: 2.0 applies only with"),
 ]
 ROLLOUT_OK = [[], ["rollout.temperature=0.7"], ["engine.kind=sglang", f"engine.urls={URL}"]]
 ROLLOUT_REJECTED = [

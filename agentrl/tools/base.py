@@ -1,38 +1,66 @@
 """Typed async tools: a JSON schema derived from a function's signature and docstring.
 
 Owns: ``Tool`` (schema + argument validation/coercion + async call), the ``@tool`` decorator and
-``ToolSet`` (dispatch of a parsed ``ToolCall`` by name). Supported annotations: ``str``, ``int``,
-``float``, ``bool``, ``list[T]``, ``dict`` / ``dict[str, T]``, ``Optional[T]`` / ``T | None``,
-``Literal[...]`` and no annotation (anything). Parameters with defaults are not required.
+``ToolSet`` (dispatch of a parsed ``ToolCall`` by name).
+
+The schema is transformers' ``get_json_schema`` (what HF chat templates are given): the description
+is the docstring's text before ``Args:``, a parameter's the text of its Google-style ``Args:``
+entry (one ending ``(choices: ["a", "b"])`` makes an enum, which validation holds to); the
+annotations are the ones it supports (``str``, ``int``, ``float``, ``bool``, ``list[T]``,
+``tuple[A, B]``, ``dict`` / ``dict[str, T]``, ``Optional[T]`` / ``T | None``, ``Literal[...]``,
+``Enum``). Where agentrl differs: a function without a docstring, or an argument the docstring
+does not describe, is still a tool, with no description there (transformers refuses both); no
+annotation means anything (``{}``; transformers refuses it); a parameter with a JSON-able default
+shows it as ``"default"``; and ``Optional[T]`` is JSON Schema's null type (``["string", "null"]``),
+not OpenAPI's ``"nullable"``. Parameters with defaults are not required. transformers (and torch,
+which ``get_json_schema`` imports) load with the first tool built, not with this module.
+
+Arguments are validated and coerced by pydantic in its lax mode (``"5"`` is 5, ``2.0`` is 2,
+``"yes"`` and 1 are true), except that JSON true/false is never a number.
 
 Does not: parse tool calls out of text (``agentrl.tools.calls``), sandbox anything, or enforce
 deadlines (the episode manager wraps calls in its own timeout). Mistakes of the *model* (unknown
-tool, bad arguments) raise ``ToolCallError``, whose message is meant to be shown to the model;
-any other exception raised by the tool function propagates unchanged — the env decides whether
-it is the model's fault or an infrastructure failure. Validation never raises anything else on a
-model's values: an integer string past ``MAX_INT_DIGITS`` is a bad argument, and a value too deep
-to render shows as its type in the message.
+tool, bad arguments) raise ``ToolCallError``, whose message is meant to be shown to the model (its
+wording is ours, not pydantic's); any other exception raised by the tool function propagates
+unchanged — the env decides whether it is the model's fault or an infrastructure failure.
+Validation never raises anything else on a model's values: an integer string past
+``MAX_INT_DIGITS`` is a bad argument, and a value too deep to render shows as its type in the
+message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import functools
 import inspect
 import json
-import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BeforeValidator, TypeAdapter, ValidationError
+from pydantic.errors import PydanticSchemaGenerationError
 
 from agentrl.errors import ConfigError, ToolCallError
 from agentrl.tools.calls import ToolCall
 from agentrl.trajectory import json_text, valid_text
 
 _NONE = type(None)
-#: longest integer string a tool argument may be (Python's default int/str conversion limit)
+_JSON_DEFAULTS = (str, int, float, bool, list, dict)
+#: longest integer string a tool argument may be (pydantic's limit, and Python's default int/str one)
 MAX_INT_DIGITS = 4300
-_SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_WORDS = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "a list",
+    tuple: "a list",
+    dict: "an object",
+    _NONE: "null",
+}
 
 
 def _json_type(value: Any) -> str:
@@ -56,147 +84,125 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-# ---------------------------------------------------------------- annotations -> JSON schema
-def _schema(tp: Any, where: str) -> dict:
-    if tp is inspect.Parameter.empty or tp is Any:
-        return {}
-    if tp in _SCALARS:
-        return {"type": _SCALARS[tp]}
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is list or origin is list:
-        return {"type": "array", "items": _schema(args[0], where)} if args else {"type": "array"}
-    if tp is dict or origin is dict:
-        if len(args) == 2 and args[1] is not Any:
-            return {"type": "object", "additionalProperties": _schema(args[1], where)}
-        return {"type": "object"}
-    if origin is Literal:
-        kinds = {_json_type(a) for a in args}
-        out: dict = {"enum": list(args)}
-        if len(kinds) == 1:
-            out["type"] = kinds.pop()
-        return out
-    if origin is Union or origin is types.UnionType:
-        inner = [a for a in args if a is not _NONE]
-        subs = [_schema(a, where) for a in inner]
-        if _NONE in args:
-            subs.append({"type": "null"})
-        if all(set(s) == {"type"} and isinstance(s["type"], str) for s in subs):
-            return {"type": [s["type"] for s in subs]}
-        return {"anyOf": subs}
-    raise TypeError(
-        f"{where}: unsupported annotation {tp!r} (use str, int, float, bool, list, dict, Optional, Literal)"
-    )
+# ---------------------------------------------------------------- JSON schema: transformers' get_json_schema
+def _hf_function(doc: str, params: list[inspect.Parameter]) -> dict:
+    """``get_json_schema(f)["function"]`` for a stand-in ``f`` taking ``params`` (all annotated)
+    whose docstring is ``doc``."""
+    # transformers takes a second to import, and get_json_schema imports torch: both wait for a tool
+    from transformers.utils import get_json_schema
+
+    def stand_in() -> None: ...
+
+    stand_in.__doc__ = doc
+    stand_in.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    stand_in.__annotations__ = {p.name: p.annotation for p in params}
+    return get_json_schema(stand_in)["function"]
 
 
-# ---------------------------------------------------------------- validation / coercion
-class _Bad(Exception):
-    """Internal: a value does not fit; message says what was expected."""
+def _hf_schema(tool: str, doc: str, params: list[inspect.Parameter]) -> tuple[str, dict[str, dict]]:
+    """(description, properties) from ``get_json_schema`` for a function with docstring ``doc`` taking
+    ``params`` (all annotated). It refuses an undescribed argument or no docstring; then it is asked
+    one parameter at a time, with a stand-in docstring for those it lacks, and these go without a
+    description."""
+    from transformers.utils import DocstringParsingException, TypeHintParsingException  # see _hf_function
+
+    def alone(p: inspect.Parameter) -> dict:
+        try:
+            return _hf_function(doc, [p])["parameters"]["properties"][p.name]
+        except DocstringParsingException:
+            return _hf_function(f"-\n\nArgs:\n    {p.name}:", [p])["parameters"]["properties"][p.name]
+
+    try:
+        try:
+            function = _hf_function(doc, params)
+            return function["description"], function["parameters"]["properties"]
+        except DocstringParsingException:
+            return _hf_function(doc, [])["description"] if doc else "", {p.name: alone(p) for p in params}
+    except TypeHintParsingException as e:
+        raise TypeError(f"tool {tool!r}: unsupported annotation: {e}") from None
 
 
-def _coerce(value: Any, tp: Any) -> Any:
-    if tp is inspect.Parameter.empty or tp is Any:
-        return value
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Union or origin is types.UnionType:
-        if value is None and _NONE in args:
-            return None
-        errors = []
-        for a in (a for a in args if a is not _NONE):
-            try:
-                return _coerce(value, a)
-            except _Bad as e:
-                errors.append(str(e))
-        raise _Bad(" or ".join(errors))
-    if origin is Literal:
-        # Compare types too: JSON true must not match Literal[1] just because True == 1.
-        if any(type(value) is type(a) and value == a for a in args):
-            return value
-        raise _Bad(f"one of {', '.join(json.dumps(a) for a in args)}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        raise _Bad("a boolean")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
-            # int() refuses (ValueError) past this many digits, and is quadratic below it when unset
-            if len(value.strip().lstrip("+-")) > MAX_INT_DIGITS:
-                raise _Bad(f"an integer of at most {MAX_INT_DIGITS} digits")
-            return int(value)
-        raise _Bad("an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _Bad("a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Bad("a string")
-    if tp is list or origin is list:
-        if not isinstance(value, list):
-            raise _Bad("a list")
-        if not args:
-            return value
-        out = []
-        for i, item in enumerate(value):
-            try:
-                out.append(_coerce(item, args[0]))
-            except _Bad as e:
-                raise _Bad(f"a list whose items are {e} (item {i} is {_json_type(item)} {_show(item)})") from None
-        return out
-    if tp is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise _Bad("an object")
-        if len(args) == 2 and args[1] is not Any:
-            return {k: _coerce(v, args[1]) for k, v in value.items()}
-        return value
+def _property(prop: dict, default: Any) -> dict:
+    """A property as ``get_json_schema`` made it, with null as a type, no empty description, and
+    ``default`` if JSON-able."""
+    description = prop.pop("description", "")
+    prop = _null_as_type(prop)
+    if description:
+        prop["description"] = description
+    if default is None or (default is not inspect.Parameter.empty and isinstance(default, _JSON_DEFAULTS)):
+        prop["default"] = default
+    return prop
+
+
+def _null_as_type(prop: dict) -> dict:
+    """transformers marks ``Optional[T]`` with OpenAPI's ``"nullable": true``; JSON Schema (which API
+    models and validators read) makes null one of the types."""
+    if not prop.pop("nullable", False):
+        return prop
+    if set(prop) == {"type"}:
+        kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+        return {"type": [*kinds, "null"]}
+    return {"anyOf": [*(prop["anyOf"] if set(prop) == {"anyOf"} else [prop]), {"type": "null"}]}
+
+
+# ---------------------------------------------------------------- validation: pydantic
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("JSON true/false is not a number")
     return value
 
 
-# ---------------------------------------------------------------- docstrings
-_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns?|Yields?|Raises|Examples?|Notes?|Attributes)\s*:\s*$")
-_ARG_LINE = re.compile(r"^\s*\**(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+def _bools_not_numbers(tp: Any) -> Any:
+    """``tp`` with JSON true/false refused where a number (or a non-boolean ``Literal``) is asked
+    for: pydantic's lax mode reads them as 1 and 0."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp in (int, float) or (origin is Literal and not any(isinstance(a, bool) for a in args)):
+        return Annotated[tp, BeforeValidator(_not_bool)]
+    if origin is Union or origin is types.UnionType:
+        return Union[tuple(_bools_not_numbers(a) for a in args)]  # noqa: UP007 - X | Y takes no tuple
+    if origin in (list, tuple, dict) and args:
+        return origin[tuple(_bools_not_numbers(a) for a in args)]
+    return tp
 
 
-def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """First paragraph -> description; Google-style ``Args:`` entries -> parameter descriptions."""
-    if not doc:
-        return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    para: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION.match(line):
-            break
-        para.append(line.strip())
-    params: dict[str, str] = {}
-    in_args, current, indent = False, None, None
-    for line in lines:
-        m = _SECTION.match(line)
-        if m:
-            in_args, current = m.group(1) in ("Args", "Arguments", "Parameters"), None
-            continue
-        if not in_args or not line.strip():
-            continue
-        depth = len(line) - len(line.lstrip())
-        am = _ARG_LINE.match(line)
-        if am and (indent is None or depth <= indent):
-            indent, current = depth, am.group(1)
-            params[current] = am.group(2).strip()
-        elif current and indent is not None and depth > indent:
-            params[current] = (params[current] + " " + line.strip()).strip()
-        else:
-            in_args = False  # dedented text ends the section
-    return " ".join(para), params
+@functools.lru_cache(maxsize=512)
+def _adapter(tp: Any) -> TypeAdapter:
+    """pydantic's validator for an annotation (cached: an env builds its tools anew per episode)."""
+    return TypeAdapter(_bools_not_numbers(tp))
+
+
+def _first_error(tp: Any, value: Any) -> dict:
+    """pydantic's first complaint about ``value`` as a ``tp`` (``value`` is known not to fit)."""
+    try:
+        _adapter(tp).validate_python(value)
+    except ValidationError as e:
+        return e.errors(include_url=False)[0]
+    return {"type": "", "loc": ()}
+
+
+def _is_enum(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, enum.Enum)
+
+
+def _expected(tp: Any, value: Any) -> str:
+    """What ``tp`` asks for, in the words the model is shown, given the ``value`` that did not fit."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        return " or ".join(_expected(a, value) for a in args if a is not _NONE)
+    if origin is Literal or _is_enum(tp):
+        choices = args if origin is Literal else [member.value for member in tp]
+        return "one of " + ", ".join(json.dumps(c) for c in choices)
+    if origin is tuple and args:  # get_json_schema takes only fixed-length ones
+        return "a list [" + ", ".join(_expected(a, None) for a in args) + "]"
+    loc = _first_error(tp, value)["loc"] if origin in (list, dict) and args else ()
+    if origin is list and loc:  # an item of a list
+        item = value[loc[0]]
+        return f"a list whose items are {_expected(args[0], item)} (item {loc[0]} is {_json_type(item)} {_show(item)})"
+    if origin is dict and loc:  # a value of an object
+        return _expected(args[-1], value[loc[0]])
+    if tp is int and isinstance(value, str) and _first_error(tp, value)["type"] == "int_parsing_size":
+        return f"an integer of at most {MAX_INT_DIGITS} digits"
+    return _WORDS.get(origin or tp, "a value of another kind")
 
 
 # ---------------------------------------------------------------- Tool / @tool / ToolSet
@@ -206,34 +212,34 @@ class Tool:
     def __init__(self, fn: Callable, *, name: str | None = None, description: str | None = None) -> None:
         self.fn = fn
         self.name = name or fn.__name__
-        doc_desc, arg_docs = _parse_docstring(inspect.getdoc(fn))
-        self.description = description if description is not None else doc_desc
         try:
             hints = typing.get_type_hints(fn)
         except Exception as e:  # a forward reference we cannot resolve is a bug in the tool's module
             raise TypeError(f"tool {self.name!r}: cannot resolve annotations: {e}") from e
-        self._types: dict[str, Any] = {}
-        props: dict[str, dict] = {}
-        required: list[str] = []
-        for p in inspect.signature(fn).parameters.values():
+        params = list(inspect.signature(fn).parameters.values())
+        for p in params:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TypeError(f"tool {self.name!r}: *args/**kwargs cannot be described by a JSON schema")
             if p.kind is p.POSITIONAL_ONLY:
                 raise TypeError(f"tool {self.name!r}: positional-only parameter {p.name!r} cannot take a keyword")
-            tp = hints.get(p.name, inspect.Parameter.empty)
-            self._types[p.name] = tp
-            prop = _schema(tp, f"tool {self.name!r} parameter {p.name!r}")
-            if p.name in arg_docs and arg_docs[p.name]:
-                prop["description"] = arg_docs[p.name]
-            if p.default is p.empty:
-                required.append(p.name)
-            elif p.default is None or isinstance(p.default, (str, int, float, bool, list, dict)):
-                prop["default"] = p.default
-            props[p.name] = prop
-        self.parameters: dict = {"type": "object", "properties": props, "required": required}
-        self._required = required
+        self._types: dict[str, Any] = {p.name: hints.get(p.name, Any) for p in params}
+        doc = inspect.getdoc(fn) or ""
+        annotated = [p.replace(annotation=self._types[p.name]) for p in params]
+        doc_description, hf_props = _hf_schema(self.name, doc, annotated)
+        self.description = description if description is not None else doc_description
+        props = {p.name: _property(hf_props[p.name], p.default) for p in params}
+        for key, prop in props.items():  # an Args: entry ending "(choices: [...])" made an enum: hold to it
+            tp = self._types[key]
+            if "enum" in prop and typing.get_origin(tp) is not Literal and not _is_enum(tp):
+                self._types[key] = Literal[tuple(prop["enum"])]
+        self._required = [p.name for p in params if p.default is p.empty]
+        self.parameters: dict = {"type": "object", "properties": props, "required": self._required}
+        try:
+            self._adapters = {key: _adapter(tp) for key, tp in self._types.items()}
+        except PydanticSchemaGenerationError as e:
+            raise TypeError(f"tool {self.name!r}: unsupported annotation: {str(e).splitlines()[0]}") from None
         # `x: dict = None` is a common idiom: an explicit null means "use the default".
-        self._none_ok = {p.name for p in inspect.signature(fn).parameters.values() if p.default is None}
+        self._none_ok = {p.name for p in params if p.default is None}
 
     def schema(self) -> dict:
         """OpenAI/HF ``{"type": "function", "function": {...}}`` entry for ``apply_chat_template(tools=...)``."""
@@ -267,10 +273,11 @@ class Tool:
                 out[key] = None
                 continue
             try:
-                out[key] = _coerce(value, self._types[key])
-            except _Bad as e:
+                out[key] = self._adapters[key].validate_python(value)
+            except ValidationError:
+                expected, got = _expected(self._types[key], value), f"{_json_type(value)} {_show(value)}"
                 raise ToolCallError(
-                    f"argument {key!r} of tool {self.name!r} must be {e}, got {_json_type(value)} {_show(value)}",
+                    f"argument {key!r} of tool {self.name!r} must be {expected}, got {got}",
                     kind="bad_arguments",
                 ) from None
         return out

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Literal
 
 import pytest
 
+from agentrl.envs.textworld.env import TextWorldEnv
 from agentrl.errors import ConfigError, ToolCallError
 from agentrl.tools.base import Tool, ToolSet, tool
+from agentrl.tools.bash import make_bash_tool
 from agentrl.tools.calls import ToolCall
+from agentrl.tools.python import make_python_tool
 from agentrl.warmstart.tiny_model import build_tokenizer
 
 
@@ -42,7 +46,9 @@ def test_schema_from_signature_and_docstring():
     s = search.schema()
     assert s["type"] == "function"
     f = s["function"]
-    assert f["name"] == "search" and f["description"] == "Search the index for documents."
+    # transformers' get_json_schema: the description is all the text before Args:
+    assert f["name"] == "search"
+    assert f["description"] == "Search the index for documents.\n\nOnly the local index; never the web."
     props = f["parameters"]["properties"]
     assert props["query"] == {"type": "string", "description": "What to look for."}
     assert props["k"] == {"type": "integer", "description": "How many results to return.", "default": 3}
@@ -66,6 +72,11 @@ def test_validate_coerces():
     assert search.validate({"query": "x", "k": 2.0, "site": None}) == {"query": "x", "k": 2, "site": None}
     assert calculator.validate({"values": [1, "2.5"], "exact": "true"}) == {"values": [1.0, 2.5], "exact": True}
     assert calculator.validate({"values": [], "meta": None}) == {"values": [], "meta": None}  # default None
+    # pydantic's lax mode reads 1 and "yes" as true; JSON true/false is never a number
+    assert calculator.validate({"values": [], "exact": 1}) == {"values": [], "exact": True}
+    assert calculator.validate({"values": [], "exact": "yes"}) == {"values": [], "exact": True}
+    with pytest.raises(ToolCallError, match="must be a list whose items are a number .item 0 is boolean true"):
+        calculator.validate({"values": [True]})
 
 
 @pytest.mark.parametrize(
@@ -83,6 +94,62 @@ def test_validate_errors_name_the_argument(args, needle):
     with pytest.raises(ToolCallError) as e:
         search.validate(args)
     assert e.value.kind == "bad_arguments" and needle in str(e.value)
+
+
+def test_literal_unions_and_nested_errors():
+    @tool
+    def pick(level: Literal[1, 2], tags: list[int] | None = None, pair: int | str = 0, m: dict[str, int] = None):
+        """Pick.
+
+        Args:
+            pair: A pair (choices: [0, "a"])
+        """
+
+    props = pick.parameters["properties"]
+    assert props["tags"] == {
+        "anyOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "null"}],
+        "default": None,
+    }
+    assert props["pair"] == {"type": ["integer", "string"], "enum": [0, "a"], "description": "A pair", "default": 0}
+    assert props["level"] == {"type": "integer", "enum": [1, 2]} and "description" not in props["tags"]
+    assert pick.validate({"level": 2, "tags": ["3"]}) == {"level": 2, "tags": [3]}
+    for args, message in [
+        ({"level": True}, "must be one of 1, 2, got boolean true"),
+        ({"level": 1, "tags": [1, "x"]}, 'must be a list whose items are an integer (item 1 is string "x")'),
+        ({"level": 1, "pair": "b"}, 'must be one of 0, "a", got string "b"'),
+        ({"level": 1, "m": {"a": "b"}}, 'must be an integer, got object {"a": "b"}'),
+    ]:
+        with pytest.raises(ToolCallError) as e:
+            pick.validate(args)
+        assert message in str(e.value)
+
+
+def test_builtin_tool_schemas_are_pinned():
+    # the text the model is shown: what the hand-written schema code made before get_json_schema did it
+    class Fresh:
+        persistent = False
+
+    python = make_python_tool(Fresh())
+    assert json.dumps(python.schema()) == (
+        '{"type": "function", "function": {"name": "python", "description": "Run a Python 3 program and return its '
+        "stdout and stderr. Nothing persists between calls: each call is a fresh process in a fresh directory, so "
+        'print() what you need to see.", "parameters": {"type": "object", "properties": {"code": {"type": "string", '
+        '"description": "The complete program to run."}}, "required": ["code"]}}}'
+    )
+    assert json.dumps(make_bash_tool(Fresh()).schema()["function"]["parameters"]) == (
+        '{"type": "object", "properties": {"command": {"type": "string", "description": "The bash commands to run."}}, '
+        '"required": ["command"]}'
+    )
+    textworld = {t.name: t.schema()["function"] for t in TextWorldEnv().tools}
+    assert json.dumps(textworld["look"]) == (
+        '{"name": "look", "description": "Describe the room you are in: receptacles (with the contents of open ones) '
+        'and exits.", "parameters": {"type": "object", "properties": {}, "required": []}}'
+    )
+    assert json.dumps(textworld["put"]["parameters"]) == (
+        '{"type": "object", "properties": {"obj": {"type": "string", "description": "the object you hold, e.g. '
+        '\\"mug 1\\""}, "receptacle": {"type": "string", "description": "where to put it, e.g. \\"cabinet 2\\""}}, '
+        '"required": ["obj", "receptacle"]}'
+    )
 
 
 def test_validate_list_item_error_names_index():

@@ -29,8 +29,7 @@ from typing import Any
 import yaml
 
 from agentrl.observe.monitors import MONITORS, Alert, MonitorConfig, check_all
-from agentrl.observe.plots import curve
-from agentrl.observe.svgchart import line_chart
+from agentrl.observe.plots import curve, svg_chart
 from agentrl.trajectory import Trajectory, read_jsonl
 
 RATE = (0.0, 1.0)  # the y axis of a chart of rates
@@ -57,8 +56,6 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#111;background:#fff}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse} td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}
 .grid{display:flex;flex-wrap:wrap;gap:12px} .chart{border:1px solid #e5e7eb;border-radius:6px}
-.ct{font-weight:600;font-size:12px} .tk{font-size:10px;fill:#555} .lg{font-size:10px} .nd{fill:#999}
-.pa{fill:#fafafa} .gr{stroke:#e5e7eb}
 .alert{background:#fef3c7;border-left:4px solid #d97706;padding:4px 8px;margin:4px 0}
 .alert summary{cursor:pointer} .alert div{font-size:12px;margin-left:16px}
 .shared{color:#6b7280;background:#e5e7eb;font-style:italic;padding:0 4px}
@@ -128,7 +125,7 @@ def _derived(rows: list[dict]) -> list[dict]:
 
 
 def _charts(rows: list[dict]) -> str:
-    parts = [line_chart({k: curve(rows, k) for k in keys}, title, y_range=y_range) for title, keys, y_range in CHARTS]
+    parts = [svg_chart({k: curve(rows, k) for k in keys}, title, y_range=y_range) for title, keys, y_range in CHARTS]
     return '<div class="grid">' + "".join(parts) + "</div>"
 
 

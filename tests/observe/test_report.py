@@ -1,6 +1,7 @@
 """`agentrl report`: the HTML page from a run directory, and a real headless-Chromium screenshot of it."""
 
 import json
+import re
 
 import components
 import pytest
@@ -8,9 +9,8 @@ from typer.testing import CliRunner
 
 from agentrl.cli.main import app
 from agentrl.cli.report import find_chromium, screenshot
-from agentrl.observe.plots import curve, plot_curves
+from agentrl.observe.plots import PALETTE, curve, plot_curves, svg_chart
 from agentrl.observe.report import CHARTS, load_run, render, shared_prefix, trajectory_html, write_report
-from agentrl.observe.svgchart import line_chart
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord, write_jsonl
 
 
@@ -158,21 +158,28 @@ def test_rates_and_counts_are_on_separate_axes_and_missing_steps_are_gaps(run_di
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     page = render(load_run(run_dir))
     rates = _chart_of(page, "Infrastructure failures and tool use (rate, 0-1)")
-    assert "rollout/tool_use_rate @ step 1: 0.9" in rates and ">1</text>" in rates and ">200</text>" not in rates
+    assert "rollout/tool_use_rate @ step 1: 0.9" in rates and ">1.0</text>" in rates and ">200</text>" not in rates
     counts = _chart_of(page, "Infrastructure failures (episodes)")
     assert "rollout/infra_failures @ step 2: 200" in counts and "tool_use_rate" not in counts
     reward = _chart_of(page, "Reward (mean over trainable episodes)")
-    assert reward.count("M") == 2 and "@ step 3" not in reward  # the line stops at step 3, no point drawn at 0
+    assert _line(reward).count("M") == 2 and "@ step 3" not in reward  # the line stops at step 3, no point at 0
     assert [y == y for _, y in curve(rows, "rollout/reward_mean")] == [True, True, False, True]
     png = plot_curves(rows, run_dir / "curves.png")
     assert png.stat().st_size > 1000
 
 
-def test_line_chart_fixed_range_and_gaps():
-    svg = line_chart({"a": [(1, 0.2), (2, float("nan")), (3, 0.4), (4, 0.5)]}, "t", y_range=(0, 1))
-    # plot area x 52..448 (steps 1..4), y 28..200 (1..0): (1, 0.2) -> (52, 28 + 172 * 0.8) ...
-    assert 'd="M52.0,165.6 M316.0,131.2 L448.0,114.0"' in svg
-    assert ">0</text>" in svg and ">1</text>" in svg
+def _line(svg, color=PALETTE[0]):
+    """The path data of the chart's first line (matplotlib writes the legend's sample after it)."""
+    return re.search(f'<path d="([^"]*)"[^>]*stroke: {color}', svg).group(1)
+
+
+def test_svg_chart_fixed_range_gaps_and_tooltips():
+    svg = svg_chart({"a": [(1, 0.2), (2, float("nan")), (3, 0.4), (4, 0.5)]}, "t", y_range=(0, 1))
+    assert svg.startswith('<svg class="chart" role="img" aria-label="t" ') and svg.count("<svg") == 1
+    assert _line(svg).count("M") == 2 and _line(svg).count("L") == 1  # (1, 0.2) alone, then 3 to 4
+    assert ">0.0</text>" in svg and ">1.0</text>" in svg and ">2</text>" in svg  # the 0-1 axis; whole steps
+    assert re.findall("<title>([^<]*)</title>", svg) == ["a @ step 1: 0.2", "a @ step 3: 0.4", "a @ step 4: 0.5"]
+    assert "no data" in svg_chart({"a": [(1, float("nan"))]}, "empty")
 
 
 def test_a_system_prompt_shared_by_every_trajectory_is_shown_once(run_dir):

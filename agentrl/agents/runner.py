@@ -35,6 +35,7 @@ from typing import Any
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.program import load_callable, reward_of, run_callable, run_command
 from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
+from agentrl.episodes.manager import add_reward_components
 from agentrl.errors import EnvError
 from agentrl.trajectory import Outcome, Trajectory
 
@@ -181,8 +182,10 @@ class ProxyRunner:
         last = link.recorder.current.turns[-1]
         if last.finish_reason != "stop":
             if score_truncated and self.cfg.reward == "env":  # rollout.score_truncated, as in the built-in loop
-                _, reward, terminated, _, _ = await _env_call(env, "step", link.last_text)
+                _, reward, terminated, _, info = await _env_call(env, "step", link.last_text)
                 traj.reward = float(reward) if terminated else 0.0
+                if terminated:
+                    add_reward_components(traj, info)
             return _end(traj, Outcome.TRUNCATED_LENGTH, f"the last reply ended with {last.finish_reason!r}")
         if self.cfg.reward == "program":
             reward = reward_of(res.result)
@@ -195,7 +198,9 @@ class ProxyRunner:
                     f"numeric 'reward' in AGENTRL_RESULT or on stdout); got {json.dumps(res.result)[:200]}",
                 )
         else:
-            _, reward, terminated, _, _ = await _env_call(env, "step", link.last_text)
+            _, reward, terminated, _, info = await _env_call(env, "step", link.last_text)
+            if terminated:
+                add_reward_components(traj, info)
             if not terminated:  # the program gave up first: a model that never answered, as at max_turns
                 self.counts["unfinished"] += 1
                 return _end(

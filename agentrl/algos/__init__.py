@@ -24,6 +24,12 @@ a sequence alone in its group gets 0.
   KL penalty in the reward first, ``apply_kl_in_reward``)
 * ``reinforce_pp_baseline``: ``a = r - mean_g``, then ``(a - mean_batch a) / (std_batch a + eps)``
 
+``gdpo(components [B, K], group_ids [B], weights [K]) -> [B]`` (GDPO, multi-component rewards; not
+a registry entry, it replaces ``grpo`` when rewards come in named parts):
+``A_i = sum_k w_k (c_{i,k} - mean_g c_k) / (std_g c_k + eps)``, each component normalised within
+the group on its own, then weighted and summed (no batch whitening afterwards: one component with
+weight 1 is exactly ``grpo``).
+
 ``gae(token_rewards [B,T], values [B,T], mask [B,T], gamma, lam, whiten) -> (adv [B,T], returns [B,T])``:
 token-level GAE for PPO over mask-1 positions only; observation gaps are skipped (not steps), so
 values bootstrap across them: ``delta_t = r_t + gamma V(next sampled t') - V_t``,
@@ -137,6 +143,7 @@ from agentrl.algos.advantages import (
     ADVANTAGES,
     dr_grpo,
     gae,
+    gdpo,
     group_index,
     grpo,
     masked_whiten,
@@ -189,6 +196,7 @@ __all__ = [
     "rloo",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "gdpo",
     "gae",
     "group_index",
     "masked_whiten",

@@ -1,8 +1,9 @@
 """Advantage estimators: sequence-level (one scalar per sequence) and token-level GAE.
 
 Owns: the ``ADVANTAGES`` registry of sequence-level estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++
-and its group-baseline variant), token-level ``gae`` with a critic, and the small group helpers
-they share (``group_index``, ``masked_whiten``). Every function is pure: tensors in, tensors out,
+and its group-baseline variant), GDPO's per-component normalisation of multi-component rewards
+(``gdpo``), token-level ``gae`` with a critic, and the small group helpers they share
+(``group_index``, ``masked_whiten``). Every function is pure: tensors in, tensors out,
 no trainer state, no gradient needed.
 
 Does not: spread a sequence advantage over tokens or assign credit per turn (``credit`` does),
@@ -33,6 +34,7 @@ __all__ = [
     "rloo",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "gdpo",
     "gae",
     "group_index",
     "masked_whiten",
@@ -126,6 +128,38 @@ def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e
     r, dt = _prep(rewards)
     mean, _, _ = _group_stats(r, group_ids)
     return _batch_norm(r - mean, eps).to(dt)
+
+
+def gdpo(components: Tensor, group_ids: Tensor, *, weights: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """GDPO (Group reward-Decoupled normalization Policy Optimization, Liu et al., NVIDIA 2026): each
+    named reward component is normalised within the group on its own, as GRPO normalises the
+    summed reward, and the normalised components are then added with weights::
+
+        A_i = sum_k w_k (c_{i,k} - mean_g c_k) / (std_g c_k + eps)       (std unbiased, as ``grpo``)
+
+    ``components [B, K]`` (column k: component k of every sequence), ``group_ids [B]``, ``weights
+    [K]`` (default all 1) -> ``[B]``. Summing first (``grpo`` of ``sum_k c_k``) lets the component
+    with the largest spread in a group decide the order of its episodes; here every component that
+    varies in the group weighs ``w_k`` on the unit scale, so a rare correct answer is not drowned
+    by a wide length or format reward. A component constant within a group adds 0 there; a
+    singleton group gets 0. With one component and weight 1 this is exactly ``grpo``.
+
+    The paper (and TRL's ``multi_objective_aggregation="normalize_then_sum"``) then whitens the
+    sum over the batch; this function does not: the weighted sum already has mean 0 in every
+    group, so that step only divides all of a step's advantages by one number (a step-size change
+    Adam largely undoes), and leaving it out keeps one component identical to GRPO.
+    """
+    c = torch.as_tensor(components)
+    if c.dim() != 2:
+        raise ValueError(f"components must have shape [B, K], got {tuple(c.shape)}")
+    out = c.dtype if c.is_floating_point() else torch.float32
+    w = torch.ones(c.shape[1], dtype=torch.float64) if weights is None else torch.as_tensor(weights).to(torch.float64)
+    if w.shape != (c.shape[1],):
+        raise ValueError(f"weights must have shape [K] = [{c.shape[1]}], got {tuple(w.shape)}")
+    adv = torch.zeros(c.shape[0], dtype=torch.float64, device=c.device)
+    for k in range(c.shape[1]):
+        adv = adv + w[k].to(c.device) * grpo(c[:, k].to(torch.float64), group_ids, eps=eps)
+    return adv.to(out)
 
 
 def gae(

@@ -10,15 +10,18 @@ Per turn k of an episode::
 where ``KL_t`` is ``algos.KL_ESTIMATORS[kl_estimator](behaviour logprob_t, reference logprob_t)``
 over the turn's sampled tokens (the behaviour logprobs are the sampling policy's, recorded by the
 engine; the reference logprobs come from the trainer's frozen reference model). Outcome credit
-sums the shaped turns into the episode return. The maths is in ``agentrl.algos``; which values a
+sums the shaped turns into the episode return. ``RewardShaping`` also says how outcome credit
+combines an episode's named reward components (``reward_normalization``: ``sum`` of the return, or
+``gdpo``, each component normalised in its group, weighted by ``reward_weights``;
+``agentrl.batches.samples.reward_components``). The maths is in ``agentrl.algos``; which values a
 run uses is chosen by ``agentrl.config.plan``. Does not run models: the caller passes the
 reference logprobs (or a function computing them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,13 +34,18 @@ __all__ = ["KLController", "RewardShaping", "shaped_turn_rewards"]
 @dataclass(frozen=True)
 class RewardShaping:
     """``overlong_cache_len`` null: no overlong term (else the soft zone's tokens before
-    ``max_new_tokens``, penalty ``-overlong_factor`` at the limit); ``kl_coef`` 0: no KL term."""
+    ``max_new_tokens``, penalty ``-overlong_factor`` at the limit); ``kl_coef`` 0: no KL term.
+    ``reward_normalization`` ``sum``: outcome credit's estimator sees the episode return;
+    ``gdpo``: each named component is normalised in its group and weighted by ``reward_weights``
+    (a name not listed: 1)."""
 
     max_new_tokens: int = 0
     overlong_cache_len: int | None = None
     overlong_factor: float = 1.0
     kl_coef: float = 0.0
     kl_estimator: str = "k1"
+    reward_normalization: str = "sum"
+    reward_weights: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def needs_reference(self) -> bool:

@@ -4,7 +4,8 @@ Owns the algorithm presets (which estimator, credit mode, aggregation and critic
 means, the trainer settings it implies and the extras it turns on), filtering out trajectories
 that must not be trained on (infrastructure failures), and building ``TrainSample``s with
 per-token advantages (and critic targets for turn-level GAE) from the shaped per-turn rewards
-(``agentrl.batches.rewards``: overlong punishment, KL in the reward). The maths lives in
+(``agentrl.batches.rewards``: overlong punishment, KL in the reward), and, for GDPO, the named
+reward components each episode is normalised on (``reward_components``). The maths lives in
 ``agentrl.algos``; the trainer never sees an algorithm name, and what a null field means for a run
 (a preset's trainer settings and extras included) is chosen by ``agentrl.config.plan``.
 
@@ -26,7 +27,7 @@ the user left them null, and the defaults of the null ``algo.*`` extras):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,41 @@ def has_signal(group: Sequence[Trajectory]) -> bool:
     return bool(algos.dynamic_sampling_keep(rewards, [0] * len(trajs)).any())
 
 
+#: The component name of an episode that reports none (its whole env return) and of the run's own
+#: shaping terms (overlong punishment, KL in the reward) under ``reward_normalization=gdpo``.
+REWARD, SHAPING = "reward", "shaping"
+
+
+def reward_components(
+    trajs: Sequence[Trajectory], turn_rewards: Sequence[Sequence[float]]
+) -> tuple[list[str], torch.Tensor]:
+    """The named reward components of each episode, as GDPO normalises them: ``(names, [B, K])``.
+
+    An episode's components are the ones its env reported (``Trajectory.info["reward_components"]``,
+    summed over its steps); one that reported none has one, ``reward`` = its env return (the sum of
+    its turn rewards). When the shaped return (``turn_rewards``, the env's plus the run's shaping
+    terms) differs from the env return, the difference is one more component, ``shaping``. A
+    component an episode lacks is 0 for it. So an env that reports no components, run without
+    shaping, gives one column equal to the returns outcome credit sums today."""
+    rows = []
+    for t, shaped in zip(trajs, turn_rewards):
+        env_return = float(sum(map(float, t.turn_rewards))) if t.turns else float(t.reward)
+        comps = {str(k): float(v) for k, v in (t.info.get("reward_components") or {}).items()}
+        if SHAPING in comps:
+            raise ValueError(
+                f"trajectory {t.episode_id}: the env reports a reward component named {SHAPING!r}, which is "
+                "reserved for the run's shaping terms (overlong punishment, KL in the reward): rename it"
+            )
+        if not comps:
+            comps = {REWARD: env_return}
+        shaped_return = float(sum(shaped))
+        if shaped_return != env_return:
+            comps[SHAPING] = shaped_return - env_return
+        rows.append(comps)
+    names = sorted(set().union(*rows)) if rows else []
+    return names, torch.tensor([[r.get(n, 0.0) for n in names] for r in rows], dtype=torch.float64)
+
+
 def token_advantages(
     trajs: list[Trajectory],
     advantage: str,
@@ -128,20 +164,41 @@ def token_advantages(
     turn_rewards: list[list[float]] | None = None,
     whiten: bool = False,
     turn_return_std: bool = False,
+    reward_normalization: str = "sum",
+    reward_weights: Mapping[str, float] | None = None,
 ) -> tuple[list[list[float]], list[list[float]] | None, list[list[int]] | None]:
     """Per-token advantages for ``trajs``; for ``turn_gae`` also per-token critic targets and the mask
     of boundary tokens where the critic is trained. ``turn_rewards``: the shaped per-turn rewards
     (``shaped_turn_rewards``; default the env's); outcome credit sums them. ``gigpo``'s episode
     level follows ``advantage`` (``grpo``: std-normalised, ``dr_grpo``: not); ``credit_stats``
     receives its anchor-group counts. ``whiten``: turn_gae's advantages whitened over the batch;
-    ``turn_return_std``: turn_return's advantages divided by their group std."""
+    ``turn_return_std``: turn_return's advantages divided by their group std.
+    ``reward_normalization="gdpo"`` (outcome credit with ``grpo`` only): each named component
+    (``reward_components``) is normalised within the group on its own and the results are added
+    with ``reward_weights`` (a name not listed: 1), ``algos.gdpo``; ``credit_stats`` receives the
+    component count and each component's batch mean."""
     masks = [t.loss_mask for t in trajs]
     groups = [t.group_id for t in trajs]
     if turn_rewards is None:
         turn_rewards = shaped_turn_rewards(trajs)[0]
+    if reward_normalization not in ("sum", "gdpo"):
+        raise ValueError(f"unknown reward normalization {reward_normalization!r}; choose 'sum' or 'gdpo'")
+    if reward_normalization == "gdpo" and (credit != "outcome" or advantage != "grpo"):
+        raise ConfigError(
+            "algo.reward_normalization: 'gdpo' normalises each reward component with GRPO's group mean and std "
+            f"and needs outcome credit with the grpo advantage, got credit {credit!r}, advantage {advantage!r}"
+        )
     if credit == "outcome":
-        rewards = torch.tensor([float(sum(r)) for r in turn_rewards], dtype=torch.float64)
-        seq_adv = algos.ADVANTAGES[advantage](rewards, algos.group_index(groups))
+        if reward_normalization == "gdpo":
+            names, comps = reward_components(trajs, turn_rewards)
+            w = [float((reward_weights or {}).get(n, 1.0)) for n in names]
+            seq_adv = algos.gdpo(comps, algos.group_index(groups), weights=torch.tensor(w, dtype=torch.float64))
+            if credit_stats is not None:
+                credit_stats["gdpo/components"] = float(len(names))
+                credit_stats.update({f"gdpo/{n}_mean": float(comps[:, k].mean()) for k, n in enumerate(names)})
+        else:
+            rewards = torch.tensor([float(sum(r)) for r in turn_rewards], dtype=torch.float64)
+            seq_adv = algos.ADVANTAGES[advantage](rewards, algos.group_index(groups))
         return algos.CREDIT["outcome"](seq_adv, masks), None, None
     turn_ids = [t.turn_ids for t in trajs]
     if credit == "turn_return":
@@ -229,6 +286,8 @@ def build_samples(
         turn_rewards=rewards,
         whiten=whiten,
         turn_return_std=turn_return_std,
+        reward_normalization=shaping.reward_normalization if shaping is not None else "sum",
+        reward_weights=shaping.reward_weights if shaping is not None else None,
     )
     samples = []
     for i, t in enumerate(trajs):

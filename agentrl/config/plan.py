@@ -18,6 +18,8 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    dapo), ``overlong_cache_len`` (``rollout.max_new_tokens // 5`` for dapo, else off; at most
    ``max_new_tokens``), ``kl_in_reward`` (0.001 for reinforce_pp, else 0); ``algo.kl_target``
    needs ``kl_in_reward > 0``; ``kl_in_reward > 0`` turns ``trainer.reference`` on;
+   ``algo.reward_normalization=gdpo`` needs the grpo advantage and outcome credit, and
+   ``algo.reward_weights`` (numbers >= 0) needs gdpo;
    ``engine.weight_sync`` ``auto`` -> the sync kind (``agentrl.weights.factory.resolve_sync_kind``),
    nccl only on GPUs, ``engine.weights_dir`` null -> output_dir/weights for the disk sync;
    ``engine.cpu_threads`` null -> half the cores for the in-process engine on CPU, 0 (torch's
@@ -42,6 +44,7 @@ Ray cluster are checked when the job builds them (``agentrl.jobs.build``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +86,8 @@ class Plan:
             overlong_factor=a.overlong_factor,
             kl_coef=a.kl_in_reward or 0.0,
             kl_estimator=a.kl_reward_estimator,
+            reward_normalization=a.reward_normalization,
+            reward_weights=dict(a.reward_weights),
         )
 
     @property
@@ -208,6 +213,7 @@ def resolve_algo(cfg: RunConfig, preset):
         )
     if a.kl_target is not None and a.kl_target <= 0:
         raise ConfigError(f"algo.kl_target: {a.kl_target} must be > 0 (null: a fixed coefficient)")
+    _check_reward_normalization(a, preset, a.credit or preset.credit)
     pick = lambda v, d: d if v is None else v  # noqa: E731
     return dataclasses.replace(
         a,
@@ -217,6 +223,32 @@ def resolve_algo(cfg: RunConfig, preset):
         overlong_cache_len=cache,
         kl_in_reward=float(kl),
     )
+
+
+def _check_reward_normalization(a, preset, credit: str) -> None:
+    """``algo.reward_weights`` numbers >= 0 and only with gdpo; gdpo only with grpo + outcome credit."""
+    for name, w in a.reward_weights.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"algo.reward_weights: {name!r} is not a component name")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise ConfigError(f"algo.reward_weights.{name}: {w!r} must be a finite number >= 0")
+    if a.reward_normalization != "gdpo":
+        if a.reward_weights:
+            raise ConfigError(
+                f"algo.reward_weights: {dict(a.reward_weights)!r} weighs reward components under "
+                f"algo.reward_normalization=gdpo, but it is {a.reward_normalization!r}"
+            )
+        return
+    if preset.advantage != "grpo":
+        raise ConfigError(
+            f"algo.reward_normalization: 'gdpo' normalises each reward component with GRPO's group mean and std, "
+            f"but algo.name={a.name!r} estimates advantages with {preset.advantage!r} (use grpo, dapo, gspo or cispo)"
+        )
+    if credit != "outcome":
+        raise ConfigError(
+            f"algo.reward_normalization: 'gdpo' gives each episode one advantage from its reward components "
+            f"(outcome credit), but algo.credit is {credit!r}"
+        )
 
 
 def resolve_trainer(cfg: RunConfig, preset):

@@ -192,6 +192,22 @@ class AlgoConfig:
     turn_return_std: bool = doc(
         False, "credit=turn_return: divide each turn's advantage by the std of its group's returns at that turn."
     )
+    reward_normalization: Literal["sum", "gdpo"] = doc(
+        "sum",
+        "How outcome credit turns rewards into an episode's advantage. 'sum' (default): the algo's estimator "
+        "on the episode return (env rewards plus shaping). 'gdpo' (GDPO, multi-reward): each named component "
+        "an env reports in its step info['reward_components'] (summed over the episode) is normalised within "
+        "the group on its own with GRPO's mean/std, then they are added weighted by algo.reward_weights, so "
+        "a component with a wide spread does not drown the others. An episode that reports none has one "
+        "component 'reward' (its env return), so an env without components trains exactly as with 'sum'; "
+        "the run's shaping terms (overlong, KL in the reward) are one more component 'shaping'. Needs an "
+        "algo whose advantage is grpo (grpo, dapo, gspo, cispo) and credit outcome.",
+    )
+    reward_weights: dict = doc(
+        {},
+        "reward_normalization=gdpo: the weight of each named component's normalised advantage, e.g. "
+        "{correct: 1.0, format: 0.2}; a component not listed weighs 1.0 (the default). Numbers >= 0.",
+    )
     overlong_cache_len: int | None = doc(
         None,
         "DAPO soft overlong punishment: a turn that samples more than rollout.max_new_tokens - N tokens "

@@ -13,7 +13,11 @@ The contract (what the episode manager relies on):
   turn's text without the stop token. ``info["messages"]``: messages to append (role ``tool``,
   or ``user`` follow-ups); ``obs`` their contents joined; ``info["tool_stats"]``: counts
   (``calls`` attempts, ``errors`` answered with an error, ``malformed``, ``unknown_tool``,
-  ``bad_arguments``, ``over_limit``, ``timeouts``, ``exceptions``).
+  ``bad_arguments``, ``over_limit``, ``timeouts``, ``exceptions``). Optional
+  ``info["reward_components"]``: ``{name: number}``, the named parts of this step's reward (e.g.
+  ``{"correct": 1.0, "format": 0.2}``, adding up to ``reward``); the manager sums them over the
+  episode into ``Trajectory.info["reward_components"]``, and ``algo.reward_normalization=gdpo``
+  normalises each within its group on its own (``shaping`` is reserved for the run's own terms).
 * ``areset``/``astep`` are the async variants (preferred). Infrastructure failures raise
   ``agentrl.errors`` EpisodeError subclasses; model mistakes never raise.
 * Held-out tasks: ``agentrl run`` evaluates on envs made with ``eval.env_kwargs`` (default

@@ -13,7 +13,8 @@ What it checks, in order:
    (``{"type": "function", "function": {"name", "description", "parameters": {"type": "object",
    "properties": {...}}}}``), ``task`` (JSON-able, with ``id``); the same seed gives the same task.
 3. A plain-text (final answer) step returns the documented types, ``info["messages"]`` and
-   ``info["tool_stats"]``, and ``areset``/``astep`` agree with ``reset``/``step`` on it.
+   ``info["tool_stats"]`` (and, if present, ``info["reward_components"]`` maps names to finite
+   numbers), and ``areset``/``astep`` agree with ``reset``/``step`` on it.
 4. A scripted call of the first tool (arguments synthesized from its schema) gets a ``tool``
    message back and does not end the episode; for ``ToolEnv`` with ``on_bad_call="observe"``, a
    malformed call and an unknown tool are answered too and counted in ``tool_stats``.
@@ -34,6 +35,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import numbers
 import warnings
 from typing import Any
 
@@ -196,7 +198,17 @@ def _step_problems(result: Any, where: str, stat_keys: tuple) -> list[str]:
     stats = info.get("tool_stats")
     if not isinstance(stats, dict) or not all(isinstance(stats.get(k), int) for k in stat_keys[:5]):
         out.append(f"{where} info['tool_stats'] must be a dict with int {', '.join(stat_keys[:5])}; got {stats!r:.120}")
+    comps = info.get("reward_components")
+    if comps is not None and not (isinstance(comps, dict) and all(map(_component_ok, comps.items()))):
+        out.append(f"{where} info['reward_components'] must map names to finite numbers; got {comps!r:.120}")
     return out
+
+
+def _component_ok(item: tuple) -> bool:
+    name, v = item
+    if not isinstance(name, str) or not name or isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return False
+    return math.isfinite(v)
 
 
 def _comparable(result: tuple) -> tuple:

@@ -1,7 +1,8 @@
 """The async episode manager: runs many multi-turn episodes at once and streams Trajectories.
 
 Owns: the turn loop (render -> engine.generate -> env.step -> observation delta), token-exact
-trajectory assembly (with the state key each turn starts from: ``state_key_of``), groups of G
+trajectory assembly (with the state key each turn starts from: ``state_key_of``, and the named
+reward components the env reports: ``add_reward_components``), groups of G
 samples per task, max turns, per-turn and per-episode deadlines,
 the context budget (checked before every request), the observation length cap, cancellation, and
 mapping every failure to a typed Outcome so that one failing episode never breaks the others, and
@@ -16,9 +17,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
+import numbers
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -32,7 +35,15 @@ from agentrl.errors import EngineError, EnvError, EpisodeError, ToolTimeoutError
 from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
 
-__all__ = ["EpisodeManager", "EpisodeRunner", "EpisodeSpec", "make_specs", "state_key_of", "stop_strings"]
+__all__ = [
+    "EpisodeManager",
+    "EpisodeRunner",
+    "EpisodeSpec",
+    "add_reward_components",
+    "make_specs",
+    "state_key_of",
+    "stop_strings",
+]
 
 _TRUNC_MARK = "\n[truncated {n} chars]"
 _log = logging.getLogger(__name__)
@@ -46,6 +57,25 @@ def stop_strings(configured: Any, env: Any) -> tuple[str, ...]:
     if isinstance(own, str):
         raise EnvError(f"{type(env).__name__}.stop_strings must be a sequence of strings, got the string {own!r}")
     return tuple(dict.fromkeys([*(configured or ()), *own]))
+
+
+def add_reward_components(traj: Trajectory, info: Any) -> None:
+    """Add a step's ``info["reward_components"]`` (``{name: number}``: the named parts of that step's
+    reward, e.g. correctness and format) to ``traj.info["reward_components"]``, summed over the
+    episode's steps as its turn rewards are (``algo.reward_normalization=gdpo`` normalises each on its
+    own). A step without them adds nothing; a malformed one is the env's error (EnvError)."""
+    comps = info.get("reward_components") if isinstance(info, Mapping) else None
+    if comps is None:
+        return
+    if not isinstance(comps, Mapping):
+        raise EnvError(f"info['reward_components'] must map names to numbers, got {type(comps).__name__}")
+    total = traj.info.setdefault("reward_components", {})
+    for name, v in comps.items():
+        if not isinstance(name, str) or not name:
+            raise EnvError(f"info['reward_components']: a component name must be a non-empty string, got {name!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise EnvError(f"info['reward_components'][{name!r}]: {v!r} is not a finite number")
+        total[name] = total.get(name, 0.0) + float(v)
 
 
 def state_key_of(env: Any, obs: str) -> str:
@@ -217,6 +247,7 @@ class EpisodeManager:
     @staticmethod
     def _fail(traj: Trajectory, outcome: Outcome, detail: str) -> None:
         traj.outcome, traj.outcome_detail, traj.reward = outcome, detail, 0.0
+        traj.info.pop("reward_components", None)
 
     def _renderer(self, tools: list[dict] | None) -> ChatRenderer:
         key = json.dumps(tools or [], sort_keys=True)
@@ -286,14 +317,16 @@ class EpisodeManager:
             ep.messages.append({"role": "assistant", "content": text})
             if gen.finish_reason != "stop":
                 if cfg.score_truncated:  # the cut text is scored as the final answer (it rarely holds one)
-                    _, reward, terminated, _, _ = await self._step(env, text)
+                    _, reward, terminated, _, sinfo = await self._step(env, text)
                     rec.env_s, rec.reward = time.perf_counter() - t_env, float(reward)
+                    add_reward_components(traj, sinfo)
                     traj.reward = float(reward) if terminated else 0.0
                 self._end(traj, Outcome.TRUNCATED_LENGTH, f"turn {turn} hit its token limit ({params.max_new_tokens})")
                 return
             obs, reward, terminated, truncated, sinfo = await self._step(env, text)
             rec.env_s = time.perf_counter() - t_env
             rec.reward = float(reward)
+            add_reward_components(traj, sinfo)
             ts = sinfo.get("tool_stats", {})
             for k, v in ts.items():
                 stats[k] = stats.get(k, 0) + v

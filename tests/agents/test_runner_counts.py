@@ -49,6 +49,19 @@ def test_env_reward_when_the_env_ends_the_episode():
     assert (traj.outcome, traj.reward) == (Outcome.OK, 1.0)
 
 
+def test_the_envs_reward_components_are_kept_when_it_scores_the_episode():
+    class Parts(FakeEnv):
+        def step(self, action):
+            obs, r, done, trunc, info = super().step(action)
+            return obs, r, done, trunc, {**info, "reward_components": {"correct": r, "format": 0.5}}
+
+    traj = _finish(_runner(reward="env"), _link("so the ANSWER is 4"), ProgramResult(), Parts())
+    assert traj.info["reward_components"] == {"correct": 1.0, "format": 0.5}
+    # the env did not end the episode: reward 0 and no components
+    traj = _finish(_runner(reward="env"), _link("no answer"), ProgramResult(), Parts())
+    assert traj.reward == 0.0 and "reward_components" not in traj.info
+
+
 def test_a_program_that_stops_while_the_model_calls_tools_is_truncated_not_an_infra_failure():
     runner = _runner(reward="env")
     traj = _finish(runner, _link('<tool_call>{"name": "python"}</tool_call>'), ProgramResult())

@@ -25,6 +25,8 @@ def test_defaults_and_overrides(tmp_path):
         ("rollout.top_p=2", "rollout.top_p: 2.0 is above the maximum 1.0"),
         ("model.dtype=int4", "model.dtype: 'int4' is not one of"),
         ("trainer.rollout_correction=icepep", "trainer.rollout_correction: 'icepep' is not one of"),
+        ("algo.reward_normalization=gpdo", "algo.reward_normalization: 'gpdo' is not one of"),
+        ("algo.reward_weights=2", "algo.reward_weights: expected"),
         ("trainer.rollout_correction_high=0.5", "trainer.rollout_correction_high: 0.5 is below the minimum 1.0"),
         ("trainer.rollout_correction_low=2", "trainer.rollout_correction_low: 2.0 is above the maximum 1.0"),
         ("rollout=5", "rollout: expected a mapping"),

@@ -24,6 +24,7 @@ RUN_OK = [
     ["engine.cpu_threads=3", "train.steps=7", "trainer.mini_batches=2"],
     ["model.path=/not/built/here", "trainer.loss_agg=seq-mean-token-sum-norm"],
     ["trainer.rollout_correction=seq_reject", "trainer.old_logprobs=current", "trainer.rollout_correction_high=1.05"],
+    ["algo.name=dapo", "algo.reward_normalization=gdpo", "algo.reward_weights={correct: 1.0, format: 0.2}"],
 ]
 RUN_REJECTED = [
     (["trainer.temperature=0.5"], "trainer.temperature (0.5) must equal rollout.temperature (1.0)"),
@@ -36,6 +37,10 @@ RUN_REJECTED = [
     (["rollout.group_size=0"], "rollout.group_size: 0 is below the minimum 1"),
     (["trainer.rollout_correction=icepop"], "trainer.rollout_correction: 'icepop' masks on pi_old / pi_engine"),
     (["trainer.rollout_correction=mis", "trainer.tis_cap=2"], "trainer.tis_cap: 2.0 applies only with"),
+    (["algo.reward_normalization=gdpo", "algo.name=rloo"], "algo.reward_normalization: 'gdpo' normalises each"),
+    (["algo.reward_normalization=gdpo", "algo.credit=gigpo"], "but algo.credit is 'gigpo'"),
+    (["algo.reward_weights={format: 0.2}"], "algo.reward_weights: {'format': 0.2} weighs reward components"),
+    (["algo.reward_normalization=gdpo", "algo.reward_weights={format: -1}"], "algo.reward_weights.format: -1 must"),
 ]
 ROLLOUT_OK = [[], ["rollout.temperature=0.7"], ["engine.kind=sglang", f"engine.urls={URL}"]]
 ROLLOUT_REJECTED = [
@@ -140,3 +145,12 @@ def test_a_printed_config_feeds_back_unchanged(tmp_path):
     f = tmp_path / "printed.yaml"
     f.write_text(yaml.safe_dump(printed))
     assert to_dict(resolve(load_config([f])).cfg) == printed
+
+
+def test_the_plan_hands_gdpo_and_its_weights_to_credit():
+    plan = resolve(
+        load_config([], ["model.device=cpu", "algo.reward_normalization=gdpo", "algo.reward_weights={a: 2}"])
+    )
+    assert (plan.shaping.reward_normalization, dict(plan.shaping.reward_weights)) == ("gdpo", {"a": 2})
+    default = resolve(load_config([], ["model.device=cpu"])).shaping
+    assert (default.reward_normalization, dict(default.reward_weights)) == ("sum", {})

@@ -142,6 +142,21 @@ def test_agent_env_checker_passes_on_fake_and_finds_problems():
         assert_agent_env(Broken())
 
 
+def test_agent_env_checker_checks_reward_components():
+    class Parts(FakeEnv):
+        comps = None
+
+        async def astep(self, action):
+            obs, r, term, trunc, info = await super().astep(action)
+            return obs, r, term, trunc, {**info, "reward_components": self.comps or {"correct": r}}
+
+    assert_agent_env(Parts())
+    for bad in ({"correct": "yes"}, {"correct": float("inf")}, {"": 1.0}):
+        env = Parts()
+        env.comps = bad
+        assert "info['reward_components'] must map names to finite numbers" in "\n".join(check_agent_env(env))
+
+
 # ------------------------------------------------------------------ reset
 def test_reset_info_and_determinism():
     env = FakeEnv()

@@ -5,9 +5,9 @@ event loop; per-episode API keys mapped to :class:`EpisodeLink`), the ASGI wrapp
 request's key (401 for an unknown one), reads its body and refuses what the proxy cannot record
 faithfully (``n`` > 1; ``tool_choice`` other than auto/none and ``response_format``, which the
 server would meet by forcing and re-sampling replies: off-policy), and :class:`RecordingEngine`,
-the Engine the OpenAI app samples through: it finds the request's episode, builds the exact prompt,
-applies the run's sampling settings and budgets, and records every completion in the episode's
-:class:`~agentrl.agents.recorder.Recorder`.
+the Engine the OpenAI app samples through (an ``EngineWrapper`` of the run's engine): it finds the
+request's episode, builds the exact prompt, applies the run's sampling settings and budgets, and
+records every completion in the episode's :class:`~agentrl.agents.recorder.Recorder`.
 
 The exact prompt: when the request's messages extend the current segment's conversation (its last
 request + the reply it got, compared with ``recorder.message_key``), the prompt is the segment's ids
@@ -35,6 +35,7 @@ from typing import Any
 from agentrl.agents.recorder import Recorder, covered
 from agentrl.common.ports import listening_socket
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.engine.wrapper import EngineWrapper
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.errors import ConfigError, EngineError, TemplateError
 from agentrl.tools.calls import parse_hermes
@@ -189,23 +190,16 @@ class Request:
 _current: contextvars.ContextVar[Request | None] = contextvars.ContextVar("agentrl_proxy_request", default=None)
 
 
-class RecordingEngine(Engine):
-    """The Engine the OpenAI app calls: each call is sampled and recorded for the request's episode."""
+class RecordingEngine(EngineWrapper):
+    """The Engine the OpenAI app calls: each call is sampled and recorded for the request's episode.
+    The rest is the run's engine's (``policy_version``, ``max_context``, ``eos_token_ids``, ...),
+    which the run starts and closes: the endpoint only samples through it."""
 
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
+    async def start(self) -> None:
+        pass
 
-    @property
-    def policy_version(self) -> int:  # type: ignore[override]
-        return self.inner.policy_version
-
-    @property
-    def max_context(self) -> int | None:
-        return self.inner.max_context
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(getattr(self.inner, "eos_token_ids", ()) or ())
+    async def close(self) -> None:
+        pass
 
     def _request(self) -> Request:
         req = _current.get()

@@ -34,9 +34,7 @@ LAYERS = [
     {"jobs"},
     {"cli"},
 ]
-#: forwarding modules kept for one release at old paths (agentrl.common.moved), above everything
-FORWARDS = {"tooling", "env_checker", "registry", "judge"}
-RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer} | {pkg: len(LAYERS) for pkg in FORWARDS}
+RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
 
 def _modules() -> dict[str, Path]:
@@ -149,8 +147,7 @@ def test_package_inits_only_reexport():
 #: run in one fresh interpreter: imports each module named in argv[1] (JSON) with no agentrl module
 #: loaded before it (third-party modules stay loaded: they are not what is checked); prints failures
 _IMPORT_EACH = """
-import importlib, json, sys, traceback, warnings
-warnings.simplefilter("ignore", DeprecationWarning)  # the forwarding modules warn by design
+import importlib, json, sys, traceback
 bad = {}
 for name in json.loads(sys.argv[1]):
     for k in [k for k in sys.modules if k == "agentrl" or k.startswith("agentrl.")]:

@@ -1,9 +1,11 @@
 """The public surface env, tool and agent authors import is pinned: names move only on purpose.
 
-The inside of the package may be reorganised freely; what ``agentrl`` re-exports (and the old module
-paths README users may have typed, forwarded for one release) may not change without changing this test.
+The inside of the package may be reorganised freely; what ``agentrl`` re-exports may not change without
+changing this test. The old top-level paths (``agentrl.tooling``, ``agentrl.env_checker``,
+``agentrl.registry``, ``agentrl.judge``) forwarded for one release and are gone since 0.2.0.
 """
 
+import importlib
 import subprocess
 import sys
 import warnings
@@ -49,25 +51,10 @@ def test_importing_agentrl_loads_neither_torch_nor_transformers():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize(
-    "old,new,name",
-    [
-        ("agentrl.tooling", "agentrl.tools.base", "tool"),
-        ("agentrl.env_checker", "agentrl.envs.checker", "check_agent_env"),
-        ("agentrl.registry", "agentrl.envs.registry", "register"),
-        ("agentrl.judge", "agentrl.envs.judge", "JudgeReward"),
-    ],
-)
-def test_old_documented_paths_forward_with_a_warning(old, new, name):
-    code = (
-        f"import warnings; warnings.simplefilter('error')\n"
-        f"try:\n    import {old}\nexcept DeprecationWarning as e:\n    print('warned', e)\n"
-        f"warnings.simplefilter('ignore')\nimport importlib, {new}\n"
-        f"m = importlib.import_module('{old}')\nprint(m is {new}, hasattr(m, '{name}'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert f"warned {old} moved to {new}" in out
-    assert out.strip().endswith("True True")
+@pytest.mark.parametrize("old", ["agentrl.tooling", "agentrl.env_checker", "agentrl.registry", "agentrl.judge"])
+def test_old_top_level_paths_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
 def test_version_matches_the_distribution():

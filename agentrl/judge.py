@@ -1,5 +1,0 @@
-"""Old path of :mod:`agentrl.envs.judge`, kept for one release."""
-
-from agentrl.common.moved import forward
-
-forward(__name__, "agentrl.envs.judge")

@@ -118,7 +118,9 @@ class RayTrainer:
             [getattr(r, method).remote(*args) for r in self.ranks], self.timeout_s, f"trainer ranks: {method}"
         )
 
-    def train_step(self, samples: list) -> dict[str, float]:
+    def train_step(self, samples: list, interrupt: Any = None) -> dict[str, float]:
+        """The ranks' step. ``interrupt`` is not honoured: the ranks would have to agree on where to
+        stop, so a stop request under Ray waits for the step to end."""
         import ray
 
         metrics, self.version = self._all("train_step", ray.put(samples))[0]

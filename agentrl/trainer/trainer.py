@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import math
 import random
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -57,6 +58,11 @@ def _algos():
         return importlib.import_module("agentrl.algos")
     except ImportError as e:
         raise ImportError(f"the trainer needs agentrl.algos for its losses: {e}") from e
+
+
+class StepInterrupted(Exception):
+    """``train_step`` gave up at its ``interrupt`` before any optimizer step: the weights, the
+    optimizer state, the schedules and ``version`` are as they were before the call."""
 
 
 class Trainer:
@@ -133,9 +139,15 @@ class Trainer:
         return model_inputs(mb, packed_mask=self.cfg.packed_mask, attn_implementation=self.cfg.attn_implementation)
 
     # -- training --------------------------------------------------------------------------------
-    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+    def train_step(self, samples: list[TrainSample], interrupt: threading.Event | None = None) -> dict[str, float]:
         """One policy version from ``samples``: ``ppo_epochs`` passes over them, each split into
         ``mini_batches`` optimizer steps (1 x 1 = one step over all, the default); returns metrics.
+
+        ``interrupt`` (set from another thread: a stop request) is looked at before each micro-batch
+        of the call's first optimizer step: once set, the gradients are dropped and the call raises
+        :class:`StepInterrupted` with nothing changed, so a stop waits at most one micro-batch. After
+        the first optimizer step, and with more than one process (every rank would have to agree),
+        the call runs to its end.
 
         With more than one optimizer step the ratio's denominator is fixed before the first one
         (``old_logprobs='current'``: the policy's logprobs at the start of this call; 'behaviour': the
@@ -149,15 +161,16 @@ class Trainer:
             raise ValueError("train_step needs at least one sample")
         cfg = self.cfg
         n_mb = min(cfg.mini_batches, len(samples))
+        interrupt = interrupt if self.world == 1 else None
         if cfg.ppo_epochs * n_mb == 1:
-            return self._finish([self._update(samples)])
+            return self._finish([self._update(samples, interrupt)])
         samples = self._fix_denominators(samples)
         outs = []
         for epoch in range(cfg.ppo_epochs):
             order = list(range(len(samples)))
             random.Random(f"{cfg.seed}/{self.version}/{epoch}").shuffle(order)
             for k in range(n_mb):
-                outs.append(self._update([samples[i] for i in order[k::n_mb]]))
+                outs.append(self._update([samples[i] for i in order[k::n_mb]], None if outs else interrupt))
         return self._finish(outs)
 
     def _fix_denominators(self, samples: list[TrainSample]) -> list[TrainSample]:
@@ -192,8 +205,9 @@ class Trainer:
         )
         return out
 
-    def _update(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One optimizer step over all ``samples`` (see the module docstring); returns metrics."""
+    def _update(self, samples: list[TrainSample], interrupt: threading.Event | None = None) -> dict[str, float]:
+        """One optimizer step over all ``samples`` (see the module docstring); returns metrics.
+        ``interrupt``: see ``train_step``."""
         if self._objective is None:
             self._objective = Objective(self.cfg, _algos())
         if self.critic is not None:
@@ -221,7 +235,10 @@ class Trainer:
             self.critic.train()
         acc: dict[str, float] = defaultdict(float)
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for mb in mbs:
+        for i, mb in enumerate(mbs):
+            if interrupt is not None and interrupt.is_set():
+                self._drop_gradients()
+                raise StepInterrupted(f"stopped before micro-batch {i + 1} of {len(mbs)}; nothing was updated")
             self._micro_step(mb.to(self.device), glob, acc, pairs)
         grad_norm = clip_and_step(self.model, self.optimizer, self.cfg.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
@@ -253,6 +270,11 @@ class Trainer:
             out[k.removesuffix("_sum")] = v / glob["tok"]
         out.update(self._objective.mismatch(pairs, self.world))
         return out
+
+    def _drop_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
 
     def _micro_step(self, mb: MicroBatch, glob: dict, acc: dict, pairs: list) -> None:
         loss, logp, beh = self._objective.loss(self.model, self.ref, self.critic, self._inputs(mb), mb, glob, acc)

@@ -345,3 +345,35 @@ def test_resuming_with_another_norm_lr_scale_is_a_clear_error(model_dir, tmp_pat
     with Trainer(model_dir, TrainerConfig(lr=1e-3, norm_lr_scale=10)) as t:
         with pytest.raises(ConfigError, match="trainer.norm_lr_scale"):
             t.load(tmp_path / "ck")
+
+
+def test_an_interrupted_step_changes_nothing(model_dir):
+    """A stop set while a step runs (here: after its first micro-batch) ends the call before the
+    optimizer step, with its gradients dropped: the next step is exactly a fresh trainer's first."""
+    import threading
+
+    from agentrl.trainer.trainer import StepInterrupted
+
+    samples = make_samples(6)
+    cfg = TrainerConfig(lr=1e-2, micro_batch_tokens=32, seed=1)
+    with Trainer(model_dir, cfg) as fresh:
+        fresh.train_step(samples)
+        want = params(fresh)
+    with Trainer(model_dir, cfg) as t:
+        before = params(t)
+        stop, real, calls = threading.Event(), t._micro_step, []
+
+        def micro_step(*a):
+            calls.append(1)
+            real(*a)
+            stop.set()
+
+        t._micro_step = micro_step
+        with pytest.raises(StepInterrupted, match="before micro-batch 2 of"):
+            t.train_step(samples, stop)
+        assert len(calls) == 1 and t.version == 0
+        assert all(p.grad is None for p in t.model.parameters())
+        assert max_diff(params(t), before) == 0.0
+        t._micro_step = real
+        t.train_step(samples, threading.Event())
+        assert t.version == 1 and max_diff(params(t), want) == 0.0

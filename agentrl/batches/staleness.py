@@ -32,7 +32,8 @@ Exactly-once support: every group carries the prompt position it was generated f
 group's position goes to ``on_drop`` (the run gives it back to its PromptStream, so the prompt runs
 again instead of being lost), ``get_batch_with_positions`` says which positions a batch holds, and
 ``snapshot``/``restore`` carry the finished-but-untrained groups and the counters through a
-checkpoint.
+checkpoint, and ``return_batch`` puts the last batch back as if it had never been handed out (its
+train step was interrupted by a stop: the checkpoint then keeps it).
 
 Does not: run episodes, compute advantages, or know what the trainer does with a batch.
 """
@@ -61,6 +62,17 @@ class _Entry:
     index: int
     group: list[Trajectory] = field(compare=False)
     position: int | None = field(default=None, compare=False)
+
+
+@dataclass
+class _Handout:
+    """What handing out one batch changed, so that ``return_batch`` can undo it."""
+
+    batch: list[_Entry]
+    filtered: list[int | None]
+    short: bool
+    untrained: bool
+    histogram: Counter
 
 
 class StalenessQueue:
@@ -95,6 +107,7 @@ class StalenessQueue:
         self.untrained_groups = 0  # handed out in a batch with nothing trainable: no train step follows
         self.histogram: Counter = Counter()  # staleness (version at training - oldest token version) -> samples
         self._ready: list[_Entry] = []
+        self._handout: _Handout | None = None  # the last batch handed out
         self._cond = asyncio.Condition()
         self._closed = False
 
@@ -165,21 +178,42 @@ class StalenessQueue:
                 if len(self._ready) >= self.B or self._draws_spent():
                     batch, self._ready = self._ready[: self.B], self._ready[self.B :]
                     self.handed_filtered, self._filtered = self._filtered, []
-                    self.short_batches += len(batch) < self.B
-                    if not any(t.trainable and t.num_sampled > 0 for e in batch for t in e.group):
+                    short = len(batch) < self.B
+                    self.short_batches += short
+                    untrained = not any(t.trainable and t.num_sampled > 0 for e in batch for t in e.group)
+                    if untrained:
                         self.untrained_groups += len(batch)  # as samples.trainable: no sample, no step
                         self._cond.notify_all()
                     else:
                         self.short_slots += self.B - len(batch)
-                    for e in batch:
-                        for t in e.group:
-                            v = oldest_version(t)
-                            if v is not None:
-                                self.histogram[self.version - v] += 1
+                    seen = Counter(
+                        self.version - v for e in batch for v in map(oldest_version, e.group) if v is not None
+                    )
+                    self.histogram.update(seen)
+                    self._handout = _Handout(batch, self.handed_filtered, short, untrained, seen)
                     return [e.group for e in batch], [e.position for e in batch]
                 if self._closed:
                     raise asyncio.CancelledError("staleness queue closed")
                 await self._cond.wait()
+
+    def return_batch(self) -> None:
+        """Undo the last hand-out: its groups are ready again (oldest admission first, before any
+        newer), its filtered positions pending again, its counters and histogram entries taken
+        back. For a batch whose train step never happened (interrupted by a stop) and before the
+        version moves; a checkpoint taken next keeps the groups. Synchronous, like ``snapshot``."""
+        h, self._handout = self._handout, None
+        if h is None:
+            raise RuntimeError("return_batch: no batch was handed out since the last return or version")
+        self._ready = sorted(h.batch + self._ready)
+        self._filtered = h.filtered + self._filtered
+        self.handed_filtered = []
+        self.short_batches -= h.short
+        if h.untrained:
+            self.untrained_groups -= len(h.batch)
+        else:
+            self.short_slots -= self.B - len(h.batch)
+        self.histogram.subtract(h.histogram)
+        self.histogram += Counter()  # drop the zero counts
 
     def _draws_spent(self) -> bool:
         """Dynamic sampling drew ``max_draws`` batches' worth of groups for this batch."""
@@ -193,6 +227,7 @@ class StalenessQueue:
         """The trainer finished a step and the engine serves ``version``: admit more."""
         async with self._cond:
             self.version = version
+            self._handout = None  # a trained batch is not given back
             self._cond.notify_all()
 
     async def close(self) -> None:

@@ -130,3 +130,41 @@ def test_batch_with_nothing_trainable_gives_its_slots_back():
         assert q.can_admit()
 
     asyncio.run(main())
+
+
+def test_a_returned_batch_is_handed_out_again_with_the_counters_undone():
+    """A stop interrupted the train step: ``return_batch`` puts the batch back as if it had never
+    been handed out (snapshot and metrics as before), and the next hand-out gives the same groups."""
+    from agentrl.trajectory import Outcome
+
+    def failed():
+        t = _traj([0, 0])
+        t.outcome = Outcome.ENGINE_ERROR
+        return t
+
+    async def main():
+        q = StalenessQueue(1, 2, keep=lambda g: len(g[0].token_ids) > 1, max_draws=2)
+        await q.put(await q.admit(), [_traj([0])], position=9)  # filtered: reported with the next batch
+        for pos in (10, 11, 12):
+            await q.put(await q.admit(), [_traj([0, 0])], position=pos)
+        snap, metrics, admits = q.snapshot(), q.metrics(), q.can_admit()
+        groups, positions = await q.get_batch_with_positions()
+        assert positions == [10, 11] and q.handed_filtered == [9] and q.metrics() != metrics
+        q.return_batch()
+        assert q.snapshot() == snap and q.metrics() == metrics and q.can_admit() == admits
+        assert q.handed_filtered == []
+        again, positions2 = await q.get_batch_with_positions()
+        assert positions2 == [10, 11] and again == groups and q.handed_filtered == [9]
+        await q.set_version(1)  # trained: there is nothing to give back any more
+        with pytest.raises(RuntimeError, match="no batch was handed out"):
+            q.return_batch()
+        # an untrainable batch (every episode failed) gave its slots back: returning takes them again
+        q2 = StalenessQueue(0, 1)
+        await q2.put(await q2.admit(), [failed()], position=0)
+        assert not q2.can_admit()
+        await q2.get_batch()
+        assert q2.can_admit() and q2.untrained_groups == 1
+        q2.return_batch()
+        assert not q2.can_admit() and q2.untrained_groups == 0
+
+    asyncio.run(main())

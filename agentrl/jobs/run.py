@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from agentrl.batches.rewards import KLController
 from agentrl.batches.samples import build_samples, trainable
 from agentrl.batches.staleness import StalenessQueue, dynamic_sampling_metrics
 from agentrl.common.faults import fault_point
+from agentrl.common.stoppable import unless_stopped
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig
 from agentrl.episodes.summary import rollout_stats
@@ -44,6 +46,7 @@ from agentrl.observe.monitors import Alert
 from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import TrajectoryLog, rollout_extra
 from agentrl.sandbox.slots import queue_summary, take_queue_waits
+from agentrl.trainer.trainer import StepInterrupted
 from agentrl.trajectory import Trajectory
 from agentrl.weights.drain import weight_update_gate
 
@@ -136,9 +139,11 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
         producer = None
         watch = self._watch()
         try:
-            self.first_eval = await self.evaluate(first=True)
-            self._log({"eval": self.first_eval}, display)
-            self._monitor(display)  # an eval's infrastructure failures, before any training
+            done, first_eval = await unless_stopped(self.evaluate(first=True), self._stop)
+            self.first_eval = first_eval if done else {}
+            if done:
+                self._log({"eval": self.first_eval}, display)
+                self._monitor(display)  # an eval's infrastructure failures, before any training
             if self.replay is None:
                 producer = asyncio.create_task(self._producer(queue, manager))
             while self.step < cfg.train.steps and self.stop_reason is None and self.paused is None:
@@ -150,8 +155,13 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
                 if self.step == first_step:
                     stop_if_all_failed((t for g in groups for t in g), "the first training step")
                 row = await self._train_step(queue, groups, positions, (t_start, t0, time.perf_counter()))
+                if row is None:  # a stop interrupted the step: its batch is back in the queue
+                    display.note(f"step {self.step + 1} not trained: stopped mid-step; its batch is kept for --resume")
+                    break
                 if self._eval_due():
-                    row["eval"] = await self.evaluate()
+                    done, ev = await unless_stopped(self.evaluate(), self._stop)  # a stop skips it
+                    if done:
+                        row["eval"] = ev
                 self._log(row, display)
                 if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                     self._checkpoint()
@@ -173,15 +183,22 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
 
     async def _train_step(
         self, queue: StalenessQueue, groups: list[list[Trajectory]], positions: list, times: tuple[float, ...]
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """Train on one batch: samples -> train_step -> weight sync -> the new version to the queue ->
         ledger, stream, trajectory log; the step's row. ``times``: when the run started, when the step
-        started waiting for the batch, when it got it (``time.perf_counter``)."""
+        started waiting for the batch, when it got it (``time.perf_counter``). None if a stop
+        interrupted the train step: nothing was trained and the batch is back in the queue, so the
+        checkpoint that follows keeps its episodes (exactly once)."""
         cfg, (t_start, t0, t_got) = self.cfg, times
         filtered = [p for p in queue.handed_filtered if p is not None] if self.replay is None else []
         samples, sstats = self._samples(groups)
+        try:
+            tm = await _train_interruptibly(self.trainer, samples, self._stop) if samples else {}
+        except StepInterrupted:
+            if self.replay is None:
+                queue.return_batch()
+            return None
         self.batched_episodes += sum(len(g) for g in groups)
-        tm = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
         if samples:
             self.kl.update(sstats.get("kl_in_reward/kl_mean"), len(samples))
         fault_point("after_train_step")
@@ -220,6 +237,17 @@ class Runner(RunControl, RunSetup, RunFeed, HeldOutEval, RunOutputs):
                 "elapsed_s": time.perf_counter() - t_start,
             },
         }
+
+
+async def _train_interruptibly(trainer: Any, samples: list, stop: asyncio.Event) -> dict[str, float]:
+    """``trainer.train_step`` in a thread; a stop requested meanwhile interrupts it at its next
+    micro-batch (StepInterrupted: nothing trained), so a stop never waits for a whole step."""
+    interrupt = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(trainer.train_step, samples, interrupt))
+    done, _ = await unless_stopped(asyncio.shield(work), stop)
+    if not done:
+        interrupt.set()
+    return await work
 
 
 def _as_samples(trajs: list[Trajectory]):

@@ -16,6 +16,7 @@ import asyncio
 
 from agentrl.batches.samples import has_signal
 from agentrl.batches.staleness import StalenessQueue
+from agentrl.common.stoppable import unless_stopped
 from agentrl.episodes.manager import EpisodeManager
 from agentrl.episodes.spec import make_specs
 
@@ -69,13 +70,6 @@ class RunFeed:
         """The next batch and its positions, or None if a stop was requested first."""
         if self.replay is not None:
             return self.replay.batch(self.step + 1)
-        get = asyncio.ensure_future(queue.get_batch_with_positions())
-        stop = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not get.done():
-                get.cancel()  # get_batch removes groups only when it returns: nothing is lost
-            await asyncio.gather(get, stop, return_exceptions=True)
-        return get.result() if not get.cancelled() else None
+        # get_batch removes groups only when it returns: a stop that cancels it loses nothing
+        done, got = await unless_stopped(queue.get_batch_with_positions(), self._stop)
+        return got if done else None

@@ -53,6 +53,68 @@ def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir,
     assert chk["steps"] == list(range(1, 7)) and chk["duplicates"] == [] and chk["lost"] == [], chk
 
 
+def test_a_stop_mid_step_interrupts_training_and_keeps_the_batch(tiny_model_dir, tmp_path):
+    """A stop while the trainer works on step 3 does not wait for the step: the train step gives up
+    at its next micro-batch, nothing is trained, and the checkpoint keeps step 3's batch, which the
+    resumed run trains as its step 3 (exactly once, no episode generated twice for it)."""
+    import threading
+
+    from agentrl.config.schema import load_config
+    from agentrl.jobs.run import Runner
+
+    out = tmp_path / "run"
+    sets = [
+        f"output_dir={out}",
+        f"model.path={tiny_model_dir}",
+        "env.id=concise",
+        "env.kwargs={n_turns: 1}",
+        "rollout.max_new_tokens=4",
+        "rollout.max_turns=1",
+        "rollout.score_truncated=true",
+        "rollout.group_size=2",
+        "train.groups_per_step=2",
+        "train.steps=5",
+        "train.max_staleness=0",
+        "eval.num_tasks=0",
+        "trainer.micro_batch_tokens=64",  # a sample per micro-batch: 4 per step
+        "logging.tensorboard=false",
+    ]
+    runner = Runner(load_config([], sets), progress=False)
+    waiting = threading.Event()
+
+    async def main():
+        task = asyncio.create_task(runner.run())
+        while getattr(runner, "trainer", None) is None:
+            await asyncio.sleep(0.01)
+        real = runner.trainer.train_step
+
+        def held(samples, interrupt):  # step 3 waits in the trainer's thread until the stop reaches it
+            if runner.step == 2:
+                waiting.set()
+                assert interrupt.wait(120), "the stop never reached the train step"
+            return real(samples, interrupt)
+
+        runner.trainer.train_step = held
+        while not waiting.is_set() and not task.done():
+            await asyncio.sleep(0.01)
+        runner.request_stop("test")
+        return await task
+
+    summary = asyncio.run(main())
+    assert summary["stopped"] == {"step": 2, "reason": "test"}
+    ckpt = out / "checkpoints" / "step_000002"
+    kept = [json.loads(x)["position"] for x in (ckpt / "rollouts.jsonl").read_text().splitlines()]
+    assert len(kept) >= 2, kept  # the interrupted batch (and anything finished beside it)
+    summary2 = asyncio.run(Runner(load_config([], sets + ["train.resume=true"]), progress=False).run())
+    assert summary2["steps"] == 5 and "stopped" not in summary2
+    from agentrl.batches.ledger import read_ledger
+
+    step3 = next(r for r in read_ledger(out) if r["step"] == 3)
+    assert step3["positions"] == kept[:2], (step3, kept)
+    chk = ledger_check(out)
+    assert chk["steps"] == list(range(1, 6)) and chk["duplicates"] == [] and chk["lost"] == [], chk
+
+
 def _sigterm_when(proc, run_dir, step, timeout_s=300, sig=signal.SIGTERM):
     import time
 

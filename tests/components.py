@@ -25,7 +25,7 @@ COMPONENTS = {
     "gvisor": "gVisor's runsc runtime registered with the Docker daemon and able to run here",
     "bwrap": "bubblewrap (bwrap) able to create namespaces here",
     "root": "running as root (dedicated sandbox uids, tmpfs work dirs, own pid namespaces)",
-    "sglang": "SGLang in its own virtualenv (.ci/install_sglang.sh)",
+    "sglang": "SGLang in its own virtualenv (agentrl setup sglang)",
     "ray": "Ray (pip install 'agentrl[ray]')",
     "chromium": "a headless Chromium for report screenshots",
     "verifiers": "verifiers in its own virtualenv (.ci/install_verifiers.sh)",

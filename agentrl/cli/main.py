@@ -368,6 +368,9 @@ app.command("report")(report_cmd)
 from agentrl.cli.doctor import doctor_cmd  # noqa: E402
 
 app.command("doctor")(doctor_cmd)
+from agentrl.cli.setup import app as setup_app  # noqa: E402
+
+app.add_typer(setup_app, name="setup")
 
 
 def main() -> None:

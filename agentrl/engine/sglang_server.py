@@ -10,7 +10,8 @@ Does not send generation requests or route between servers (``agentrl.engine.sgl
 
 Where SGLang is looked for, first hit wins:
 ``$AGENTRL_SGLANG_PYTHON`` (a python executable), ``$AGENTRL_CACHE/sglang-venv/bin/python`` (what
-``.ci/install_sglang.sh`` makes), then this interpreter if it can import ``sglang``.
+``agentrl setup sglang`` makes: ``agentrl.engine.sglang_install``), then this interpreter if it can import
+``sglang``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ from pathlib import Path
 import httpx
 
 from agentrl.common.ports import addr_in_use, free_port, listener_is_ours
+from agentrl.engine.sglang_install import SGLANG_VERSION as SGLANG_VERSION  # the pin, re-exported: it lives there
+from agentrl.engine.sglang_install import venv_python
 from agentrl.errors import EngineError
 
 log = logging.getLogger("agentrl.engine.sglang")
-
-#: The SGLang release agentrl is tested against (.ci/install_sglang.sh installs it).
-SGLANG_VERSION = "0.5.23"
 
 #: Flags that make SGLang run on a CPU (not an officially supported mode, so pinned here): the transformers model
 #: implementation (the
@@ -61,9 +61,7 @@ def sglang_python() -> str | None:
     env = os.environ.get("AGENTRL_SGLANG_PYTHON")
     if env:
         return env
-    from agentrl.common.paths import cache_dir
-
-    venv = cache_dir() / "sglang-venv" / "bin" / "python"
+    venv = venv_python()
     if venv.exists():
         return str(venv)
     if importlib.util.find_spec("sglang") is not None:
@@ -76,8 +74,8 @@ def unavailable_reason() -> str | None:
     py = sglang_python()
     if py is None:
         return (
-            "SGLang is not installed: run `bash .ci/install_sglang.sh` (makes $AGENTRL_CACHE/sglang-venv) "
-            "or set AGENTRL_SGLANG_PYTHON to a python that has sglang"
+            "SGLang is not installed: run `agentrl setup sglang` (installs the pinned release in "
+            "$AGENTRL_CACHE/sglang-venv) or set AGENTRL_SGLANG_PYTHON to a python that has sglang"
         )
     if not Path(py).exists():
         return f"AGENTRL_SGLANG_PYTHON={py} does not exist"

@@ -3,8 +3,8 @@
 Owns the checks (each a small function returning a :class:`Check`: a name, a status and one line of
 detail), printing them as a rich table or ``--json``, and ``--smoke``: a 2-step ``agentrl run`` of
 the chosen config (``-c``/``--set``) with tiny counts, in a child process with a deadline. The
-checks: python and torch, CUDA (devices, names, memory), NCCL, SGLang (installed, or the configured
-servers' versions), the Docker daemon, bubblewrap, the sandbox line a run would print, Ray (installed,
+checks: python and torch, CUDA (devices, names, memory), NCCL, SGLang (installed, the pinned release or not; or
+the configured servers' versions), the Docker daemon, bubblewrap, the sandbox line a run would print, Ray (installed,
 cluster reachable), the Hugging Face Hub (reachable, or offline; whether HF_TOKEN is set, never its
 value), the device and dtype a run would use, and a torchrun launch (which ``agentrl run`` refuses).
 
@@ -110,13 +110,6 @@ def _http_json(url: str) -> Any:
     return r.json()
 
 
-#: Finds the package and reads its version without importing it (an import takes ~25 s).
-_SGLANG_VERSION = (
-    "import importlib.metadata as m, importlib.util as u, sys\n"
-    "sys.exit('sglang not found') if u.find_spec('sglang') is None else print(m.version('sglang'))"
-)
-
-
 def check_sglang(cfg: Any) -> list[Check]:
     urls = list(getattr(cfg.engine, "urls", []) or [])
     if urls:
@@ -134,6 +127,7 @@ def check_sglang(cfg: Any) -> list[Check]:
             except Exception as e:  # noqa: BLE001
                 out.append(Check("sglang server", "warn", f"{u}: not answering ({type(e).__name__})"))
         return out
+    from agentrl.engine.sglang_install import SGLANG_VERSION, VERSION_PROBE
     from agentrl.engine.sglang_server import sglang_python, unavailable_reason
 
     reason = unavailable_reason()
@@ -141,7 +135,7 @@ def check_sglang(cfg: Any) -> list[Check]:
         return [Check("sglang", "no", reason)]
     py = sglang_python()
     try:
-        v = subprocess.run([py, "-c", _SGLANG_VERSION], capture_output=True, text=True, timeout=30)
+        v = subprocess.run([py, "-c", VERSION_PROBE], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return [Check("sglang", "warn", f"cannot run {py}: {type(e).__name__}")]
     if v.returncode != 0:
@@ -152,7 +146,16 @@ def check_sglang(cfg: Any) -> list[Check]:
                 f"{py} has no usable sglang package: {(v.stderr.strip().splitlines() or ['?'])[-1][:160]}",
             )
         ]
-    return [Check("sglang", "ok", f"sglang {v.stdout.strip()} installed ({py})")]
+    found = v.stdout.strip()
+    if found != SGLANG_VERSION:
+        return [
+            Check(
+                "sglang",
+                "warn",
+                f"sglang {found} installed ({py}); agentrl is tested with {SGLANG_VERSION}: run `agentrl setup sglang`",
+            )
+        ]
+    return [Check("sglang", "ok", f"sglang {found} installed ({py})")]
 
 
 def check_docker(cfg: Any) -> list[Check]:

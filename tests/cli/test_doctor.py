@@ -139,6 +139,26 @@ def test_configured_sglang_server_version():
     assert row.status == "warn" and "not answering" in row.detail
 
 
+def test_local_sglang_names_the_setup_command(tmp_path, monkeypatch):
+    """No SGLang: the row names `agentrl setup sglang`; a python whose sglang is not the pinned release: a warning
+    naming both versions. A shell script stands in for the virtualenv's python (it prints a version)."""
+    from agentrl.engine.sglang_install import SGLANG_VERSION
+
+    monkeypatch.delenv("AGENTRL_SGLANG_PYTHON", raising=False)
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)  # nor in this interpreter
+    (row,) = doctor.check_sglang(RunConfig())
+    assert row.status == "no" and "run `agentrl setup sglang`" in row.detail
+    fake = tmp_path / "python"
+    monkeypatch.setenv("AGENTRL_SGLANG_PYTHON", str(fake))
+    for version, status in ((SGLANG_VERSION, "ok"), ("0.4.0", "warn")):
+        fake.write_text(f"#!/bin/sh\necho {version}\n")
+        fake.chmod(0o755)
+        (row,) = doctor.check_sglang(RunConfig())
+        assert row.status == status and f"sglang {version} installed ({fake})" in row.detail
+    assert f"tested with {SGLANG_VERSION}: run `agentrl setup sglang`" in row.detail
+
+
 def test_ray_cluster_reachable_or_not(monkeypatch):
     pytest.importorskip("ray", reason=components.reason("ray", "ray is not installed (pip install 'agentrl[ray]')"))
     with socket.socket() as head:  # a listening socket stands in for the GCS port

@@ -240,6 +240,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--cv", type=float, default=1.0)
     ap.add_argument("--max-new", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a real model instead of the built-in shape (HF dir, GGUF file or Hub id, as --model of agentrl "
+        "run); --hidden/--layers/--heads/--intermediate are then ignored",
+    )
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -264,14 +270,19 @@ def main(argv=None) -> dict:
     reqs = workload(args)
     lens = [n for _, n in reqs]
     with tempfile.TemporaryDirectory() as tmp:  # kept while an SGLang server may read it
-        path = build_model(
-            Path(tmp) / "m",
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            num_heads=args.heads,
-            intermediate_size=args.intermediate,
-            max_position_embeddings=1024,
-        )
+        if args.model:
+            from agentrl.models.hub import resolve_model
+
+            path = resolve_model(args.model, what="--model")
+        else:
+            path = build_model(
+                Path(tmp) / "m",
+                hidden_size=args.hidden,
+                num_layers=args.layers,
+                num_heads=args.heads,
+                intermediate_size=args.intermediate,
+                max_position_embeddings=1024,
+            )
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
         if args.engine == "local":
             result = bench_static(args, model, reqs)
@@ -291,7 +302,9 @@ def main(argv=None) -> dict:
                     "max": max(lens),
                     "total": sum(lens),
                 },
-                "model": {
+                "model": {"path": str(path)}
+                if args.model
+                else {
                     "hidden": args.hidden,
                     "layers": args.layers,
                     "heads": args.heads,

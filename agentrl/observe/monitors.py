@@ -6,8 +6,11 @@ Owns four checks, each ``check(history, cfg) -> list[Alert]`` over the per-step 
 loop writes to ``metrics.jsonl`` (oldest first; missing keys are skipped, never guessed):
 
 - ``kl_spike``: the KL (to the reference when the run has one, ``train/kl``; else policy vs
-  behaviour, ``train/ppo_kl``) jumps above ``kl_spike_factor`` x its moving average while the reward
-  rises over the same window: the policy moved far, fast, and the reward liked it.
+  behaviour, ``train/ppo_kl``) stays above ``kl_spike_factor`` x its moving average (of the window
+  before the jump) for ``kl_spike_steps`` steps in a row while the reward rises over its mean of that
+  window: the policy moved far, fast, and the reward liked it. One step is not enough: healthy async
+  runs have one-step jumps of the policy-vs-behaviour KL (59x its average, to 0.036, in a default
+  run), and the reward is above its mean on about half of all steps. One alert per excursion.
 - ``diversity_collapse``: the share of distinct completions within groups
   (``rollout/distinct_frac``) or the trained tokens' entropy (``train/entropy``) is below
   ``collapse_ratio`` x its early level (median of the first ``window`` steps) while the reward's
@@ -51,10 +54,16 @@ class MonitorConfig:
     enabled: bool = doc(True, "Run the reward-hacking monitors every step (alerts go to the log and metrics).")
     window: int = doc(10, "Steps in the moving window the checks compare against.", min=2)
     kl_spike_factor: float = doc(4.0, "kl_spike: KL above this many times its moving average ...", min=1.0)
+    kl_spike_steps: int = doc(
+        2,
+        "... for this many steps in a row (a healthy default run has one-step jumps of train/ppo_kl to 59x "
+        "its average).",
+        min=1,
+    )
     kl_min: float = doc(
         0.01,
-        "... and above this absolute value: the per-step KL of the healthy default run stays "
-        "under 0.003, and many-fold jumps of such a tiny KL are noise.",
+        "... and above this absolute value: the per-step KL of the healthy default run has a median of "
+        "1.5e-4, and many-fold jumps of such a tiny KL are noise.",
         min=0.0,
     )
     collapse_ratio: float = doc(
@@ -124,20 +133,27 @@ def kl_spike(history: Sequence[Row], cfg: MonitorConfig) -> list[Alert]:
     kl = _series(history, key)
     reward = dict(_series(history, "rollout/reward_mean"))
     alerts = []
+    run, fired = 0, False  # steps in a row above the bound before this one; alerted in this excursion
     for i in range(cfg.window, len(kl)):
         step, value = kl[i]
-        past = [v for _, v in kl[i - cfg.window : i]]
-        avg = statistics.fmean(past)
+        start = i - run  # where the excursion began: compared with the window before it
+        before = kl[max(0, start - cfg.window) : start]
+        avg = statistics.fmean(v for _, v in before)
         if value <= cfg.kl_min or value <= cfg.kl_spike_factor * max(avg, 1e-12):
+            run, fired = 0, False
             continue
-        past_r = [reward[s] for s, _ in kl[i - cfg.window : i] if s in reward]
-        if step in reward and past_r and reward[step] > statistics.fmean(past_r):
+        run += 1
+        past_r = [reward[s] for s, _ in before if s in reward]
+        if fired or run < cfg.kl_spike_steps or step not in reward or not past_r:
+            continue
+        if reward[step] > statistics.fmean(past_r):
+            fired = True
             alerts.append(
                 Alert(
                     step,
                     "kl_spike",
                     f"{key}={value:.4g} is {value / max(avg, 1e-12):.1f}x its "
-                    f"{cfg.window}-step average ({avg:.3g}) while reward rose to "
+                    f"{cfg.window}-step average ({avg:.3g}) for {run} steps while reward rose to "
                     f"{reward[step]:.3f} (was {statistics.fmean(past_r):.3f})",
                 )
             )

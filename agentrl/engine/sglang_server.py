@@ -1,10 +1,11 @@
 """Launching and supervising one ``sglang.launch_server`` process.
 
-Owns: where SGLang's Python lives (it pins its own torch, so it sits in its own virtualenv), the
-pinned version, the launch flags (the CPU flags in ONE place), picking a free port (and starting
-again on a fresh one, a bounded number of times, when another program took it before the server
-bound it: ``agentrl.common.ports``), waiting until the server - this one, not another program on
-its port - answers ``/health``, killing (its whole process group) and restarting, and the
+Owns: where SGLang's Python lives (it pins its own torch, so it sits in its own virtualenv; the pinned
+version and the install are ``agentrl.engine.sglang_install``'s), the launch flags (the CPU flags in ONE
+place, and what SGLang must read otherwise in a model's config.json: :func:`config_overrides`), picking a
+free port (and starting again on a fresh one, a bounded number of times, when another program took it
+before the server bound it: ``agentrl.common.ports``), waiting until the server - this one, not another
+program on its port - answers ``/health``, killing (its whole process group) and restarting, and the
 server's log file (its tail goes into every error; agentrl's own notes are lines starting ``===``).
 Does not send generation requests or route between servers (``agentrl.engine.sglang``).
 
@@ -17,6 +18,7 @@ Where SGLang is looked for, first hit wins:
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -56,6 +58,28 @@ CPU_FLAGS = (
 )
 
 
+def config_overrides(model_path: str | Path) -> dict:
+    """Fields of ``model_path``'s ``config.json`` SGLang must read otherwise (its ``--json-model-override-args``;
+    the file is left alone), empty for almost every model.
+
+    A ``quantization_config`` naming ``gguf``: a model transformers loaded from a .gguf file carries it, and a
+    directory saved from it by hand (rebuilt from that config, given the dequantized weights) keeps it over plain
+    float safetensors. transformers ignores it there (the trainer and the local engine load the weights as they
+    are); SGLang takes it for GGUF-quantized weights, builds GGUF linear layers (``qweight``, no ``weight``) and
+    refuses the first plain weight: "No module or parameter named 'model.layers.0.mlp.down_proj.weight' in
+    TransformersForCausalLM". A directory cannot hold GGUF weights (SGLang reads those from a .gguf file only),
+    so the field is dropped: SGLang then serves the weights transformers reads. agentrl's own conversion
+    (``agentrl.models.gguf``) never writes it."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # SGLang says what is wrong with the file
+    quant = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "gguf":
+        return {"quantization_config": None}
+    return {}
+
+
 def sglang_python() -> str | None:
     """The python executable that can run ``sglang.launch_server``, or None."""
     env = os.environ.get("AGENTRL_SGLANG_PYTHON")
@@ -86,7 +110,8 @@ class SGLangServer:
     """One supervised SGLang server process.
 
     ``device="cpu"`` adds :data:`CPU_FLAGS`; ``max_total_tokens`` bounds the KV cache (without it
-    SGLang reserves most of the machine's memory on CPU). ``dtype`` is SGLang's ``--dtype``; the
+    SGLang reserves most of the machine's memory on CPU). The model's :func:`config_overrides` go in as
+    ``--json-model-override-args``. ``dtype`` is SGLang's ``--dtype``; the
     default (None) is ``float32`` on CPU, where SGLang's own default would serve an fp32 checkpoint in
     fp16 (behaviour logprobs then differ from an fp32 trainer's by ~2e-2 instead of ~1e-5), and
     SGLang's ``auto`` elsewhere. ``extra_args`` are appended verbatim. ``port`` None (or 0): a free
@@ -128,6 +153,13 @@ class SGLangServer:
         self.max_total_tokens, self.max_running_requests = max_total_tokens, max_running_requests
         self.dtype = dtype or ("float32" if device == "cpu" else "auto")
         self.extra_args = list(extra_args)
+        self.overrides = config_overrides(model_path)
+        if self.overrides:
+            log.info(
+                "%s/config.json declares GGUF quantization over plain safetensors weights: SGLang reads it without "
+                "quantization_config (--json-model-override-args), as transformers does",
+                self.model_path,
+            )
         self.python = python or sglang_python()
         self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"agentrl-sglang-{self.port}.log"
         self.startup_timeout_s = startup_timeout_s
@@ -169,6 +201,8 @@ class SGLangServer:
         ]
         if self.device == "cpu":
             cmd += CPU_FLAGS
+        if self.overrides:  # an --json-model-override-args of extra_args comes later and wins
+            cmd += ["--json-model-override-args", json.dumps(self.overrides)]
         return cmd + self.extra_args
 
     def alive(self) -> bool:

@@ -78,6 +78,8 @@ def test_conversion_is_a_plain_hf_directory_equal_to_the_gguf(tiny):
     assert out.parent.name == "gguf" and out.name == hashlib.sha256(src.read_bytes()).hexdigest()
     meta = json.loads((out / G.META).read_text())
     assert meta["sha256"] == out.name and meta["architecture"] == "llama"
+    # no quantization_config: SGLang would take the plain weights for GGUF blocks and refuse them (issue 32)
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
     assert meta["tensor_types"] == ["F32 x19", "Q8_0 x1"] and meta["chat_template"] is True
     ref = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(str(out))

@@ -129,7 +129,7 @@ def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_m
 
 
 def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
+    import agentrl.jobs.run.outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     # fake monitor (the checks themselves are tested in test_monitors.py): fires at step 2
@@ -148,7 +148,7 @@ def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_p
 
 
 def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
+    import agentrl.jobs.run.outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     firing = {2, 3, 4, 6}  # diversity_collapse on steps 2-4, then again at 6
@@ -255,7 +255,7 @@ def test_pause_on_infra_failures_stops_before_training_when_the_first_eval_fails
 
 
 def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
+    import agentrl.jobs.run.outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     def fake(history, cfg):

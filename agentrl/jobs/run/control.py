@@ -5,7 +5,7 @@ count restored afterwards), ``_attempt`` (a later attempt, after a lost Ray node
 newest checkpoint exactly once: ``_restart_state``), ``_watch`` (the backend's heartbeat: a lost node
 or actor cancels the attempt, which ends as that error) and ``request_stop`` (a graceful stop:
 checkpoint and return at the end of the current step; a second request cancels at once). Does not
-run steps (``agentrl.jobs.run``) or build pieces (``agentrl.jobs.run_setup``).
+run steps (``agentrl.jobs.run``) or build pieces (``agentrl.jobs.run.parts``).
 """
 
 from __future__ import annotations

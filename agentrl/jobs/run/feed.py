@@ -7,7 +7,7 @@ prompt position from the stream and runs its ``rollout.group_size`` episodes; th
 flight are kept for checkpoints; a proxy-mode episode whose agent rewrote its history adds all its
 trajectories) and ``_next_batch`` (the next batch from the queue, or from ``train.replay``; None
 when a stop is requested first). Does not train (``agentrl.jobs.run``) or checkpoint
-(``agentrl.jobs.run_outputs``).
+(``agentrl.jobs.run.outputs``).
 """
 
 from __future__ import annotations

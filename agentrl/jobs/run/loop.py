@@ -6,9 +6,9 @@ policy version to the queue -> ledger, prompt stream, trajectory log -> the step
 (rollout, train, credit, staleness, dynamic sampling, sandbox, agent proxy, times) -> eval,
 checkpoint and monitors when due; then the final eval, the last checkpoint and teardown. The
 pieces of the run live in mixins, one concept each: building, starting and releasing
-(``agentrl.jobs.run_setup``), attempts, heartbeat and graceful stop (``agentrl.jobs.run_control``),
-where batches come from (``agentrl.jobs.run_feed``: producer, staleness queue, ``train.replay``),
-held-out eval (``agentrl.jobs.run_eval``) and what the run writes (``agentrl.jobs.run_outputs``:
+(``agentrl.jobs.run.parts``), attempts, heartbeat and graceful stop (``agentrl.jobs.run.control``),
+where batches come from (``agentrl.jobs.run.feed``: producer, staleness queue, ``train.replay``),
+held-out eval (``agentrl.jobs.run.held_out``) and what the run writes (``agentrl.jobs.run.outputs``:
 metrics, alerts, exactly-once checkpoints for ``--resume``, summary, curves). The config is the
 run's plan (``agentrl.config.plan``: every check and auto field resolved there, written as
 config.yaml) and every piece comes from ``agentrl.jobs.build``; the loop talks to one backend
@@ -37,11 +37,11 @@ from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig
 from agentrl.episodes.summary import rollout_stats
 from agentrl.jobs.infra_stop import stop_if_all_failed
-from agentrl.jobs.run_control import RunControl
-from agentrl.jobs.run_eval import HeldOutEval
-from agentrl.jobs.run_feed import RunFeed
-from agentrl.jobs.run_outputs import RunOutputs
-from agentrl.jobs.run_setup import RunSetup
+from agentrl.jobs.run.control import RunControl
+from agentrl.jobs.run.feed import RunFeed
+from agentrl.jobs.run.held_out import HeldOutEval
+from agentrl.jobs.run.outputs import RunOutputs
+from agentrl.jobs.run.parts import RunSetup
 from agentrl.observe.monitors import Alert
 from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import TrajectoryLog, rollout_extra

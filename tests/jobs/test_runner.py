@@ -164,7 +164,7 @@ def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp
     display = type("D", (), {"note": lambda self, m: notes.append(m)})()
     for step in range(1, 8):
         r.history.append({"step": step})
-        assert r._monitor(display) is False
+        assert r.outputs.monitor(display) is False
     assert [n.split()[2] for n in notes] == ["2", "6"], notes
     assert [json.loads(line)["step"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] == [2, 3, 4, 6]
 
@@ -270,7 +270,7 @@ def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_d
     display = type("D", (), {"note": lambda self, m: notes.append(m)})()
     for step in range(1, 5):
         r.history.append({"step": step})
-        r._monitor(display)
+        r.outputs.monitor(display)
     assert [(n.split()[2], n.split()[4]) for n in notes] == [("1", "rollout:"), ("2", "eval:")], notes
     assert notes[0].startswith("[red]infra[/]")
 

@@ -128,12 +128,13 @@ class LatencyRunner(Runner):
         from agentrl.episodes.manager import EpisodeManager
 
         super()._setup()
-        self.engine = LatencyEngine(self.engine, **self.latency)
+        parts = self.parts
+        parts.engine = LatencyEngine(parts.engine, **self.latency)
         # the backend's manager was built on the bare engine: training episodes must see the delays
-        self.backend.episodes = EpisodeManager(
-            self.engine, self.make_env, self.tokenizer, self.cfg.rollout, env_id=self.cfg.env.id
+        parts.backend.episodes = EpisodeManager(
+            parts.engine, parts.make_env, parts.tokenizer, self.cfg.rollout, env_id=self.cfg.env.id
         )
-        self.trajectory_log = _GroupRecorder(self.trajectory_log, self.group_durations)
+        self.outputs.trajectory_log = _GroupRecorder(self.outputs.trajectory_log, self.group_durations)
 
     async def evaluate(self, first: bool = False) -> dict[str, float]:
         from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
@@ -142,7 +143,7 @@ class LatencyRunner(Runner):
         if n <= 0 or (first and not self.eval_at_start):
             return {}
         rcfg = dataclasses.replace(self.cfg.rollout, temperature=self.cfg.eval.temperature, group_size=1)
-        mgr = EpisodeManager(self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id)
+        mgr = EpisodeManager(self.engine, self.parts.make_eval_env, self.parts.tokenizer, rcfg, env_id=self.cfg.env.id)
         specs = [EpisodeSpec(f"eval-{i}", 0, 10_000_019 + i, sampling_seed=i) for i in range(n)]
         self.engine.enabled = False
         try:

@@ -160,7 +160,7 @@ def turn_scores(groups, env) -> dict[str, float]:
 
 def run_one(model: Path, mode: str, seed: int, args, out_root: Path) -> dict:
     """One training run of arm ``mode``; its per-step rollout reward, turns per episode and turn scores."""
-    import agentrl.jobs.run as runner_mod
+    import agentrl.jobs.run.loop as runner_mod  # rollout_stats is looked up there
     from agentrl.config.schema import load_config
     from agentrl.envs.concise import ConciseEnv
 

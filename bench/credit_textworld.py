@@ -229,7 +229,7 @@ def start_success(model: str, args) -> dict:
     from agentrl.episodes.config import RolloutConfig
     from agentrl.episodes.manager import EpisodeManager
     from agentrl.episodes.summary import eval_stats
-    from agentrl.jobs.run_eval import eval_specs, per_task
+    from agentrl.jobs.run.held_out import eval_specs, per_task
     from agentrl.warmstart.default_model import resolve_model_path
 
     path = resolve_model_path(model)

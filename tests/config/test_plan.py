@@ -74,7 +74,7 @@ def _printed(job, sets, out):
 def _job(job, sets, out, monkeypatch):
     """Run `agentrl JOB` through the CLI, stopped at the model; (exit code, output, written config)."""
     import agentrl.jobs.rollout as rollout_mod
-    import agentrl.jobs.run_setup as run_mod  # where the run builds its pieces
+    import agentrl.jobs.run.parts as run_mod  # where the run builds its pieces
 
     monkeypatch.setattr(run_mod if job == "run" else rollout_mod, "model_dir", _stop)
     monkeypatch.setattr(run_mod, "env_factory", lambda cfg: _stop())  # run: nothing is built either

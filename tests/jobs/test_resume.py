@@ -293,7 +293,7 @@ def test_dropped_and_in_flight_prompts_run_again_exactly_once_after_a_resume(tin
 
 
 def test_a_prompt_always_too_stale_is_abandoned_not_rerun_for_ever(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_feed as runner_mod  # the producer makes the specs there
+    import agentrl.jobs.run.feed as runner_mod  # the producer makes the specs there
     from agentrl.config.schema import load_config
     from agentrl.jobs.run import Runner
 

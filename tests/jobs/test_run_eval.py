@@ -1,10 +1,10 @@
-"""The held-out eval's counting (agentrl.jobs.run_eval): one trajectory per task, whatever the episode
+"""The held-out eval's counting (agentrl.jobs.run.held_out): one trajectory per task, whatever the episode
 manager returned. The eval through the agent program end to end: tests/agents/test_proxy_run.py."""
 
 from dataclasses import replace
 
 from agentrl.episodes.summary import eval_stats
-from agentrl.jobs.run_eval import eval_specs, per_task
+from agentrl.jobs.run.held_out import eval_specs, per_task
 from agentrl.trajectory import Outcome, Trajectory
 
 

@@ -129,7 +129,7 @@ def test_run_saves_trajectories_with_advantages_and_the_report_reads_them(tiny_m
 
 
 def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
+    import agentrl.jobs.run.outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     # fake monitor (the checks themselves are tested in test_monitors.py): fires at step 2
@@ -148,7 +148,7 @@ def test_a_monitor_alert_in_pause_on_checkpoints_and_stops(tiny_model_dir, tmp_p
 
 
 def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
+    import agentrl.jobs.run.outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     firing = {2, 3, 4, 6}  # diversity_collapse on steps 2-4, then again at 6
@@ -164,7 +164,7 @@ def test_a_lasting_alert_is_shown_once_and_logged_every_step(tiny_model_dir, tmp
     display = type("D", (), {"note": lambda self, m: notes.append(m)})()
     for step in range(1, 8):
         r.history.append({"step": step})
-        assert r._monitor(display) is False
+        assert r.outputs.monitor(display) is False
     assert [n.split()[2] for n in notes] == ["2", "6"], notes
     assert [json.loads(line)["step"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] == [2, 3, 4, 6]
 
@@ -255,7 +255,7 @@ def test_pause_on_infra_failures_stops_before_training_when_the_first_eval_fails
 
 
 def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_dir, tmp_path, monkeypatch):
-    import agentrl.jobs.run_outputs as runner_mod  # the monitors run there
+    import agentrl.jobs.run.outputs as runner_mod  # the monitors run there
     from agentrl.observe.monitors import Alert
 
     def fake(history, cfg):
@@ -270,7 +270,7 @@ def test_infra_alerts_of_the_rollouts_and_of_an_eval_are_each_shown(tiny_model_d
     display = type("D", (), {"note": lambda self, m: notes.append(m)})()
     for step in range(1, 5):
         r.history.append({"step": step})
-        r._monitor(display)
+        r.outputs.monitor(display)
     assert [(n.split()[2], n.split()[4]) for n in notes] == [("1", "rollout:"), ("2", "eval:")], notes
     assert notes[0].startswith("[red]infra[/]")
 

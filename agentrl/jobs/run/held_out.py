@@ -1,8 +1,8 @@
-"""Held-out evaluation of one ``agentrl run`` (a mixin of ``Runner``).
+"""Held-out evaluation of one ``agentrl run``: :class:`HeldOutEval`.
 
 Owns: ``evaluate`` (``eval.num_tasks`` held-out tasks, one episode each at ``eval.temperature``, on
 the eval env; the row every eval reports: every task in the solve rate's denominator,
-infrastructure failures counted beside it) and ``_eval_due`` (``eval.every`` steps, except the last
+infrastructure failures counted beside it) and ``due`` (``eval.every`` steps, except the last
 step, whose eval is the final one). The run's loop calls it at the start (``first``: an eval where
 every episode failed alike stops the run), every ``eval.every`` steps and at the end.
 
@@ -13,20 +13,27 @@ would measure another agent, and an env scored by the program's own result, such
 could not be scored at all). An agent that rewrote its history yields several trajectories per
 episode; the eval counts each task once, by its episode's last trajectory (which carries the
 episode's outcome and reward; a task with none is an infrastructure failure: :func:`per_task`), and
-adds its agents' counters (``agent/...``) to the row. Does not
-decide what a failure is (``agentrl.episodes.summary``).
+adds its agents' counters (``agent/...``) to the row. Does not decide what a failure is
+(``agentrl.episodes.summary``), build the engine or the eval env (``agentrl.jobs.run.parts``) or
+decide when an eval runs (``agentrl.jobs.run.loop``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from agentrl.agents.runner import proxy_runner_of
 from agentrl.episodes.manager import EpisodeManager
 from agentrl.episodes.spec import EpisodeSpec
 from agentrl.episodes.summary import eval_stats
 from agentrl.jobs.infra_stop import stop_if_all_failed
 from agentrl.trajectory import Outcome, Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.agents.runner import ProxyRunner
+    from agentrl.config.schema import RunConfig
+    from agentrl.engine.base import Engine
 
 #: Task seeds of the held-out eval: far from the training stream's, the same in every eval of a run.
 EVAL_SEED_BASE = 10_000_019
@@ -59,19 +66,22 @@ def _lost(spec: EpisodeSpec, env_id: str) -> Trajectory:
 
 
 class HeldOutEval:
-    """Held-out eval of ``Runner`` (uses ``cfg``, ``engine``, ``make_eval_env``, ``tokenizer``,
-    ``backend``, ``step``)."""
+    """Held-out eval of one attempt of a run, on the run's ``engine`` with the eval env
+    (``make_env``) and ``tokenizer``; ``proxy``: the training episodes' agent runner in proxy mode
+    (the eval runs a sibling of it: same program and endpoint, own counters), or None."""
+
+    def __init__(
+        self, cfg: RunConfig, *, engine: Engine, make_env: Callable[..., Any], tokenizer: Any, proxy: ProxyRunner | None
+    ) -> None:
+        self.cfg, self.engine, self.make_env, self.tokenizer, self.proxy = cfg, engine, make_env, tokenizer, proxy
 
     async def evaluate(self, first: bool = False) -> dict[str, float]:
         ev = self.cfg.eval
         if ev.num_tasks <= 0:
             return {}
         rcfg = dataclasses.replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
-        proxy = proxy_runner_of(self.backend.episodes)
-        agent = proxy.sibling() if proxy is not None else None  # same program and endpoint, own counters
-        mgr = EpisodeManager(
-            self.engine, self.make_eval_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, runner=agent
-        )
+        agent = self.proxy.sibling() if self.proxy is not None else None  # same program and endpoint, own counters
+        mgr = EpisodeManager(self.engine, self.make_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, runner=agent)
         specs = eval_specs(ev.num_tasks)
         trajs = per_task(specs, await mgr.collect(specs), self.cfg.env.id)
         if first:  # an eval where everything failed alike means nothing here can work: stop now
@@ -81,7 +91,7 @@ class HeldOutEval:
             stats.update({f"agent/{k}": v for k, v in agent.totals().items()})
         return stats
 
-    def _eval_due(self) -> bool:
-        """An eval after this step: every ``eval.every`` steps, but not after the last (the final eval)."""
+    def due(self, step: int) -> bool:
+        """An eval after step ``step``: every ``eval.every`` steps, but not after the last (the final eval)."""
         every = self.cfg.eval.every
-        return bool(every) and self.step % every == 0 and self.step < self.cfg.train.steps
+        return bool(every) and step % every == 0 and step < self.cfg.train.steps

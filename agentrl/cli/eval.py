@@ -11,6 +11,8 @@ stops here with one error, before any episode.
 seed and concurrency). Each setting is its flag when given, else the config field when a file or
 ``--set`` names it, else this command's own default (1024 tokens a turn, 8 in flight, the env's
 ``max_turns`` hint, the provider's temperature). ``--env-arg`` items merge over ``env.kwargs``.
+``--attempts`` (``eval.attempts``, default 1) runs each task that many times and adds pass@1..N and
+avg@N to the table.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ FIELDS = {
     "episode_timeout_s": ("rollout.episode_timeout_s", 1800.0),
     "seed": ("rollout.seed", 0),
     "score_truncated": ("rollout.score_truncated", False),
+    "attempts": ("eval.attempts", 1),
 }
 
 
@@ -69,7 +72,13 @@ def eval_cmd(
         help="Read the API key from this environment variable (default: the provider's own, e.g. OPENAI_API_KEY; "
         "an --api-base on this machine needs none).",
     ),
-    n: int = typer.Option(8, "--num-episodes", "-n", help="Episodes (one task each)."),
+    n: int = typer.Option(8, "--num-episodes", "-n", help="Tasks (one episode each, or --attempts each)."),
+    attempts: int | None = typer.Option(
+        None,
+        "--attempts",
+        help="Attempts per task (eval.attempts; default 1): above 1 the table adds pass@1..N (unbiased "
+        "estimator) and avg@N, an infrastructure failure counting as an unsolved attempt.",
+    ),
     out: str = typer.Option(
         "runs/eval/episodes.jsonl",
         "--out",
@@ -132,7 +141,8 @@ def eval_cmd(
 
     def progress(ep) -> None:
         if show:
-            console.print(f"episode {ep.index}: {ep.outcome} reward={ep.reward:g} turns={ep.turns}", highlight=False)
+            which = f"episode {ep.index}" + (f" attempt {ep.attempt}" if s["attempts"] > 1 else "")
+            console.print(f"{which}: {ep.outcome} reward={ep.reward:g} turns={ep.turns}", highlight=False)
 
     try:
         s = settings(
@@ -146,6 +156,7 @@ def eval_cmd(
             episode_timeout_s=episode_timeout_s,
             seed=seed,
             score_truncated=score_truncated,
+            attempts=attempts,
         )
         env = s["env"]
         params = {"max_tokens": s["max_tokens"], **_pairs(sampling, "--sampling")}
@@ -176,10 +187,12 @@ def eval_cmd(
                 min_reward=min_reward,
                 out=out,
                 on_episode=progress,
+                attempts=s["attempts"],
             )
         )
     except AgentRLError as e:
         fail(e)
+    tries = summary.get("attempts", 1)
     tab = Table(title=f"agentrl eval: {env} / {model}")
     tab.add_column("metric")
     tab.add_column("value", justify="right")
@@ -198,6 +211,11 @@ def eval_cmd(
     ):
         v = summary[key]
         tab.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+        if key == "episodes" and tries > 1:
+            tab.add_row("tasks x attempts", f"{summary['tasks']} x {tries}")
+        if key == "solve_rate" and tries > 1:
+            for k in [*(f"pass@{k}" for k in range(1, tries + 1)), f"avg@{tries}"]:
+                tab.add_row(k, f"{summary[k]:.3f}")
     tab.add_row("outcomes", ", ".join(f"{k}={v}" for k, v in sorted(summary["outcomes"].items())))
     console.print(tab)
     files = summary["files"]

@@ -289,6 +289,13 @@ class EvalConfig:
     every: int = doc(40, "Evaluate every N steps (and always before the first and after the last).", min=0)
     temperature: float = doc(1.0, "Sampling temperature for evaluation (0 = greedy).", min=0.0)
     env_kwargs: dict = doc({"split": "eval"}, "Env kwargs overriding env.kwargs for evaluation (held-out split).")
+    attempts: int = doc(
+        1,
+        "`agentrl eval` only: attempts per task (--attempts); above 1 it reports pass@1..N (the unbiased "
+        "estimator) and avg@N, an attempt that failed for an infrastructure reason counting as unsolved. "
+        "The held-out eval of `agentrl run` makes one attempt per task.",
+        min=1,
+    )
 
 
 @dataclass

@@ -20,6 +20,12 @@ Files (``out`` = ``X.jsonl``):
 * ``X.episodes.jsonl`` — every episode: task, outcome, detail, reward, turns, usage, messages;
 * ``X.summary.json`` — the summary ``run_eval`` returns (model, endpoint without credentials).
 
+Attempts: with ``attempts`` N > 1 every task runs N times (the same task seed; the API's sampling
+makes them differ), episode ``index`` naming the task and ``attempt`` the try; the summary adds
+``tasks``, ``attempts``, ``pass@1`` .. ``pass@N`` (``agentrl.episodes.pass_at_k``) and ``avg@N``. Every
+rate is over tasks x attempts with an infrastructure failure counted as an unsolved attempt, and
+``infra_failures`` counts those attempts (``episodes`` = tasks x attempts is their denominator).
+
 Every line is passed through ``llm_api.redact`` before it is written (no environment secret lands
 in these files even if an env or tool were to echo one).
 
@@ -38,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.common.llm_api import ApiClient, ChatReply, public_url, redact
-from agentrl.episodes.summary import End
+from agentrl.episodes.pass_at_k import pass_at_k_rates
+from agentrl.episodes.summary import End, is_solved
 from agentrl.episodes.summary import summarize as summarize_ends
 from agentrl.errors import ConfigError, EpisodeError
 from agentrl.tools.calls import get_parser
@@ -61,6 +68,7 @@ class ApiEpisode:
     wall_s: float = 0.0
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] = field(default_factory=list)
+    attempt: int = 0  # which of the task's attempts (0 .. attempts-1); index names the task
 
     def chat_row(self) -> dict:
         row: dict[str, Any] = {"messages": self.messages}
@@ -221,6 +229,16 @@ def summarize(episodes: list[ApiEpisode]) -> dict[str, Any]:
     }
 
 
+def attempt_rates(episodes: list[ApiEpisode], attempts: int) -> dict[str, Any]:
+    """``tasks``, ``attempts`` and :func:`~agentrl.episodes.pass_at_k.pass_at_k_rates` of episodes
+    grouped by task (``index``), each task's solved attempts counted with ``is_solved`` (an
+    infrastructure failure is an attempt, unsolved)."""
+    solved: dict[int, int] = {}
+    for e in episodes:
+        solved[e.index] = solved.get(e.index, 0) + is_solved(e.outcome, e.reward)
+    return {"tasks": len(solved), "attempts": attempts, **pass_at_k_rates(list(solved.values()), attempts)}
+
+
 def _public(obj: Any) -> Any:
     """``obj`` with every ``api_base`` (a judge's, in env kwargs) stripped of credentials."""
     if isinstance(obj, dict):
@@ -251,14 +269,18 @@ async def run_eval(
     min_reward: float | None = None,
     out: str | Path | None = None,
     on_episode: Callable[[ApiEpisode], None] | None = None,
+    attempts: int = 1,
 ) -> dict[str, Any]:
-    """Run ``n`` episodes of ``env_id`` (tasks chosen by ``seed`` as ``agentrl rollout`` chooses them)
-    with at most ``concurrency`` in flight; write the files (module docstring) as episodes finish."""
+    """Run ``attempts`` episodes of each of ``n`` tasks of ``env_id`` (chosen by ``seed`` as ``agentrl
+    rollout`` chooses them) with at most ``concurrency`` in flight; write the files (module docstring)
+    as episodes finish."""
     from agentrl.envs.registry import make, spec
     from agentrl.episodes.manager import make_specs
 
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n (episodes) must be an int >= 1, got {n!r}")
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+        raise ConfigError(f"attempts (per task) must be an int >= 1, got {attempts!r}")
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
     env_kwargs = dict(env_kwargs or {})
@@ -271,13 +293,14 @@ async def run_eval(
         paths[0].parent.mkdir(parents=True, exist_ok=True)
         files = [open(paths[0], "w", encoding="utf-8"), open(paths[1], "w", encoding="utf-8")]
     episodes: list[ApiEpisode] = []
-    queue = iter(enumerate(specs))
+    # attempt-major: every task's first attempt before any second one (an early stop still covers the tasks)
+    queue = iter((i, a, s) for a in range(attempts) for i, s in enumerate(specs))
     t0 = time.perf_counter()
 
-    async def one(i: int, task_seed: int) -> ApiEpisode:
+    async def one(i: int, attempt: int, task_seed: int) -> ApiEpisode:
         try:
             async with asyncio.timeout(episode_timeout_s):
-                return await run_api_episode(
+                ep = await run_api_episode(
                     client,
                     lambda: make(env_id, **env_kwargs),
                     i,
@@ -286,16 +309,18 @@ async def run_eval(
                     score_truncated=score_truncated,
                 )
         except TimeoutError:
-            return ApiEpisode(
+            ep = ApiEpisode(
                 index=i,
                 task_seed=task_seed,
                 outcome=Outcome.DEADLINE.value,
                 detail=f"episode passed its {episode_timeout_s:g} s deadline",
             )
+        ep.attempt = attempt
+        return ep
 
     async def worker() -> None:
-        for i, s in queue:
-            ep = await one(i, s.task_seed)
+        for i, a, s in queue:
+            ep = await one(i, a, s.task_seed)
             episodes.append(ep)
             if files:
                 keep = ep.outcome == Outcome.OK.value and (min_reward is None or ep.reward >= min_reward)
@@ -308,11 +333,11 @@ async def run_eval(
                 on_episode(ep)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, n * attempts))))
     finally:
         for fh in files:
             fh.close()
-    episodes.sort(key=lambda e: e.index)
+    episodes.sort(key=lambda e: (e.index, e.attempt))
     summary = {
         "env": env_id,
         "env_kwargs": _public(env_kwargs),
@@ -320,6 +345,7 @@ async def run_eval(
         "seed": seed,
         "max_turns": max_turns,
         **summarize(episodes),
+        **(attempt_rates(episodes, attempts) if attempts > 1 else {}),
         "wall_s": time.perf_counter() - t0,
         "chat_rows": sum(
             e.outcome == Outcome.OK.value and (min_reward is None or e.reward >= min_reward) for e in episodes

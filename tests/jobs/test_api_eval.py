@@ -334,3 +334,72 @@ def test_only_transient_errors_are_retried(key):
         with pytest.raises(EngineError, match=r"after 1 attempt\(s\) \(not a transient error: not retried\)"):
             asyncio.run(client.chat([{"role": "user", "content": "x"}]))
     assert len(srv.requests) == 1
+
+
+# ------------------------------------------------------------------ attempts: pass@k
+class SayYesEnv(AgentEnv):
+    """One turn: reward 1 when the reply says yes."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        msgs = [{"role": "user", "content": "Say yes."}]
+        return join_messages(msgs), {"messages": msgs, "tools": [], "task": {"id": seed}}
+
+    def step(self, action):
+        return "", float("yes" in action), True, False, {"messages": [], "tool_stats": new_stats()}
+
+
+agentrl.register("test/SayYes-v0", entry_point=SayYesEnv, override=True)
+
+
+def test_eval_command_attempts_report_pass_at_k(tmp_path):
+    """3 tasks x 3 attempts, one at a time, attempt-major (t0 t1 t2, t0 t1 t2, t0 t1 t2). Solved:
+    t0 none (one of its attempts a 400: engine_error, an unsolved attempt), t1 once, t2 every time.
+      pass@1 = (0 + 1/3 + 1) / 3 = 4/9 = 0.444
+      pass@2 = (0 + (1 - C(2,2)/C(3,2)) + 1) / 3 = (0 + 2/3 + 1) / 3 = 5/9 = 0.556
+      pass@3 = (0 + 1 + 1) / 3 = 2/3 = 0.667
+      avg@3 = 4 solved / 9 attempts = 0.444, infra_failures 1 of 9"""
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+
+    no, yes = {"content": "no"}, {"content": "yes"}
+    script = [no, no, yes, 400, yes, yes, no, no, yes]
+    out = tmp_path / "yes.jsonl"
+    with ScriptedOpenAI(script, repeat_last=False) as srv:
+        res = CliRunner().invoke(
+            app,
+            ["eval", "--env", "test/SayYes-v0", "--model", "openai/scripted", "--api-base", srv.url]
+            + ["-n", "3", "--attempts", "3", "--concurrency", "1", "--retries", "0", "--out", str(out), "-q"],
+        )
+    assert res.exit_code == 0, res.output
+    assert len(srv.requests) == 9
+    s = json.loads(out.with_name("yes.summary.json").read_text())
+    assert (s["tasks"], s["attempts"], s["episodes"], s["infra_failures"]) == (3, 3, 9, 1)
+    assert [s["pass@1"], s["pass@2"], s["pass@3"], s["avg@3"]] == pytest.approx([4 / 9, 5 / 9, 2 / 3, 4 / 9])
+    assert s["solve_rate"] == pytest.approx(4 / 9) and s["infra_failure_rate"] == pytest.approx(1 / 9)
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in res.output.splitlines() if "│" in line}
+    assert (rows["pass@1"], rows["pass@2"], rows["pass@3"], rows["avg@3"]) == ("0.444", "0.556", "0.667", "0.444")
+    assert rows["tasks x attempts"] == "3 x 3" and rows["infra_failures"] == "1" and rows["episodes"] == "9"
+    eps = [json.loads(line) for line in out.with_name("yes.episodes.jsonl").read_text().splitlines()]
+    assert sorted((e["index"], e["attempt"]) for e in eps) == [(i, a) for i in range(3) for a in range(3)]
+    assert {(e["index"], e["attempt"]) for e in eps if e["outcome"] == "engine_error"} == {(0, 1)}
+    assert len({e["task_seed"] for e in eps if e["index"] == 1}) == 1  # every attempt of a task is the same task
+
+
+def test_eval_command_one_attempt_adds_no_pass_at_k(tmp_path):
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+
+    out = tmp_path / "one.jsonl"
+    with ScriptedOpenAI([{"content": "yes"}]) as srv:
+        res = CliRunner().invoke(
+            app,
+            ["eval", "--env", "test/SayYes-v0", "--model", "openai/scripted", "--api-base", srv.url]
+            + ["-n", "2", "--out", str(out), "-q"],
+        )
+    assert res.exit_code == 0, res.output
+    s = json.loads(out.with_name("one.summary.json").read_text())
+    assert s["episodes"] == 2 and s["solve_rate"] == 1.0 and not any(k.startswith(("pass@", "avg@")) for k in s)
+    assert "pass@" not in res.output and "attempts" not in s

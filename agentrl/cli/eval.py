@@ -13,6 +13,10 @@ seed and concurrency). Each setting is its flag when given, else the config fiel
 ``max_turns`` hint, the provider's temperature). ``--env-arg`` items merge over ``env.kwargs``.
 ``--attempts`` (``eval.attempts``, default 1) runs each task that many times and adds pass@1..N and
 avg@N to the table.
+
+An eval in which every episode failed for an infrastructure reason (the endpoint down, a broken env)
+is not a result: after writing its files it ends with one error line naming the outcome and the first
+episode's detail, and exits 2 like every ``AgentRLError`` (``agentrl.cli.errors``).
 """
 
 from __future__ import annotations
@@ -188,6 +192,7 @@ def eval_cmd(
                 out=out,
                 on_episode=progress,
                 attempts=s["attempts"],
+                stop_if_all_failed=True,
             )
         )
     except AgentRLError as e:

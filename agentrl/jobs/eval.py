@@ -24,7 +24,9 @@ Attempts: with ``attempts`` N > 1 every task runs N times (the same task seed; t
 makes them differ), episode ``index`` naming the task and ``attempt`` the try; the summary adds
 ``tasks``, ``attempts``, ``pass@1`` .. ``pass@N`` (``agentrl.episodes.pass_at_k``) and ``avg@N``. Every
 rate is over tasks x attempts with an infrastructure failure counted as an unsolved attempt, and
-``infra_failures`` counts those attempts (``episodes`` = tasks x attempts is their denominator).
+``infra_failures`` counts those attempts (``episodes`` = tasks x attempts is their denominator). With
+``stop_if_all_failed`` an eval whose every episode ended with an infrastructure outcome raises
+``InfraFailureError`` (after the files are written) instead of passing for a result.
 
 Every line is passed through ``llm_api.redact`` before it is written (no environment secret lands
 in these files even if an env or tool were to echo one).
@@ -47,7 +49,7 @@ from agentrl.common.llm_api import ApiClient, ChatReply, public_url, redact
 from agentrl.episodes.pass_at_k import pass_at_k_rates
 from agentrl.episodes.summary import End, is_solved
 from agentrl.episodes.summary import summarize as summarize_ends
-from agentrl.errors import ConfigError, EpisodeError
+from agentrl.errors import ConfigError, EpisodeError, InfraFailureError
 from agentrl.tools.calls import get_parser
 from agentrl.trajectory import Outcome, json_text
 
@@ -239,6 +241,21 @@ def attempt_rates(episodes: list[ApiEpisode], attempts: int) -> dict[str, Any]:
     return {"tasks": len(solved), "attempts": attempts, **pass_at_k_rates(list(solved.values()), attempts)}
 
 
+def all_failed(episodes: list[ApiEpisode]) -> str | None:
+    """Why every episode failed for an infrastructure reason (the outcomes, the first detail), or None
+    when at least one ended with a trainable outcome (or there are none)."""
+    if not episodes or any(Outcome(e.outcome).trainable for e in episodes):
+        return None
+    counts: dict[str, int] = {}
+    for e in episodes:
+        counts[e.outcome] = counts.get(e.outcome, 0) + 1
+    which = ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    detail = next((e.detail for e in episodes if e.detail), "")
+    example = " ".join(detail.split())[:300] or "no detail recorded"
+    ended = f"ended {next(iter(counts))}" if len(counts) == 1 else f"failed for an infrastructure reason ({which})"
+    return f"every one of the {len(episodes)} episodes {ended}: {example}"
+
+
 def _public(obj: Any) -> Any:
     """``obj`` with every ``api_base`` (a judge's, in env kwargs) stripped of credentials."""
     if isinstance(obj, dict):
@@ -270,10 +287,12 @@ async def run_eval(
     out: str | Path | None = None,
     on_episode: Callable[[ApiEpisode], None] | None = None,
     attempts: int = 1,
+    stop_if_all_failed: bool = False,
 ) -> dict[str, Any]:
     """Run ``attempts`` episodes of each of ``n`` tasks of ``env_id`` (chosen by ``seed`` as ``agentrl
     rollout`` chooses them) with at most ``concurrency`` in flight; write the files (module docstring)
-    as episodes finish."""
+    as episodes finish. ``stop_if_all_failed``: InfraFailureError when every episode failed for an
+    infrastructure reason."""
     from agentrl.envs.registry import make, spec
     from agentrl.episodes.manager import make_specs
 
@@ -354,4 +373,7 @@ async def run_eval(
     if paths:
         summary["files"] = {"chat": str(paths[0]), "episodes": str(paths[1]), "summary": str(paths[2])}
         paths[2].write_text(redact(json.dumps(summary, indent=2, default=str)))
+    why = all_failed(episodes) if stop_if_all_failed else None
+    if why:
+        raise InfraFailureError(f"eval of {env_id} with {client.model}: {why} (nothing was measured)")
     return summary

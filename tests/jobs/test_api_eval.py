@@ -336,7 +336,7 @@ def test_only_transient_errors_are_retried(key):
     assert len(srv.requests) == 1
 
 
-# ------------------------------------------------------------------ attempts: pass@k
+# ------------------------------------------------------------------ attempts: pass@k, and an eval that measured nothing
 class SayYesEnv(AgentEnv):
     """One turn: reward 1 when the reply says yes."""
 
@@ -403,3 +403,27 @@ def test_eval_command_one_attempt_adds_no_pass_at_k(tmp_path):
     s = json.loads(out.with_name("one.summary.json").read_text())
     assert s["episodes"] == 2 and s["solve_rate"] == 1.0 and not any(k.startswith(("pass@", "avg@")) for k in s)
     assert "pass@" not in res.output and "attempts" not in s
+
+
+def test_eval_command_exits_non_zero_when_every_episode_failed(tmp_path):
+    """The endpoint is down: every episode ends engine_error. That is no result: one error line naming
+    the outcome and the first episode's detail, a non-zero exit; the files are still written."""
+    from refused_port import refused_port
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+
+    out = tmp_path / "down.jsonl"
+    with refused_port() as port:
+        res = CliRunner().invoke(
+            app,
+            ["eval", "--env", "noop", "--model", "openai/m", "--api-base", f"http://127.0.0.1:{port}/v1"]
+            + ["-n", "2", "--set", "eval.attempts=2", "--retries", "0", "--out", str(out), "-q"],
+        )
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.output
+    assert "every one of the 4 episodes ended engine_error" in errors[0] and "nothing was measured" in errors[0]
+    eps = [json.loads(line) for line in out.with_name("down.episodes.jsonl").read_text().splitlines()]
+    assert len(eps) == 4 and eps[0]["detail"] and " ".join(eps[0]["detail"].split())[:60] in errors[0]
+    assert "solve_rate" not in res.output  # no table that a script could take for a result

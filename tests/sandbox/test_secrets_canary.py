@@ -121,7 +121,9 @@ def test_canary_keys_never_reach_files_or_the_sandbox(sglang_server, tiny_model_
         )
     (eval_dir / "stdout.log").write_text(proc.stdout)
     (eval_dir / "stderr.log").write_text(proc.stderr)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # every episode ends reward_error (the live judge answers garbage): an eval that measured nothing exits 2
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "every one of the 2 episodes ended reward_error" in proc.stderr, proc.stderr
     eps = [json.loads(line) for line in (eval_dir / "episodes.episodes.jsonl").read_text().splitlines()]
     assert len(eps) == 2
     tool_out = [m["content"] for e in eps for m in e["messages"] if m["role"] == "tool"]

@@ -179,14 +179,14 @@ def test_serve_without_anything_to_serve_is_a_clear_error():
 # -- report ---------------------------------------------------------------------------------------
 @pytest.fixture
 def spiky_run(tmp_path):
-    """A run whose KL jumps 50x at step 25 as reward rises: a kl_spike alert at the default thresholds."""
+    """A run whose KL jumps 50x for steps 25-26 as reward rises: a kl_spike alert at the default thresholds."""
     d = tmp_path / "run"
     d.mkdir()
     rows = [
         {
             "step": s,
             "rollout/reward_mean": 0.5 + s / 100,
-            "train/ppo_kl": 0.01 if s != 25 else 0.5,
+            "train/ppo_kl": 0.01 if s not in (25, 26) else 0.5,
             "train/entropy": 1.0,
             "rollout/tokens_per_episode": 100.0 + (s % 3),
         }

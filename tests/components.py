@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -109,3 +110,16 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield  # a module skipped as a whole (importorskip at import): its collection report
     _fail_forbidden_skip(outcome.get_result())
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF that AGENTRL_SMOLLM2_GGUF names (``bash .ci/fetch_smollm2.sh`` fetches it);
+    the ``smollm2`` component is unavailable without it."""
+    path = os.environ.get("AGENTRL_SMOLLM2_GGUF")
+    if not path or not Path(path).is_file():
+        unavailable(
+            "smollm2",
+            "AGENTRL_SMOLLM2_GGUF does not name the file (bash .ci/fetch_smollm2.sh)"
+            + (f": {path!r} is not a file" if path else ": unset"),
+        )
+    return Path(path)

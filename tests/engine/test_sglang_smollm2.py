@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from pathlib import Path
 
 import components
 import pytest
@@ -17,17 +15,6 @@ from agentrl.engine.sglang_server import SGLangServer, config_overrides
 #: |logprob(SGLang) - logprob(trainer)| on this model in fp32 on CPU: measured <= 3.0e-5 (30 layers; the tiny model's
 #: conformance tests measure <= 2.2e-5); loading wrong or missing weights moves logprobs by far more than 1e-2
 TOL = 1e-4
-
-
-def _smollm2_gguf() -> Path:
-    path = os.environ.get("AGENTRL_SMOLLM2_GGUF")
-    if not path or not Path(path).is_file():
-        components.unavailable(
-            "smollm2",
-            "AGENTRL_SMOLLM2_GGUF does not name the file (bash .ci/fetch_smollm2.sh)"
-            + (f": {path!r} is not a file" if path else ": unset"),
-        )
-    return Path(path)
 
 
 def test_a_gguf_quantization_config_over_plain_weights_is_dropped_for_sglang(tmp_path):
@@ -77,7 +64,7 @@ def test_sglang_serves_the_converted_smollm2_with_the_trainers_logprobs(tmp_path
     from agentrl.models.gguf import converted_dir
     from agentrl.trainer import Trainer, TrainerConfig, TrainSample
 
-    model_dir = converted_dir(_smollm2_gguf())
+    model_dir = converted_dir(components.smollm2_gguf())
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"]
     assert "quantization_config" not in cfg and config_overrides(model_dir) == {}

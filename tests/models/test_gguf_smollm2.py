@@ -8,26 +8,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import components
 import pytest
 
 
-def _gguf() -> str:
-    path = os.environ.get("AGENTRL_SMOLLM2_GGUF")
-    if not path or not Path(path).is_file():
-        components.unavailable(
-            "smollm2",
-            "AGENTRL_SMOLLM2_GGUF does not name the file (bash .ci/fetch_smollm2.sh)"
-            + (f": {path!r} is not a file" if path else ": unset"),
-        )
-    return path
-
-
 @pytest.mark.slow
 def test_check_template_passes_on_the_real_smollm2_gguf():
-    path = _gguf()
+    path = components.smollm2_gguf()
     res = subprocess.run(
         [sys.executable, "-m", "agentrl", "check-template", "--model", path],
         capture_output=True,
@@ -55,7 +43,7 @@ def test_a_32_turn_tool_episode_is_token_exact_with_the_real_tokenizer():
     from agentrl.warmstart import demos
     from agentrl.warmstart.default_model import resolve_model_path
 
-    tok, setup = load_chat_tokenizer(resolve_model_path(_gguf()), None, "auto")
+    tok, setup = load_chat_tokenizer(resolve_model_path(components.smollm2_gguf()), None, "auto")
     assert setup.tools.used == "agentrl"
     env = make("code_exec", sandbox=demos.OracleSandbox())
     tools = env.toolset.schemas()
@@ -88,7 +76,7 @@ def test_one_rl_step_of_the_real_smollm2_through_the_cli(tmp_path):
     import sys
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "agentrl", "run", "--model", _gguf(), "--steps", "1", "-o", str(out)]
+    cmd = [sys.executable, "-m", "agentrl", "run", "--model", components.smollm2_gguf(), "--steps", "1", "-o", str(out)]
     for kv in (
         "rollout.group_size=4",
         "train.groups_per_step=1",

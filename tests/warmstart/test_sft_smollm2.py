@@ -11,19 +11,9 @@ import asyncio
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import components
 import pytest
-
-
-def _gguf() -> str:
-    path = os.environ.get("AGENTRL_SMOLLM2_GGUF")
-    if not path:
-        components.unavailable("smollm2", "AGENTRL_SMOLLM2_GGUF is not set (bash .ci/fetch_smollm2.sh)")
-    if not Path(path).is_file():
-        components.unavailable("smollm2", f"AGENTRL_SMOLLM2_GGUF={path!r} is not a file (bash .ci/fetch_smollm2.sh)")
-    return path
 
 
 @pytest.mark.slow
@@ -37,7 +27,7 @@ def test_sft_of_the_real_smollm2_takes_a_step_on_checked_demonstrations(tmp_path
     from agentrl.warmstart import demos
     from agentrl.warmstart.default_model import resolve_model_path
 
-    gguf, out = _gguf(), tmp_path / "out"
+    gguf, out = components.smollm2_gguf(), tmp_path / "out"
     cmd = [sys.executable, "-m", "agentrl", "sft", "--model", gguf, "--steps", "1", "-o", str(out)]
     cmd += ["--set", "sft.batch_size=2", "--set", "sft.num_demos=2", "--set", "sft.micro_batch_tokens=1024"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=800, env={**os.environ, "COLUMNS": "200"})

@@ -114,15 +114,22 @@ def tis(train_logp: Tensor, behaviour_logp: Tensor, *, cap: float | None = None)
     return w, {"tis_weight": w}
 
 
+def _band(
+    name: str, train_logp: Tensor, behaviour_logp: Tensor, mask: Tensor | None, low: float | None, high: float
+) -> Result:
+    """``w_t = rho_t`` where ``low <= rho_t <= high`` (``low`` None: no lower bound), else 0."""
+    _check_band(name, low, high)
+    with torch.no_grad():
+        d = _log_ratio(train_logp, behaviour_logp)
+        return _masked_weights(torch.exp(d), _outside(d, low, high), _action(mask, d))
+
+
 def icepop(
     train_logp: Tensor, behaviour_logp: Tensor, *, mask: Tensor | None = None, low: float = 0.5, high: float = 5.0
 ) -> Result:
     """IcePop's two-sided token mask: ``w_t = rho_t 1[low <= rho_t <= high]`` (see the module
     docstring; defaults 0.5 / 5, the Ring-1T report's band). All ``[N]``."""
-    _check_band("icepop", low, high)
-    with torch.no_grad():
-        d = _log_ratio(train_logp, behaviour_logp)
-        return _masked_weights(torch.exp(d), _outside(d, low, high), _action(mask, d))
+    return _band("icepop", train_logp, behaviour_logp, mask, low, high)
 
 
 def mis(
@@ -136,10 +143,7 @@ def mis(
     """TRL's masked importance sampling (``token_mask``): ``w_t = rho_t 1[rho_t <= high]
     1[rho_t >= low]``; ``low`` None (or 0, TRL's default): no lower bound; ``high`` 3 (TRL's
     ``vllm_importance_sampling_clip_max``). All ``[N]``."""
-    _check_band("mis", low, high)
-    with torch.no_grad():
-        d = _log_ratio(train_logp, behaviour_logp)
-        return _masked_weights(torch.exp(d), _outside(d, low, high), _action(mask, d))
+    return _band("mis", train_logp, behaviour_logp, mask, low, high)
 
 
 def seq_reject(

@@ -13,14 +13,11 @@ import pytest
 from agentrl.jobs.crash_harness import final_checkpoint, ledger_check, small_run_cmd
 
 
-def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir, tmp_path):
-    from agentrl.config.schema import load_config
-    from agentrl.jobs.run import Runner
-
-    out = tmp_path / "run"
-    sets = [
+def _small_run(out, model_dir, *extra: str) -> list[str]:
+    """--set values of a small in-process run: 1-turn concise episodes, 2 groups of 2 per step, no eval."""
+    return [
         f"output_dir={out}",
-        f"model.path={tiny_model_dir}",
+        f"model.path={model_dir}",
         "env.id=concise",
         "env.kwargs={n_turns: 1}",
         "rollout.max_new_tokens=4",
@@ -28,13 +25,19 @@ def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir,
         "rollout.score_truncated=true",
         "rollout.group_size=2",
         "train.groups_per_step=2",
-        "train.steps=6",
-        "train.max_staleness=2",
         "eval.num_tasks=0",
-        "trainer.lr=1e-2",
-        "trainer.loss_agg=token-mean",
         "logging.tensorboard=false",
+        *extra,
     ]
+
+
+def test_request_stop_checkpoints_and_the_resume_is_exactly_once(tiny_model_dir, tmp_path):
+    from agentrl.config.schema import load_config
+    from agentrl.jobs.run import Runner
+
+    out = tmp_path / "run"
+    sets = _small_run(out, tiny_model_dir, "train.steps=6", "train.max_staleness=2", "trainer.lr=1e-2")
+    sets.append("trainer.loss_agg=token-mean")
     runner = Runner(load_config([], sets), progress=False)
 
     async def main():
@@ -63,22 +66,8 @@ def test_a_stop_mid_step_interrupts_training_and_keeps_the_batch(tiny_model_dir,
     from agentrl.jobs.run import Runner
 
     out = tmp_path / "run"
-    sets = [
-        f"output_dir={out}",
-        f"model.path={tiny_model_dir}",
-        "env.id=concise",
-        "env.kwargs={n_turns: 1}",
-        "rollout.max_new_tokens=4",
-        "rollout.max_turns=1",
-        "rollout.score_truncated=true",
-        "rollout.group_size=2",
-        "train.groups_per_step=2",
-        "train.steps=5",
-        "train.max_staleness=0",
-        "eval.num_tasks=0",
-        "trainer.micro_batch_tokens=64",  # a sample per micro-batch: 4 per step
-        "logging.tensorboard=false",
-    ]
+    # a sample per micro-batch: 4 per step
+    sets = _small_run(out, tiny_model_dir, "train.steps=5", "train.max_staleness=0", "trainer.micro_batch_tokens=64")
     runner = Runner(load_config([], sets), progress=False)
     waiting = threading.Event()
 

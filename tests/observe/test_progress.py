@@ -47,3 +47,25 @@ def test_quiet_prints_only_the_notes(capsys):
     d.note("stopped")
     d.update(3, STEP)
     assert capsys.readouterr().err.splitlines() == ["stopped"]
+
+
+def test_a_long_eval_says_how_far_it_is_every_tenth_of_its_episodes():
+    from agentrl.jobs.run.held_out import EvalProgress
+    from agentrl.trajectory import Outcome, Trajectory
+
+    said = []
+    tick = EvalProgress(20, said.append, quiet_s=0.0)
+    for i in range(20):
+        t = Trajectory(f"e{i}", f"g{i}", "x", prompt_len=0, reward=float(i % 2), outcome=Outcome.OK)
+        if i == 3:
+            t.outcome = Outcome.ENGINE_ERROR
+        tick(t)
+        tick(Trajectory(f"e{i}", f"g{i}", "x", prompt_len=0, info={"segment": 0}))  # not a task's end
+    assert len(said) == 9  # 2, 4, ..., 18 of 20: the end is the eval's own line
+    assert said[1].startswith("eval: 4/20 episodes, 1 solved, 1 infra, ") and said[1].endswith(" min")
+    assert said[-1].startswith("eval: 18/20 episodes, 8 solved, 1 infra, ")
+    quick = []
+    tick = EvalProgress(20, quick.append)  # a quick eval (under quiet_s) says nothing
+    for i in range(20):
+        tick(Trajectory(f"e{i}", f"g{i}", "x", prompt_len=0, outcome=Outcome.OK))
+    assert quick == []

@@ -21,12 +21,13 @@ decide when an eval runs (``agentrl.jobs.run.loop``).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentrl.episodes.manager import EpisodeManager
 from agentrl.episodes.spec import EpisodeSpec
-from agentrl.episodes.summary import eval_stats
+from agentrl.episodes.summary import eval_stats, is_solved
 from agentrl.jobs.infra_stop import stop_if_all_failed
 from agentrl.trajectory import Outcome, Trajectory
 
@@ -65,15 +66,49 @@ def _lost(spec: EpisodeSpec, env_id: str) -> Trajectory:
     )
 
 
+class EvalProgress:
+    """A line at a tenth of an eval's episodes (``eval: 150/500 episodes, 93 solved, 0 infra, 4.2 min``)
+    once ``quiet_s`` have passed since the last line (or the start): on a real model an eval is tens of
+    minutes, silent without it; a quick one says nothing. ``say``: where lines go."""
+
+    def __init__(self, total: int, say: Callable[[str], None], quiet_s: float = 30.0) -> None:
+        self.total, self.say, self.quiet_s = total, say, quiet_s
+        self.every = max(1, total // 10)
+        self.done = self.solved = self.infra = 0
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, traj: Trajectory) -> None:
+        if "segment" in traj.info:  # an earlier segment of a split episode: its task is not done yet
+            return
+        self.done += 1
+        self.solved += is_solved(traj.outcome, traj.reward)
+        self.infra += not Outcome(traj.outcome).trainable
+        now = time.perf_counter()
+        if self.done % self.every == 0 and self.done < self.total and now - self.last >= self.quiet_s:
+            self.last, minutes = now, (now - self.t0) / 60
+            self.say(
+                f"eval: {self.done}/{self.total} episodes, {self.solved} solved, {self.infra} infra, {minutes:.1f} min"
+            )
+
+
 class HeldOutEval:
     """Held-out eval of one attempt of a run, on the run's ``engine`` with the eval env
     (``make_env``) and ``tokenizer``; ``proxy``: the training episodes' agent runner in proxy mode
-    (the eval runs a sibling of it: same program and endpoint, own counters), or None."""
+    (the eval runs a sibling of it: same program and endpoint, own counters), or None. ``progress``:
+    where a line every tenth of the episodes goes (:class:`EvalProgress`), or None."""
 
     def __init__(
-        self, cfg: RunConfig, *, engine: Engine, make_env: Callable[..., Any], tokenizer: Any, proxy: ProxyRunner | None
+        self,
+        cfg: RunConfig,
+        *,
+        engine: Engine,
+        make_env: Callable[..., Any],
+        tokenizer: Any,
+        proxy: ProxyRunner | None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg, self.engine, self.make_env, self.tokenizer, self.proxy = cfg, engine, make_env, tokenizer, proxy
+        self.progress = progress
 
     async def evaluate(self, first: bool = False) -> dict[str, float]:
         ev = self.cfg.eval
@@ -83,7 +118,8 @@ class HeldOutEval:
         agent = self.proxy.sibling() if self.proxy is not None else None  # same program and endpoint, own counters
         mgr = EpisodeManager(self.engine, self.make_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, runner=agent)
         specs = eval_specs(ev.num_tasks)
-        trajs = per_task(specs, await mgr.collect(specs), self.cfg.env.id)
+        tick = EvalProgress(len(specs), self.progress) if self.progress is not None else None
+        trajs = per_task(specs, await mgr.collect(specs, on_result=tick), self.cfg.env.id)
         if first:  # an eval where everything failed alike means nothing here can work: stop now
             stop_if_all_failed(trajs, "the first evaluation")
         stats = eval_stats(trajs)

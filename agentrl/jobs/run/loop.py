@@ -213,10 +213,15 @@ class Runner:
             stop=stop,
             replay=parts.replay,
         )
-        self.held_out = HeldOutEval(
-            cfg, engine=parts.engine, make_env=parts.make_eval_env, tokenizer=parts.tokenizer, proxy=parts.proxy
-        )
         display = RunDisplay(self.progress, cfg.train.steps, start=self.step)
+        self.held_out = HeldOutEval(
+            cfg,
+            engine=parts.engine,
+            make_env=parts.make_eval_env,
+            tokenizer=parts.tokenizer,
+            proxy=parts.proxy,
+            progress=display.note if display.lines else None,  # a terminal has the bar
+        )
         display.note(self.device_line)
         display.note(parts.chat_line)
         if parts.isolation:

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import components
 import pytest
 
 from agentrl.sandbox.local import LocalSandbox
@@ -23,17 +24,22 @@ from agentrl.sandbox.local import LocalSandbox
 ROOT = os.geteuid() == 0
 # mode -> (LocalSandbox kwargs, what the mode is, whether this sandbox is it)
 MODES = {
-    "bwrap_view": ({}, "bubblewrap's view built by the executor (root + bwrap)", lambda sb: bool(sb.root_view)),
-    "namespaces": ({"bwrap": False}, "private namespaces without bwrap (root)", lambda sb: sb.mounts.isolate),
-    "bwrap_program": ({"uid_base": None}, "the bwrap program (bwrap)", lambda sb: bool(sb.bwrap)),
+    "bwrap_view": (
+        {},
+        "bwrap",
+        "bubblewrap's view built by the executor (root + bwrap)",
+        lambda sb: bool(sb.root_view),
+    ),
+    "namespaces": ({"bwrap": False}, "root", "private namespaces without bwrap (root)", lambda sb: sb.mounts.isolate),
+    "bwrap_program": ({"uid_base": None}, "bwrap", "the bwrap program (bwrap)", lambda sb: bool(sb.bwrap)),
 }
 
 
 def _sandbox(mode: str) -> LocalSandbox:
-    kwargs, what, is_it = MODES[mode]
+    kwargs, component, what, is_it = MODES[mode]
     sb = LocalSandbox(**kwargs)
     if not is_it(sb):
-        pytest.skip(f"{what} is not available here: {sb.isolation_summary()}")
+        components.unavailable(component, f"{what} is not available here: {sb.isolation_summary()}")
     return sb
 
 

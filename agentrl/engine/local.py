@@ -30,9 +30,12 @@ Conventions (the same as SGLang's ``return_logprob``):
 - ``session`` (one per episode) keys a prefix cache (:mod:`agentrl.engine.prefix_cache`): a finished
   request leaves its K/V there and the session's next one prefills only the tokens after the prefix
   they share (:mod:`agentrl.engine.local_prefill`): O(T), not O(T^2), prefill for T turns, the same
-  tokens and logprobs up to float rounding. A weight update flushes it (as SGLang's flush_cache).
+  tokens and logprobs up to float rounding. Prompts are shared across sessions too: a prefilled
+  prompt's K/V stay in the cache for any request that starts the same way (GRPO siblings, the system
+  prompt and tool block every task repeats), and requests admitted together that share a long
+  prefix prefill it once (the others wait a round). A weight update flushes it (as SGLang's flush_cache).
 
-Does not: page the K/V cache or share prefixes across sessions, run on several devices, support
+Does not: page the K/V cache, run on several devices, support
 sliding-window attention, or guard a model shared with a trainer that mutates it while generating.
 """
 
@@ -52,7 +55,7 @@ import torch
 from agentrl.engine import local_requests
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.kv_batch import KVBatch, additive_mask
-from agentrl.engine.local_prefill import build_prefill, plan_groups
+from agentrl.engine.local_prefill import MIN_SHARED_TOKENS, PrefillBatch, build_prefill, defer_followers, plan_groups
 from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_update, deliver, notify
 from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
 from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache
@@ -319,8 +322,21 @@ class LocalEngine(Engine):
         return out.logits[:, -1, :].float().cpu()
 
     def _prefill(self) -> None:
-        reqs = self._admitted
-        found = [self._prefix.match(r.session, r.prompt) for r in reqs]
+        """Prefill the admitted requests on top of what the prefix cache holds, in rounds: a request
+        that shares a long prefix with another admitted one waits for that one's prompt to be
+        shared (``defer_followers``)."""
+        pending = self._admitted
+        while pending:
+            found = [self._prefix.match(r.session, r.prompt) for r in pending]
+            now, later = list(range(len(pending))), []
+            if self._prefix.enabled:
+                now, later = defer_followers([r.prompt for r in pending], [n for _, n in found])
+            reqs = [pending[i] for i in now]
+            self._prefill_round(reqs, [found[i] for i in now])
+            pending = [pending[i] for i in later]
+        self._sync_prefix_stats()
+
+    def _prefill_round(self, reqs: list[LocalRequest], found: list[tuple[CachedPrefix | None, int]]) -> None:
         for idx in plan_groups([len(r.prompt) for r in reqs], [n for _, n in found], self.prefill_tokens):
             group = [reqs[i] for i in idx]
             batch = build_prefill(
@@ -328,16 +344,31 @@ class LocalEngine(Engine):
             )
             logits = self._forward(batch.ids, batch.mask, batch.pos, batch.cache)
             self._kv.add_rows(batch.cache.keys, batch.cache.values, batch.valid)
-            for r, reused in zip(group, batch.reused):
+            self._share_prompts(group, batch)
+            for i, r, reused in zip(idx, group, batch.reused):
                 r.kv_len, r.admitted_step = len(r.prompt), self.stats["steps"]
                 r.cached_tokens, r.cache_epoch = reused, self._prefix.epoch
-                self._prefix.note_reuse(reused)
+                self._prefix.note_reuse(reused, found[i][0])
                 self.stats["prefilled_tokens"] += len(r.prompt) - reused
             self._rows += group
             self._admitted = [r for r in self._admitted if r not in group]
             self.stats["prefills"] += 1
             self._sample(group, logits)
-        self._sync_prefix_stats()
+
+    def _share_prompts(self, group: list[LocalRequest], batch: PrefillBatch) -> None:
+        """Offer each prompt of a prefill group that computed at least ``MIN_SHARED_TOKENS`` new
+        tokens to the prefix cache as a shared entry (its K/V: the row's last ``len(prompt)``
+        columns, see ``build_prefill``)."""
+        if not self._prefix.enabled:
+            return
+        layers = sorted(batch.cache.keys)
+        for i, (r, reused) in enumerate(zip(group, batch.reused)):
+            n = len(r.prompt)
+            if n - reused < MIN_SHARED_TOKENS:
+                continue
+            keys = tuple(batch.cache.keys[layer][i, :, -n:].clone() for layer in layers)
+            values = tuple(batch.cache.values[layer][i, :, -n:].clone() for layer in layers)
+            self._prefix.share(CachedPrefix(tuple(r.prompt), keys, values), self._prefix.epoch)
 
     def _decode(self) -> None:
         rows = self._rows

@@ -14,6 +14,11 @@ tokens any row reuses): ``[pad | reused cached K/V | pad]`` then ``[pad | query 
 row that reuses anything has no query padding, so its valid columns are contiguous and end at the
 last one, as :class:`agentrl.engine.kv_batch.KVBatch` wants.
 
+Which requests prefill now and which wait a round for another's (:func:`defer_followers`): requests
+admitted together often share long prefixes the cache does not hold yet (GRPO siblings their whole
+prompt, every task its system prompt and tool block); one of them prefills first, its prompt's K/V
+are shared (:meth:`agentrl.engine.prefix_cache.PrefixCache.share`), and the others reuse them.
+
 Does not run the model, sample or pick what to reuse (see :mod:`agentrl.engine.local`).
 """
 
@@ -25,7 +30,26 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.engine.kv_batch import additive_mask
-from agentrl.engine.prefix_cache import CachedPrefix
+from agentrl.engine.prefix_cache import CachedPrefix, common_prefix
+
+#: a request waits for another's prefill only to reuse at least this many more tokens
+MIN_SHARED_TOKENS = 32
+
+
+def defer_followers(
+    prompts: Sequence[Sequence[int]], cached: Sequence[int], min_gain: int = MIN_SHARED_TOKENS
+) -> tuple[list[int], list[int]]:
+    """Split requests into (prefill now, wait a round), as index lists. In lexicographic order of
+    the prompts, a request waits when it shares at least ``min_gain`` more leading tokens with the
+    request before it than the cache gives it (``cached``): once that one's prompt is shared, it
+    reuses them. The first request in that order never waits, so every round makes progress, and
+    identical prompts are computed once: siblings wait for the first of them."""
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
+    now, later = [], []
+    for j, i in enumerate(order):
+        shared = common_prefix(list(prompts[order[j - 1]]), list(prompts[i])) if j else 0
+        (later if min(shared, len(prompts[i]) - 1) - cached[i] >= min_gain else now).append(i)
+    return sorted(now), sorted(later)
 
 
 def plan_groups(prompt_lens: Sequence[int], cached: Sequence[int], budget: int) -> list[list[int]]:

@@ -205,7 +205,9 @@ async def test_token_budget_evicts_least_recent_sessions_and_zero_is_off(model):
         again_b = await eng.generate(rand_ids(30, 2) + b.token_ids, params(4), session="b")
         again_a = await eng.generate(rand_ids(30, 1) + a.token_ids, params(3), session="a")
         assert again_b.info["cached_tokens"] == 35 and again_a.info["cached_tokens"] == 0
-        assert eng.stats["prefix_evictions"] == 2  # a's new 41 tokens pushed b out
+        # a's prompt (36 new tokens) is shared at its prefill and pushes b out; then a's own 41 tokens
+        # push that shared prompt out
+        assert eng.stats["prefix_evictions"] == 3 and eng.stats["prefix_shared"] == 1
         g = await off.generate(rand_ids(30, 1), params(1), session="a")
         g2 = await off.generate(rand_ids(30, 1) + g.token_ids, params(2), session="a")
         assert g2.info["cached_tokens"] == 0 and off.stats["prefix_hits"] == 0
@@ -223,3 +225,25 @@ async def test_requests_without_a_session_are_not_cached(model):
         assert g2.info["cached_tokens"] == 0 and eng.stats["prefix_hits"] == 0
     finally:
         await eng.close()
+
+
+async def test_siblings_and_a_common_system_prompt_prefill_once_and_are_exact(model):
+    """A GRPO-like admission: 3 tasks x 4 siblings, every prompt starting with the same 48-token
+    system block. Each distinct prompt is computed once (the siblings reuse it, the other tasks the
+    system block), with the same tokens and logprobs as without the cache."""
+    system = rand_ids(48, 70)
+    tasks = [system + rand_ids(40, 71 + t) for t in range(3)]
+    requests = [(tasks[t], params(10 * t + s)) for t in range(3) for s in range(4)]
+    plain, cached = await pair(model, max_batch_size=16)
+    try:
+        want = await asyncio.gather(*(plain.generate(p, sp) for p, sp in requests))
+        got = await asyncio.gather(*(cached.generate(p, sp, session=f"e{i}") for i, (p, sp) in enumerate(requests)))
+        for w, g in zip(want, got):
+            assert_same(g, w)
+        assert plain.stats["prefilled_tokens"] == 12 * 88
+        # one whole prompt, then the other two tasks' own 40 tokens, then one token per sibling
+        assert cached.stats["prefilled_tokens"] == 88 + 2 * 40 + 9 * 1
+        assert cached.stats["prefix_shared"] == 3 and cached.stats["prefix_shared_tokens_reused"] == 2 * 48 + 9 * 87
+    finally:
+        await plain.close()
+        await cached.close()

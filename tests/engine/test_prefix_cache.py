@@ -1,11 +1,14 @@
-"""PrefixCache (matching, LRU over sessions capped by tokens, epochs) and the prefill grouping plan."""
+"""PrefixCache (matching, LRU over sessions and shared prompts capped by tokens, epochs) and the prefill
+plans (grouping, which requests wait for another's shared prompt)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agentrl.engine.local_prefill import plan_groups
+import random
+
+from agentrl.engine.local_prefill import defer_followers, plan_groups
 from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache, common_prefix
 
 
@@ -20,6 +23,12 @@ def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2]) == 2
     assert common_prefix([5], [1]) == 0
     assert common_prefix([], [1]) == 0
+    rng = random.Random(0)
+    for _ in range(300):  # the bisection against the plain loop
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(40))]
+        naive = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(a), tuple(b)) == naive, (a, b)
 
 
 def test_match_full_partial_shorter_and_misses():
@@ -106,3 +115,54 @@ def test_plan_groups_misses_as_before_and_hits_by_new_tokens():
     assert plan_groups([100, 100], [95, 10], budget=10_000) == [[0], [1]]
     # similar ones are, within the budget
     assert plan_groups([100, 100, 100], [95, 94, 93], budget=14) == [[0, 1], [2]]
+
+
+def test_shared_prompts_match_any_request_and_the_longest_wins():
+    c = PrefixCache(100)
+    system = [7, 7, 7, 7]
+    c.share(entry(system + [1, 2, 3]), c.epoch)
+    c.share(entry(system + [1, 2, 3]), c.epoch)  # the same ids again: kept once
+    assert len(c) == 1 and c.tokens == 7 and c.stats["shared"] == 1
+    e, n = c.match(None, system + [1, 2, 3, 4])  # no session needed
+    assert n == 7 and e.ids == tuple(system + [1, 2, 3])
+    assert c.match("x", system + [5, 5])[1] == 4  # another task: its system prompt is reused
+    c.store("s", entry(system + [1, 2]), c.epoch)
+    assert c.match("s", system + [1, 2, 3, 9])[0].ids == tuple(system + [1, 2, 3])  # longer shared wins
+    assert c.match("s", system + [1, 2, 8])[0].ids == tuple(system + [1, 2])  # a tie: the session's own
+    c.note_reuse(7, c.match(None, system + [1, 2, 3, 4])[0])
+    c.note_reuse(6, c.match("s", system + [1, 2, 8])[0])
+    assert c.stats["tokens_reused"] == 13 and c.stats["shared_tokens_reused"] == 7
+
+
+def test_shared_prompts_share_the_budget_lru_and_epochs():
+    c = PrefixCache(10)
+    c.share(entry([1] * 6), c.epoch)
+    c.store("s", entry([2] * 3), c.epoch)
+    c.match(None, [1] * 6 + [3])  # the shared prompt is now the most recently used
+    c.store("t", entry([4] * 3), c.epoch)  # 12 > 10: the session s goes, not the shared prompt
+    assert "s" not in c and c.match(None, [1] * 7)[1] == 6 and c.stats["evictions"] == 1
+    c.share(entry([5] * 11), c.epoch)  # over the whole budget: not kept
+    assert c.stats["shared"] == 1
+    stale = c.epoch
+    c.clear()
+    c.share(entry([1] * 6), stale)  # computed before a weight update
+    assert len(c) == 0 and c.match(None, [1] * 7) == (None, 0)
+    off = PrefixCache(0)
+    off.share(entry([1] * 6), off.epoch)
+    assert len(off) == 0
+
+
+def test_defer_followers_prefills_each_shared_prefix_once():
+    system = list(range(100, 140))  # 40 tokens every task starts with
+    a, b = system + [1] * 50, system + [2] * 50
+    prompts = [b, a, a, b, a, list(range(5, 60))]
+    now, later = defer_followers(prompts, [0] * 6)
+    assert now == [1, 5] and later == [0, 2, 3, 4]  # one of the system-prompt family, and the stranger
+    # next round: a's prompt is cached (its siblings reuse all but the last token, b its system prompt)
+    cached = {0: 40, 2: 89, 3: 40, 4: 89}
+    now, later = defer_followers([prompts[i] for i in later], [cached[i] for i in later])
+    assert now == [0, 1, 3] and later == [2]  # b's first, a's siblings; b's sibling waits for b
+    # nothing to gain (short prefixes or already cached): nobody waits
+    assert defer_followers([[1, 2, 3], [1, 2, 4]], [0, 0]) == ([0, 1], [])
+    assert defer_followers([a, a], [89, 89]) == ([0, 1], [])
+    assert defer_followers([a, a], [0, 0], min_gain=100) == ([0, 1], [])

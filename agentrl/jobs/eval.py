@@ -55,7 +55,7 @@ from agentrl.episodes.pass_at_k import pass_at_k_rates
 from agentrl.episodes.summary import End, is_solved
 from agentrl.episodes.summary import summarize as summarize_ends
 from agentrl.errors import ConfigError, EpisodeError, InfraFailureError
-from agentrl.jobs.eval_store import EvalStore
+from agentrl.jobs.eval_store import EvalStore, output_paths
 from agentrl.tools.calls import get_parser
 from agentrl.trajectory import Outcome
 
@@ -279,13 +279,6 @@ def _public(obj: Any) -> Any:
     return obj
 
 
-def output_paths(out: str | Path) -> tuple[Path, Path, Path]:
-    """``X.jsonl`` -> (chat rows, ``X.episodes.jsonl``, ``X.summary.json``)."""
-    out = Path(out)
-    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
-    return out, out.with_name(stem + ".episodes.jsonl"), out.with_name(stem + ".summary.json")
-
-
 async def run_eval(
     env_id: str,
     client: ApiClient,
@@ -328,13 +321,18 @@ async def run_eval(
     def keep(ep: ApiEpisode) -> bool:
         return ep.outcome == Outcome.OK.value and (min_reward is None or ep.reward >= min_reward)
 
-    described = {"env": env_id, "env_kwargs": _public(env_kwargs), **client.describe(), "seed": seed}
-    described["max_turns"] = max_turns
+    described = {
+        "env": env_id,
+        "env_kwargs": _public(env_kwargs),
+        **client.describe(),
+        "seed": seed,
+        "max_turns": max_turns,
+    }
     settings = {**described, "score_truncated": score_truncated, "n": n, "attempts": attempts}
     store = EvalStore(output_paths(out), settings, keep) if out is not None else None
+    found = store is not None and resume and store.episodes.exists()
     done = store.open(resume, ApiEpisode.from_row) if store else {}
-    done = {p: ep for p, ep in done.items() if p[0] < n and p[1] < attempts}
-    if resume and say and store:
+    if found and say:
         left = n * attempts - len(done)
         say(f"resuming {store.episodes}: {len(done)} of {n * attempts} attempts finished, {left} to run")
     episodes: list[ApiEpisode] = list(done.values())

@@ -34,6 +34,13 @@ GROWS = ("n", "attempts")
 Pair = tuple[int, int]  # (task index, attempt)
 
 
+def output_paths(out: str | Path) -> tuple[Path, Path, Path]:
+    """``X.jsonl`` -> (chat rows, ``X.episodes.jsonl``, ``X.summary.json``)."""
+    out = Path(out)
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+    return out, out.with_name(stem + ".episodes.jsonl"), out.with_name(stem + ".summary.json")
+
+
 def jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, row)`` of each non-blank line of ``path``; a last line that is not JSON (torn by
     a kill mid-write) is skipped, one before it is a ``ValueError`` naming the file and line."""

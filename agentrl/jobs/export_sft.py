@@ -39,8 +39,8 @@ from typing import Any
 
 from agentrl.common.llm_api import ChatReply
 from agentrl.errors import DatasetError
-from agentrl.jobs.eval import output_paths, render_action
-from agentrl.jobs.eval_store import jsonl_rows
+from agentrl.jobs.eval import render_action
+from agentrl.jobs.eval_store import jsonl_rows, output_paths
 from agentrl.tools.calls import parse_hermes
 from agentrl.trajectory import Outcome, json_text, read_parquet
 

@@ -91,6 +91,9 @@ class Trajectory:
     sample_index: int = 0
     task: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)  # text log, informational only
+    #: the tool schemas the episode advertised to the model (what its prompt rendered), for chat
+    #: exports (``agentrl export-sft``); empty when it had none or in trajectories written before it
+    tools: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -198,7 +201,7 @@ def read_jsonl(path: str | Path) -> Iterator[Trajectory]:
                 raise ValueError(f"{path}:{lineno}: not a trajectory: {e}") from e
 
 
-_NESTED = ("turns", "task", "messages", "info")
+_NESTED = ("turns", "task", "messages", "tools", "info")
 
 
 def write_parquet(path: str | Path, trajs: Iterable[Trajectory]) -> int:
@@ -231,6 +234,7 @@ def write_parquet(path: str | Path, trajs: Iterable[Trajectory]) -> int:
             ("sample_index", pa.int64()),
             ("task", pa.string()),
             ("messages", pa.string()),
+            ("tools", pa.string()),
             ("info", pa.string()),
             ("wall_s", pa.float64()),
         ]
@@ -244,7 +248,8 @@ def read_parquet(path: str | Path) -> Iterator[Trajectory]:
 
     for d in pq.read_table(str(path)).to_pylist():
         for k in _NESTED:
-            d[k] = json.loads(d[k])
+            if k in d:  # "tools" is absent from files written before it
+                d[k] = json.loads(d[k])
         yield Trajectory.from_dict(d)
 
 

@@ -14,6 +14,12 @@ seed and concurrency). Each setting is its flag when given, else the config fiel
 ``--attempts`` (``eval.attempts``, default 1) runs each task that many times and adds pass@1..N and
 avg@N to the table.
 
+Every finished episode is on disk at once (``X.episodes.jsonl``), so an eval stopped by Ctrl-C,
+SIGTERM or a crash loses only the episodes in flight. ``--resume`` is explicit (an eval rerun to
+measure again must not silently reuse old answers): it continues the eval ``--out`` holds, running
+only its missing and infrastructure-failed attempts, and refuses with one error naming each setting
+that differs from the one it continues (``agentrl.jobs.eval_store``).
+
 An eval in which every episode failed for an infrastructure reason (the endpoint down, a broken env)
 is not a result: after writing its files it ends with one error line naming the outcome and the first
 episode's detail, and exits 2 like every ``AgentRLError`` (``agentrl.cli.errors``).
@@ -133,6 +139,13 @@ def eval_cmd(
         "--min-reward",
         help="Write only ok episodes with at least this reward to the chat JSONL (default: every ok episode).",
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the eval --out holds (interrupted, or to add tasks/attempts): run only the attempts "
+        "it lacks or that failed for an infrastructure reason. Its settings must match (-n and --attempts "
+        "may grow). Without it an existing --out is overwritten.",
+    ),
     config: list[str] | None = ConfigOpt,
     sets: list[str] | None = SetOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-episode lines."),
@@ -193,6 +206,8 @@ def eval_cmd(
                 on_episode=progress,
                 attempts=s["attempts"],
                 stop_if_all_failed=True,
+                resume=resume,
+                say=lambda line: console.print(line, highlight=False, markup=False),
             )
         )
     except AgentRLError as e:

@@ -359,6 +359,9 @@ app.command("sft")(sft_cmd)
 from agentrl.cli.eval import eval_cmd  # noqa: E402
 
 app.command("eval")(eval_cmd)
+from agentrl.cli.export_sft import export_sft_cmd  # noqa: E402
+
+app.command("export-sft")(export_sft_cmd)
 from agentrl.cli.serve import serve_cmd  # noqa: E402
 
 app.command("serve")(serve_cmd)

@@ -274,6 +274,7 @@ class EpisodeManager:
         except Exception as e:
             raise EnvError(f"env reset failed: {type(e).__name__}: {e}") from e
         traj.task = info.get("task", {})
+        traj.tools = list(info.get("tools") or [])
         renderer = self._renderer(info.get("tools"))
         ep = state["ep"] = EpisodeBuffer(renderer.prompt_ids(info["messages"]), info["messages"])
         traj.prompt_len = len(ep.ids)

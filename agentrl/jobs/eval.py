@@ -18,7 +18,12 @@ Files (``out`` = ``X.jsonl``):
   that ended ``ok`` with reward >= ``min_reward``; assistant messages hold the action text exactly
   as the env saw it;
 * ``X.episodes.jsonl`` — every episode: task, outcome, detail, reward, turns, usage, messages;
-* ``X.summary.json`` — the summary ``run_eval`` returns (model, endpoint without credentials).
+* ``X.summary.json`` — the summary ``run_eval`` returns (model, endpoint without credentials);
+* ``X.config.json`` — the settings that decide what is measured, written at start.
+
+Both JSONL files grow line by line (flushed) as episodes finish and are rewritten in order at the end;
+``resume`` continues an interrupted eval from them (``agentrl.jobs.eval_store``: only missing and
+infrastructure-failed attempts run again, and the summary counts each ``(task, attempt)`` once).
 
 Attempts: with ``attempts`` N > 1 every task runs N times (the same task seed; the API's sampling
 makes them differ), episode ``index`` naming the task and ``attempt`` the try; the summary adds
@@ -41,7 +46,7 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +55,9 @@ from agentrl.episodes.pass_at_k import pass_at_k_rates
 from agentrl.episodes.summary import End, is_solved
 from agentrl.episodes.summary import summarize as summarize_ends
 from agentrl.errors import ConfigError, EpisodeError, InfraFailureError
+from agentrl.jobs.eval_store import EvalStore, output_paths
 from agentrl.tools.calls import get_parser
-from agentrl.trajectory import Outcome, json_text
+from agentrl.trajectory import Outcome
 
 
 @dataclass
@@ -72,11 +78,19 @@ class ApiEpisode:
     tools: list[dict] = field(default_factory=list)
     attempt: int = 0  # which of the task's attempts (0 .. attempts-1); index names the task
 
+    @classmethod
+    def from_row(cls, row: dict) -> ApiEpisode:
+        """The episode a line of ``X.episodes.jsonl`` holds (keys it does not know are ignored)."""
+        return cls(**{k: v for k, v in row.items() if k in _EPISODE_FIELDS})
+
     def chat_row(self) -> dict:
         row: dict[str, Any] = {"messages": self.messages}
         if self.tools:
             row["tools"] = self.tools
         return row
+
+
+_EPISODE_FIELDS = {f.name for f in fields(ApiEpisode)}
 
 
 def render_action(reply: ChatReply, parser: str) -> str:
@@ -265,13 +279,6 @@ def _public(obj: Any) -> Any:
     return obj
 
 
-def output_paths(out: str | Path) -> tuple[Path, Path, Path]:
-    """``X.jsonl`` -> (chat rows, ``X.episodes.jsonl``, ``X.summary.json``)."""
-    out = Path(out)
-    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
-    return out, out.with_name(stem + ".episodes.jsonl"), out.with_name(stem + ".summary.json")
-
-
 async def run_eval(
     env_id: str,
     client: ApiClient,
@@ -288,11 +295,15 @@ async def run_eval(
     on_episode: Callable[[ApiEpisode], None] | None = None,
     attempts: int = 1,
     stop_if_all_failed: bool = False,
+    resume: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``attempts`` episodes of each of ``n`` tasks of ``env_id`` (chosen by ``seed`` as ``agentrl
     rollout`` chooses them) with at most ``concurrency`` in flight; write the files (module docstring)
     as episodes finish. ``stop_if_all_failed``: InfraFailureError when every episode failed for an
-    infrastructure reason."""
+    infrastructure reason. ``resume``: continue the eval ``out`` holds (``agentrl.jobs.eval_store``),
+    running only the attempts it lacks or that failed for an infrastructure reason; ``say`` hears how
+    many that is."""
     from agentrl.envs.registry import make, spec
     from agentrl.episodes.manager import make_specs
 
@@ -306,14 +317,28 @@ async def run_eval(
     max_turns = max_turns or spec(env_id).max_turns or 8
     make(env_id, **env_kwargs).close()  # a bad env id or kwargs fails here, before any API call
     specs = make_specs(n, 1, seed)
-    paths = output_paths(out) if out is not None else None
-    files = []
-    if paths:
-        paths[0].parent.mkdir(parents=True, exist_ok=True)
-        files = [open(paths[0], "w", encoding="utf-8"), open(paths[1], "w", encoding="utf-8")]
-    episodes: list[ApiEpisode] = []
+
+    def keep(ep: ApiEpisode) -> bool:
+        return ep.outcome == Outcome.OK.value and (min_reward is None or ep.reward >= min_reward)
+
+    described = {
+        "env": env_id,
+        "env_kwargs": _public(env_kwargs),
+        **client.describe(),
+        "seed": seed,
+        "max_turns": max_turns,
+    }
+    settings = {**described, "score_truncated": score_truncated, "n": n, "attempts": attempts}
+    store = EvalStore(output_paths(out), settings, keep) if out is not None else None
+    found = store is not None and resume and store.episodes.exists()
+    done = store.open(resume, ApiEpisode.from_row) if store else {}
+    if found and say:
+        left = n * attempts - len(done)
+        say(f"resuming {store.episodes}: {len(done)} of {n * attempts} attempts finished, {left} to run")
+    episodes: list[ApiEpisode] = list(done.values())
     # attempt-major: every task's first attempt before any second one (an early stop still covers the tasks)
-    queue = iter((i, a, s) for a in range(attempts) for i, s in enumerate(specs))
+    todo = [(i, a, s) for a in range(attempts) for i, s in enumerate(specs) if (i, a) not in done]
+    queue = iter(todo)
     t0 = time.perf_counter()
 
     async def one(i: int, attempt: int, task_seed: int) -> ApiEpisode:
@@ -341,38 +366,29 @@ async def run_eval(
         for i, a, s in queue:
             ep = await one(i, a, s.task_seed)
             episodes.append(ep)
-            if files:
-                keep = ep.outcome == Outcome.OK.value and (min_reward is None or ep.reward >= min_reward)
-                if keep:
-                    files[0].write(redact(json_text(ep.chat_row())) + "\n")
-                    files[0].flush()
-                files[1].write(redact(json_text(ep.__dict__, default=str)) + "\n")
-                files[1].flush()
+            if store:
+                store.record(ep)
             if on_episode:
                 on_episode(ep)
 
     try:
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, n * attempts))))
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(todo))))))
     finally:
-        for fh in files:
-            fh.close()
+        if store:
+            store.close()
     episodes.sort(key=lambda e: (e.index, e.attempt))
     summary = {
-        "env": env_id,
-        "env_kwargs": _public(env_kwargs),
-        **client.describe(),
-        "seed": seed,
-        "max_turns": max_turns,
+        **described,
         **summarize(episodes),
         **(attempt_rates(episodes, attempts) if attempts > 1 else {}),
         "wall_s": time.perf_counter() - t0,
-        "chat_rows": sum(
-            e.outcome == Outcome.OK.value and (min_reward is None or e.reward >= min_reward) for e in episodes
-        ),
+        "chat_rows": sum(keep(e) for e in episodes),
     }
-    if paths:
-        summary["files"] = {"chat": str(paths[0]), "episodes": str(paths[1]), "summary": str(paths[2])}
-        paths[2].write_text(redact(json.dumps(summary, indent=2, default=str)))
+    if resume:
+        summary["resumed"] = len(done)
+    if store:
+        summary["files"] = store.names()
+        store.finish(episodes, summary)
     why = all_failed(episodes) if stop_if_all_failed else None
     if why:
         raise InfraFailureError(f"eval of {env_id} with {client.model}: {why} (nothing was measured)")

@@ -16,6 +16,7 @@ def _traj(seed: int) -> Trajectory:
         prompt_len=len(prompt),
         task={"id": seed, "answer": "42", "nested": {"ü": [1, 2.5]}},
         messages=[{"role": "user", "content": "héllo \x00 \u2603 \n"}],
+        tools=[{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
         info={"tool_stats": {"calls": 2}},
     )
     t.token_ids, t.loss_mask = list(prompt), [0] * len(prompt)

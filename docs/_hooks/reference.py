@@ -73,8 +73,9 @@ def config_page() -> str:
     for section, items in sections.items():
         lines += [f"## {section}", ""]
         cls = hints.get(section)
-        if dataclasses.is_dataclass(cls) and cls.__doc__:
-            lines += [" ".join(cls.__doc__.split()), ""]
+        text = " ".join((getattr(cls, "__doc__", None) or "").split())
+        if dataclasses.is_dataclass(cls) and text and not text.startswith(f"{cls.__name__}("):  # not the generated one
+            lines += [text, ""]
         lines += ["| field | default | doc |", "|---|---|---|"]
         lines += [f"| `{n}` | {_default(d)} | {_cell(t)} |" for n, t, d in items]
         lines.append("")

@@ -1,9 +1,10 @@
 """The documents name only code that exists and cite nothing outside the repository.
 
-Every ``agentrl/...`` path and every dotted ``agentrl.x.y`` name in README.md and BENCHMARKS.md must
-resolve in this checkout (a path to a file or folder; a dotted name to a module or package, then to a
+Every ``agentrl/...`` path and every dotted ``agentrl.x.y`` name in README.md, BENCHMARKS.md and the pages
+under docs/ must resolve in this checkout (a path to a file or folder; a dotted name to a module or package, then to a
 name that module defines or re-exports), and no document or file under agentrl/, bench/, configs/, tests/,
-examples/ cites a guide (the word GUIDE).
+examples/, docs/ cites a guide (the word GUIDE). README's relative links point at files that exist (the docs
+site's own links and anchors are checked by ``mkdocs build --strict`` in CI).
 """
 
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", "BENCHMARKS.md"]
+DOCS = ["README.md", "BENCHMARKS.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 PATH_RE = re.compile(r"(?<![\w./-])agentrl/[\w./-]*[\w/]")
 DOTTED_RE = re.compile(r"(?<![\w./-])agentrl(?:\.\w+)+")
 
@@ -80,7 +81,7 @@ def test_the_resolvers_reject_what_does_not_exist():
 
 def _texts():
     yield from (ROOT / d for d in [*DOCS, "CHANGELOG.md", "SCALING.md"])
-    for folder in ("agentrl", "bench", "configs", "tests", "examples"):
+    for folder in ("agentrl", "bench", "configs", "tests", "examples", "docs"):
         for p in sorted((ROOT / folder).rglob("*")):
             if p == Path(__file__).resolve():  # this test names the word it looks for
                 continue
@@ -98,3 +99,12 @@ def test_no_document_or_source_cites_a_guide():
         if "GUIDE" in text:
             hits.append(str(p.relative_to(ROOT)))
     assert not hits, f"these files cite a guide outside the repository: {hits}"
+
+
+def test_readme_links_point_at_files_that_exist():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert "docs/getting-started.md" in local
+    missing = sorted(link for link in local if not (ROOT / link).exists())
+    assert not missing, f"README.md links to files that do not exist: {missing}"

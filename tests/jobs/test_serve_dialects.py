@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 
+import anthropic
 import httpx
+import openai
 import pytest
 from scripted_chat import TOOL_SCHEMA, ScriptedChatEngine, served
 
 from agentrl.jobs.serve import LocalServer, resolve_target
-
-anthropic = pytest.importorskip("anthropic")  # the `test` extra installs it
-openai = pytest.importorskip("openai")
 
 TOOLU = re.compile(r"toolu_[0-9a-f]{24}")
 CALL_ID = re.compile(r"call_[0-9a-f]{24}")

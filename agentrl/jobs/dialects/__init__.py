@@ -5,7 +5,8 @@ it translates its request to the core's chat form (messages + tools + sampling f
 core's answer (:mod:`agentrl.jobs.dialects.reply`) back to its own shapes, whole or streamed.
 
 - :class:`AnthropicMessages`: Anthropic Messages, ``POST /v1/messages``;
-- :class:`OpenAIResponses`: OpenAI Responses, ``POST /v1/responses`` (:class:`ResponseStore`).
+- :class:`OpenAIResponses`: OpenAI Responses, ``POST /v1/responses`` (:class:`ResponseStore`);
+- :mod:`agentrl.jobs.dialects.request`: the chat body's common parts.
 """
 
 from agentrl.jobs.dialects.anthropic import AnthropicMessages

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agentrl.jobs.dialects.reply import Reply, ToolCall, reply_events
+from agentrl.jobs.dialects.request import chat_request, chat_tools
 from agentrl.jobs.serve_errors import APIError
 from agentrl.jobs.serve_fields import num
 
@@ -111,20 +112,10 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _tools(tools: Any) -> list[dict] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise APIError(f"tools must be a list, got {tools!r:.200}", param="tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("input_schema"), dict)):
-            raise APIError(
-                f"tools[{i}] must be {{'name': ..., 'input_schema': {{...}}}}, got {t!r:.200}", param="tools"
-            )
-        fn = {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}
-        out.append({"type": "function", "function": fn})
-    return out
+def _tool(t: dict) -> dict | None:
+    if isinstance(t.get("name"), str) and isinstance(t.get("input_schema"), dict):
+        return {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}
+    return None
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -166,13 +157,10 @@ class AnthropicMessages:
         if (b.get("thinking") or {}).get("type") not in (None, "disabled"):
             raise APIError("thinking (extended thinking) is not supported by this server", param="thinking")
         num(b, "temperature", None, lo=0, hi=1)
-        chat = {
-            "messages": _messages(b),
-            "max_tokens": num(b, "max_tokens", None, lo=1, integer=True),
-            "stream": bool(b.get("stream")),
-        }
+        chat = chat_request(b, _messages(b))
+        chat["max_tokens"] = num(b, "max_tokens", None, lo=1, integer=True)
         chat.update({k: b[k] for k in ("temperature", "top_p", "top_k") if b.get(k) is not None})
-        if (tools := _tools(b.get("tools"))) is not None:
+        if (tools := chat_tools(b.get("tools"), _tool, "{'name': ..., 'input_schema': {...}}")) is not None:
             chat["tools"] = tools
         choice = b.get("tool_choice")
         if choice is not None:
@@ -181,10 +169,6 @@ class AnthropicMessages:
                 chat["parallel_tool_calls"] = False
         if stops := _stops(b):
             chat["stop"] = stops
-        if b.get("model") is not None:
-            chat["model"] = b["model"]
-        if chat["stream"]:
-            chat["stream_options"] = {"include_usage": True}
         return chat
 
     # ------------------------------------------------------------------ answers

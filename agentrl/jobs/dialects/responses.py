@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 from agentrl.jobs.dialects.reply import Reply, ToolCall, reply_events
+from agentrl.jobs.dialects.request import chat_request, chat_tools
 from agentrl.jobs.serve_errors import APIError
 from agentrl.jobs.serve_fields import num
 
@@ -117,22 +118,10 @@ def input_messages(value: Any) -> list[dict]:
     return out
 
 
-def _tools(tools: Any) -> list[dict] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise APIError(f"tools must be a list, got {tools!r:.200}", param="tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str)):
-            raise APIError(
-                f"tools[{i}] must be {{'type': 'function', 'name': ..., 'parameters': ...}} (hosted tools are not "
-                f"served here), got {t!r:.200}",
-                param="tools",
-            )
-        fn = {"name": t["name"], "description": t.get("description") or "", "parameters": t.get("parameters") or {}}
-        out.append({"type": "function", "function": fn})
-    return out
+def _tool(t: dict) -> dict | None:
+    if t.get("type") == "function" and isinstance(t.get("name"), str):
+        return {"name": t["name"], "description": t.get("description") or "", "parameters": t.get("parameters") or {}}
+    return None
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -188,24 +177,18 @@ class OpenAIResponses:
         system = b.get("instructions")
         if system is not None and not isinstance(system, str):
             raise APIError(f"instructions must be a string, got {system!r:.200}", param="instructions")
-        chat: dict[str, Any] = {
-            "messages": ([{"role": "system", "content": system}] if system else []) + self.history,
-            "stream": bool(b.get("stream")),
-        }
+        chat = chat_request(b, ([{"role": "system", "content": system}] if system else []) + self.history)
         limit = num(b, "max_output_tokens", None, lo=1, integer=True)
         if limit is not None:
             chat["max_tokens"] = limit
         chat.update({k: b[k] for k in ("temperature", "top_p", "parallel_tool_calls") if b.get(k) is not None})
-        if (tools := _tools(b.get("tools"))) is not None:
+        shape = "{'type': 'function', 'name': ..., 'parameters': ...} (hosted tools are not served here)"
+        if (tools := chat_tools(b.get("tools"), _tool, shape)) is not None:
             chat["tools"] = tools
         if b.get("tool_choice") is not None:
             chat["tool_choice"] = _tool_choice(b["tool_choice"])
         if (fmt := _format(b.get("text"))) is not None:
             chat["response_format"] = fmt
-        if b.get("model") is not None:
-            chat["model"] = b["model"]
-        if chat["stream"]:
-            chat["stream_options"] = {"include_usage": True}
         return chat
 
     # ------------------------------------------------------------------ answers

@@ -242,3 +242,12 @@ def test_tiny_model_answers_each_dialect_as_the_chat_endpoint(tiny_model_dir):
         got = resp.model_extra["agentrl"]
         assert (got["prompt_token_ids"], got["token_ids"]) == (want["prompt_token_ids"], want["token_ids"])
         assert resp.output_text == chat.choices[0].message.content
+
+
+def test_the_response_store_keeps_the_newest():
+    from agentrl.jobs.dialects import ResponseStore
+
+    store = ResponseStore(limit=2)
+    for k in ("a", "b", "c"):
+        store[k] = [{"role": "user", "content": k}]
+    assert list(store) == ["b", "c"] and "a" not in store

@@ -20,13 +20,15 @@ class AgentConfig:
         "builtin",
         "Who runs the agent loop. 'builtin': the episode manager's own turn loop (render -> sample -> "
         "env.step). 'proxy': an outside agent program (agent.command or agent.callable) talks to the policy "
-        "through a recording OpenAI-compatible endpoint; every completion is recorded token-exact.",
+        "through a recording endpoint (OpenAI chat completions, Anthropic Messages /v1/messages, OpenAI Responses "
+        "/v1/responses); every completion is recorded token-exact.",
     )
     command: str | None = doc(
         None,
         "proxy: a shell command run once per episode (training and held-out eval alike), e.g. "
         "'python examples/agents/openai_loop.py'. It gets "
-        "OPENAI_BASE_URL, OPENAI_API_KEY (per episode), AGENTRL_TASK (the task as JSON: messages, tools, task) and "
+        "OPENAI_BASE_URL, OPENAI_API_KEY (per episode; the same as ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY for the "
+        "anthropic client), AGENTRL_TASK (the task as JSON: messages, tools, task) and "
         'AGENTRL_RESULT (a path to write its result JSON, e.g. {"reward": 1.0}) in its environment.',
     )
     callable: str | None = doc(
@@ -49,7 +51,9 @@ class AgentConfig:
         "an env that does not end the episode on it makes the episode truncated_turns, reward 0).",
     )
     model_name: str = doc(
-        "agentrl-policy", "proxy: the model name the endpoint serves (requests naming another model are refused)."
+        "agentrl-policy",
+        "proxy: the model name the endpoint serves (requests naming another model are refused; set it to the "
+        "name a harness asks for, e.g. an Anthropic model id).",
     )
 
     def __post_init__(self) -> None:

@@ -60,10 +60,14 @@ def last_json_line(text: str) -> dict | None:
 
 
 def program_env(base_url: str, api_key: str, task: dict, result_path: str) -> dict[str, str]:
-    """The environment variables an agent program gets (on top of this process's)."""
+    """The environment variables an agent program gets (on top of this process's): the endpoint for
+    the `openai` client (``OPENAI_BASE_URL``, ending in ``/v1``) and the `anthropic` client
+    (``ANTHROPIC_BASE_URL``, without it), the episode's key for both, the task and the result file."""
     return {
         "OPENAI_BASE_URL": base_url,
         "OPENAI_API_KEY": api_key,
+        "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": api_key,
         "AGENTRL_TASK": json.dumps(task, ensure_ascii=False),
         "AGENTRL_RESULT": result_path,
     }

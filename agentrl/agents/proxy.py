@@ -1,10 +1,16 @@
-"""The recording OpenAI-compatible endpoint: outside agent loops sample from the policy through it.
+"""The recording endpoint: outside agent loops sample from the policy through it.
+
+It speaks what the serve app speaks: OpenAI chat completions (``/v1/chat/completions``), Anthropic
+Messages (``/v1/messages``) and OpenAI Responses (``/v1/responses``); every dialect reaches the
+engine through the app's one chat core, so what follows holds for all three.
 
 Owns: :class:`ProxyEndpoint` (one HTTP server per run on 127.0.0.1, port 0, started on the run's
 event loop; per-episode API keys mapped to :class:`EpisodeLink`), the ASGI wrapper that resolves a
-request's key (401 for an unknown one), reads its body and refuses what the proxy cannot record
-faithfully (``n`` > 1; ``tool_choice`` other than auto/none and ``response_format``, which the
-server would meet by forcing and re-sampling replies: off-policy), and :class:`RecordingEngine`,
+request's key (``Authorization: Bearer KEY`` or Anthropic's ``x-api-key: KEY``), :class:`EpisodeGate`,
+the app's per-request checks (401 for an unknown key; 400 for what the proxy cannot record
+faithfully: ``n`` > 1; ``tool_choice`` other than auto/none and ``response_format``, which the
+server would meet by forcing and re-sampling replies: off-policy; and each episode's own store of
+Responses, so a ``previous_response_id`` resolves only within its episode), and :class:`RecordingEngine`,
 the Engine the OpenAI app samples through (an ``EngineWrapper`` of the run's engine): it finds the
 request's episode, builds the exact prompt, applies the run's sampling settings and budgets, and
 records every completion in the episode's :class:`~agentrl.agents.recorder.Recorder`.
@@ -15,9 +21,10 @@ plus the render delta of the new messages (``ChatRenderer.observation_ids``, the
 method): sampled turns are never re-tokenized. Otherwise the app's own rendering of the messages is
 the prompt; the recorder continues the segment if those ids extend it, else splits.
 
-The OpenAI request handling itself (validation, chat template, tool-call parsing, streaming) is
+The request handling itself (validation, dialects, chat template, tool-call parsing, streaming) is
 the serve app's; it is handed in as ``make_app(engine, tokenizer, model_name)`` by the job that
-wires the run (``agentrl.jobs.build``), which keeps this package below the jobs layer.
+wires the run (``agentrl.jobs.build``, which gives the app an :class:`EpisodeGate`), which keeps
+this package below the jobs layer.
 
 Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.runner`).
 """
@@ -39,9 +46,6 @@ from agentrl.engine.wrapper import EngineWrapper
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.errors import ConfigError, EngineError, TemplateError
 from agentrl.tools.calls import parse_hermes
-
-MAX_BODY = 32 << 20
-_ROUTE = "/v1/chat/completions"
 
 
 @dataclass
@@ -72,6 +76,7 @@ class EpisodeLink:
     delta_prompts: int = 0
     stopped: tuple[str, str] | None = None  # (outcome value, detail) once a limit ended the episode
     last_text: str = ""
+    responses: dict = field(default_factory=dict)  # OpenAI Responses of this episode, by id
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _renderers: dict = field(default_factory=dict)
     _tools_key: str | None = None
@@ -179,12 +184,12 @@ class EpisodeLink:
 
 @dataclass
 class Request:
-    """What the engine needs of the HTTP request it samples for."""
+    """What the engine needs of the HTTP request it samples for (the chat form, set by the gate)."""
 
-    link: EpisodeLink
-    messages: list[dict] | None
-    tools: list | None
-    parse_tools: bool
+    link: EpisodeLink | None
+    messages: list[dict] | None = None
+    tools: list | None = None
+    parse_tools: bool = False
 
 
 _current: contextvars.ContextVar[Request | None] = contextvars.ContextVar("agentrl_proxy_request", default=None)
@@ -203,7 +208,7 @@ class RecordingEngine(EngineWrapper):
 
     def _request(self) -> Request:
         req = _current.get()
-        if req is None:
+        if req is None or req.link is None:
             raise EngineError("a proxied completion arrived outside an episode's request")
         return req
 
@@ -242,77 +247,56 @@ def refusal(body: Any) -> str | None:
     return None
 
 
-async def _answer(send, status: int, message: str, kind: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+class EpisodeGate:
+    """The serve app's gate (``agentrl.jobs.serve_api.Gate``) on the recording endpoint: the
+    request's episode, set by :class:`KeyedApp`, decides."""
+
+    def authorize(self) -> str | None:
+        req = _current.get()
+        if req is None or req.link is None:
+            return (
+                "unknown or expired API key: each episode has its own (OPENAI_API_KEY / ANTHROPIC_API_KEY "
+                "in the agent program's environment)"
+            )
+        return None
+
+    def admit(self, chat: dict) -> str | None:
+        """Refuse what cannot be recorded; else note the chat form the engine records with."""
+        why = refusal(chat)
+        req = _current.get()
+        if why or req is None:
+            return why
+        tools = chat.get("tools")
+        req.messages = chat.get("messages") if isinstance(chat.get("messages"), list) else None
+        req.tools = tools if isinstance(tools, list) else None
+        req.parse_tools = bool(tools) and chat.get("tool_choice") != "none"
+        return None
+
+    def responses(self) -> dict:
+        return _current.get().link.responses
+
+
+def _key(scope) -> str:
+    headers = dict(scope.get("headers") or [])
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get(b"x-api-key", b"").decode("latin-1").strip()
 
 
 class KeyedApp:
-    """ASGI wrapper: per-episode API keys -> links; the request's link is set for the engine to find."""
+    """ASGI wrapper: the request's API key -> its episode's link (None: unknown), set for the gate and
+    the engine to find."""
 
     def __init__(self, app: Any, links: dict[str, EpisodeLink]) -> None:
         self.app, self.links = app, links
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("path", "").rstrip("/") in ("/health", "/v1/health", "/v1/models"):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        link = self.links.get(key)
-        if link is None:
-            return await _answer(
-                send,
-                401,
-                "unknown or expired API key: each episode has its own "
-                "(OPENAI_API_KEY in the agent program's environment)",
-                "authentication_error",
-            )
-        chunks, size, more = [], 0, True
-        while more:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return
-            chunks.append(msg.get("body", b""))
-            size += len(chunks[-1])
-            more = msg.get("more_body", False)
-            if size > MAX_BODY:
-                return await _answer(send, 413, f"request body over {MAX_BODY} bytes", "invalid_request_error")
-        raw = b"".join(chunks)
+        token = _current.set(Request(self.links.get(_key(scope))))
         try:
-            body = json.loads(raw or b"null")
-        except ValueError:
-            body = None
-        chat = scope.get("path", "").rstrip("/") == _ROUTE and isinstance(body, dict)
-        why = refusal(body) if chat else None
-        if why:
-            return await _answer(send, 400, why, "invalid_request_error")
-        tools = body.get("tools") if chat else None
-        messages = body.get("messages") if chat and isinstance(body.get("messages"), list) else None
-        request = Request(
-            link,
-            messages,
-            tools if isinstance(tools, list) else None,
-            bool(tools) and (body or {}).get("tool_choice") != "none",
-        )
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        token = _current.set(request)
-        try:
-            await self.app(scope, replay, send)
+            await self.app(scope, receive, send)
         finally:
             _current.reset(token)
 

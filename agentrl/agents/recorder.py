@@ -120,8 +120,10 @@ class Recorder:
 def _content(value: Any) -> Any:
     if isinstance(value, list):  # OpenAI content parts: their texts, joined (others kept as they are)
         if all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-            return "".join(str(p.get("text", "")) for p in value)
-    return value or ""
+            value = "".join(str(p.get("text", "")) for p in value)
+    # stripped: a streamed reply's text keeps the white space before a tool call that the whole
+    # reply's content drops; either way the sampled ids, not this text, continue the trajectory
+    return value.strip() if isinstance(value, str) else value or ""
 
 
 def _arguments(raw: Any) -> Any:
@@ -135,8 +137,8 @@ def _arguments(raw: Any) -> Any:
 
 def message_key(m: dict) -> str:
     """What a chat template sees of an OpenAI message, as a comparable string: role, content (None,
-    "" and text parts alike), tool calls by name and parsed arguments (call ids and client extras
-    such as ``refusal`` ignored), tool_call_id and name."""
+    "" and text parts alike, white space at either end ignored), tool calls by name and parsed
+    arguments (call ids and client extras such as ``refusal`` ignored), tool_call_id and name."""
     calls = [
         ((c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments")))
         for c in (m.get("tool_calls") or [])

@@ -148,7 +148,7 @@ def rollout(
         None,
         "--agent",
         help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a "
-        "recording OpenAI-compatible endpoint.",
+        "recording endpoint (OpenAI chat, Anthropic Messages, OpenAI Responses).",
     ),
     config: list[str] | None = ConfigOpt,
     sets: list[str] | None = SetOpt,
@@ -195,7 +195,7 @@ def run(
         None,
         "--agent",
         help="builtin | proxy (agent.kind): proxy runs agent.command / agent.callable per episode against a "
-        "recording OpenAI-compatible endpoint.",
+        "recording endpoint (OpenAI chat, Anthropic Messages, OpenAI Responses).",
     ),
     config: list[str] | None = ConfigOpt,
     sets: list[str] | None = SetOpt,

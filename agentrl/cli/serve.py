@@ -61,7 +61,10 @@ def serve_cmd(
     Responses carry the sampled token ids, their logprobs and the policy version in an extra
     `agentrl` field; the local backend streams token by token and honours tool_choice and
     response_format. Point any OpenAI client at http://HOST:PORT/v1 (no key needed; litellm: model
-    "openai/NAME", api_base=http://HOST:PORT/v1; agentrl eval --api-base http://HOST:PORT/v1)."""
+    "openai/NAME", api_base=http://HOST:PORT/v1; agentrl eval --api-base http://HOST:PORT/v1).
+    The local backend also speaks Anthropic Messages (/v1/messages: the anthropic client with
+    base_url=http://HOST:PORT) and OpenAI Responses (/v1/responses, previous_response_id kept for
+    the last 4096 responses)."""
     try:
         path, backend, device, dtype = settings(config, sets, path, backend, device, dtype)
         chat = chat_settings(config, sets)

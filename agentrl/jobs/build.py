@@ -154,11 +154,13 @@ def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
 
 
 def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -> Any:
-    """The serve app (OpenAI-compatible) over ``engine``: what the agent proxy records through."""
+    """The serve app (OpenAI chat, Anthropic Messages, OpenAI Responses) over ``engine``, gated by
+    the episode a request's key names: what the agent proxy records through."""
+    from agentrl.agents.proxy import EpisodeGate
     from agentrl.jobs.serve_api import OpenAIAPI
     from agentrl.jobs.serve_app import build_app
 
-    return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens))
+    return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens, gate=EpisodeGate()))
 
 
 def episode_manager(cfg: RunConfig, engine: Any, make_env: Any, tokenizer: Any) -> Any:

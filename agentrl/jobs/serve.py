@@ -9,7 +9,8 @@ weights, so the policy under training is what answers); and the two backends:
 - ``local`` (:class:`LocalServer`): one asyncio loop (in a thread of its own) runs both the HTTP
   server (FastAPI + uvicorn, :mod:`agentrl.jobs.serve_app`) and an in-process
   :class:`~agentrl.engine.local.LocalEngine` (which batches concurrent requests); requests are
-  answered by :class:`agentrl.jobs.serve_api.OpenAIAPI`, streams token by token. Weight swaps go
+  answered by :class:`agentrl.jobs.serve_api.OpenAIAPI` (OpenAI chat and completions, and through
+  :mod:`agentrl.jobs.dialects` Anthropic Messages and OpenAI Responses), streams token by token. Weight swaps go
   through ``LocalEngine.update_weights``.
 - ``sglang`` (:class:`SGLangService`): launches ``sglang.launch_server`` on the weights through
   :mod:`agentrl.engine.sglang_server` (SGLang serves ``/v1`` itself), restarts it on the newest

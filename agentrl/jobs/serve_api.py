@@ -1,6 +1,6 @@
 """OpenAI-compatible requests answered by an agentrl Engine (the `agentrl serve` local backend).
 
-Owns: validating ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` request bodies
+Owns: routing, validating ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` request bodies
 (a bad value is an :class:`APIError` naming the field and the value: HTTP 4xx), rendering chats
 with the model's own chat template (:mod:`agentrl.episodes.chat`), running the engine, and building
 the responses — whole, or streamed token by token — with text, ``usage``, tool calls (Hermes
@@ -8,6 +8,12 @@ the responses — whole, or streamed token by token — with text, ``usage``, to
 OpenAI-style logprobs on request, and — always — an ``agentrl`` field per choice with the exact
 sampled ``token_ids``, their behaviour ``logprobs``, the ``prompt_token_ids`` and the policy
 version that sampled them (for debugging RL).
+
+The chat handling (:meth:`OpenAIAPI.chat`) is the one request-handling core: the other dialects
+(``/v1/messages``, ``/v1/responses``: :mod:`agentrl.jobs.dialects`) are adapters that translate
+their request to a chat body, call it, and translate its answer back. A server that embeds the app
+(the recording proxy) hands in a :class:`Gate`: its per-request checks and its own store of
+Responses.
 
 Semantics worth knowing:
 
@@ -31,14 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from typing import Any, Protocol
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.episodes.chat import ChatRenderer, render
 from agentrl.errors import EngineError, TemplateError
+from agentrl.jobs.dialects import AnthropicMessages, OpenAIResponses, Reply, ResponseStore
 from agentrl.jobs.serve_errors import APIError
 from agentrl.jobs.serve_fields import (
     MAX_N,
@@ -53,14 +61,34 @@ from agentrl.jobs.serve_fields import (
 from agentrl.jobs.serve_reply import MAX_ATTEMPTS, ReplyPlan, build_message, plan_reply
 from agentrl.jobs.serve_stream import Job, replay, stream_choices
 
-__all__ = ["APIError", "OpenAIAPI", "MAX_N"]
+__all__ = ["APIError", "DIALECTS", "Gate", "OpenAIAPI", "MAX_N"]
+
+#: the dialect adapters, by the path they answer
+DIALECTS = {d.path: d for d in (AnthropicMessages, OpenAIResponses)}
+
+
+class Gate(Protocol):
+    """What a server embedding the app checks and keeps per request (the recording proxy: the
+    episode a request's API key names)."""
+
+    def authorize(self) -> str | None:
+        """Why the request is refused (HTTP 401: no such key), or None; called first on every POST."""
+
+    def admit(self, chat: dict) -> str | None:
+        """Why this chat body (the core's form, whatever the dialect) is refused (HTTP 400), or None;
+        called once it is valid, before anything is sampled."""
+
+    def responses(self) -> MutableMapping:
+        """Where this request's Responses are kept for ``previous_response_id``."""
 
 
 class OpenAIAPI:
     """Answers OpenAI API bodies with ``engine``; ``tokenizer`` must be the served model's.
 
     ``model_name`` is the only model served (others get 404); ``weights`` returns a description of
-    the weights loaded now (path, step) that goes into every response's ``agentrl`` field."""
+    the weights loaded now (path, step) that goes into every response's ``agentrl`` field; ``gate``
+    (see :class:`Gate`) is an embedding server's; without one every request is admitted and
+    Responses are kept in the process (the last ``ResponseStore`` limit of them)."""
 
     def __init__(
         self,
@@ -70,6 +98,7 @@ class OpenAIAPI:
         *,
         default_max_tokens: int = 512,
         weights: Callable[[], dict] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.default_max_tokens = default_max_tokens
@@ -77,6 +106,8 @@ class OpenAIAPI:
         self.renderer = ChatRenderer(tokenizer)
         self.vocab = len(tokenizer)
         self.created = int(time.time())
+        self.gate = gate
+        self.store = ResponseStore()
 
     # ------------------------------------------------------------------ endpoints
     async def handle(self, method: str, path: str, body: Any) -> dict | AsyncIterator[dict]:
@@ -87,6 +118,7 @@ class OpenAIAPI:
             "/v1/models": ("GET", self.models),
             "/v1/chat/completions": ("POST", self.chat),
             "/v1/completions": ("POST", self.completions),
+            **{p: ("POST", functools.partial(self._dialect, p)) for p in DIALECTS},
         }
         if path not in routes:
             raise APIError(f"no route {path!r}; this server answers {sorted(routes)}", status=404, kind="not_found")
@@ -95,9 +127,32 @@ class OpenAIAPI:
             raise APIError(f"{path} takes {want}, got {method}", status=405)
         if want == "GET":
             return await fn()
+        why = self.gate.authorize() if self.gate else None
+        if why:
+            raise APIError(why, status=401, kind="authentication_error")
         if not isinstance(body, dict):
             raise APIError(f"the request body must be a JSON object, got {type(body).__name__}")
         return await fn(body)
+
+    async def _dialect(self, path: str, body: dict) -> dict | AsyncIterator[dict]:
+        """A dialect's request, answered by the chat core through its adapter."""
+        store = self.gate.responses() if self.gate else self.store
+        adapter = DIALECTS[path](body, self.model_name, store)
+        result = await self.chat(adapter.chat())
+        if isinstance(result, dict):
+            return adapter.whole(Reply.of_response(result))
+        return adapter.stream(result)
+
+    @staticmethod
+    def error_body(path: str, e: APIError) -> dict:
+        """``e`` in the shape of the dialect ``path`` belongs to (OpenAI's by default)."""
+        dialect = DIALECTS.get(path.split("?", 1)[0].rstrip("/"))
+        return dialect.error_body(e) if dialect else e.body()
+
+    @staticmethod
+    def named_events(path: str) -> bool:
+        """True when ``path``'s streams name each SSE event (its ``type``) and end without ``[DONE]``."""
+        return path.split("?", 1)[0].rstrip("/") in DIALECTS
 
     async def models(self) -> dict:
         return {
@@ -126,6 +181,9 @@ class OpenAIAPI:
                 param="messages",
             )
         plan = plan_reply(body)
+        why = self.gate.admit(body) if self.gate else None
+        if why:
+            raise APIError(why)
         logprobs = bool(body.get("logprobs"))
         if num(body, "top_logprobs", 0, lo=0, integer=True):
             raise APIError(
@@ -185,7 +243,7 @@ class OpenAIAPI:
                 "text": text,
                 "finish_reason": "stop" if cut else g.finish_reason,
                 "logprobs": None,
-                "agentrl": self.choice_extra(job.prompt, g),
+                "agentrl": self.choice_extra(job.prompt, g, cut),
             }
             if want_logprobs:
                 choice["logprobs"] = self.text_logprobs(g.token_ids, g.logprobs, 0)
@@ -220,7 +278,7 @@ class OpenAIAPI:
             "index": job.index,
             "message": message,
             "finish_reason": finish,
-            "agentrl": self.choice_extra(job.prompt, g),
+            "agentrl": self.choice_extra(job.prompt, g, cut),
         }
         if logprobs:
             choice["logprobs"] = {"content": self.chat_logprobs(g.token_ids, g.logprobs)}
@@ -331,13 +389,16 @@ class OpenAIAPI:
             "text_offset": offsets,
         }
 
-    def choice_extra(self, prompt: list[int], g: Generation) -> dict:
+    def choice_extra(self, prompt: list[int], g: Generation, stop: str | None = None) -> dict:
+        """The ``agentrl`` field of a choice: the exact ids, their logprobs and versions, the
+        engine's own finish reason and ``stop_string``, the stop string the text was cut at."""
         return {
             "prompt_token_ids": prompt,
             "token_ids": g.token_ids,
             "logprobs": g.logprobs,
             "policy_versions": sorted(set(g.versions)),
             "engine_finish_reason": g.finish_reason,
+            "stop_string": stop,
         }
 
     def meta(self) -> dict:

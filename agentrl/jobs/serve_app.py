@@ -2,9 +2,11 @@
 
 Owns: the routes (``/health``, ``/v1/health`` and every ``/v1/...`` path, handed to
 :class:`agentrl.jobs.serve_api.OpenAIAPI`), reading request bodies (size limit, JSON), answering
-errors as OpenAI-style bodies (an :class:`~agentrl.jobs.serve_errors.APIError`, an unknown path or
-method, a bug: 500 naming it), streams as server-sent events (sse-starlette: ``data: {chunk}``
-lines, then ``data: [DONE]``; a client that goes away cancels its generation), and
+errors as error bodies in the shape of the path's dialect (OpenAI's, or Anthropic's on
+``/v1/messages``: an :class:`~agentrl.jobs.serve_errors.APIError`, an unknown path or method, a
+bug: 500 naming it), streams as server-sent events (sse-starlette: ``data: {chunk}`` lines, then
+``data: [DONE]``; the other dialects' streams name each event ``event: {type}`` and end without
+``[DONE]``, as their APIs do; a client that goes away cancels its generation), and
 :class:`HTTPServer`, which runs uvicorn on an asyncio loop the caller owns (the one its engine
 runs on) on a socket bound up front (port 0 picks a free one; a busy port fails at once).
 
@@ -17,6 +19,7 @@ or follow checkpoints (:mod:`agentrl.jobs.serve`).
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations.
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,20 +41,20 @@ def build_app(api, *, health: Callable[[], dict] | None = None) -> FastAPI:
     app = FastAPI(title="agentrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     health = health or api.meta
 
-    def error(e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+    def error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(api.error_body(request.url.path, e), status_code=e.status)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        return error(e)
+        return error(request, e)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, e: HTTPException):  # routing: unknown method on a path
-        return error(APIError(f"{request.method} {request.url.path}: {e.detail}", status=e.status_code))
+        return error(request, APIError(f"{request.method} {request.url.path}: {e.detail}", status=e.status_code))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception):  # a bug must still answer, not hang the client
-        return error(APIError(f"internal error: {type(e).__name__}: {e}", status=500, kind="internal_error"))
+        return error(request, _internal(e))
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -64,7 +67,9 @@ def build_app(api, *, health: Callable[[], dict] | None = None) -> FastAPI:
         result = await api.handle(request.method, "/" + path, body)
         if isinstance(result, dict):
             return JSONResponse(result)
-        return EventSourceResponse(_events(result), ping=15)
+        named = api.named_events(request.url.path)
+        errors = functools.partial(api.error_body, request.url.path)
+        return EventSourceResponse(_events(result, errors, named), ping=15)
 
     return app
 
@@ -87,22 +92,28 @@ async def _read_json(request) -> object:
         raise APIError(f"the request body is not valid JSON: {e}") from e
 
 
-async def _events(chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
-    """Stream chunks as SSE ``data:`` events, ``[DONE]`` last; a bug mid-stream ends it with an error event."""
+def _internal(e: Exception) -> APIError:
+    return APIError(f"internal error: {type(e).__name__}: {e}", status=500, kind="internal_error")
+
+
+async def _events(chunks: AsyncIterator[dict], errors: Callable[[APIError], dict], named: bool) -> AsyncIterator[dict]:
+    """Stream chunks as SSE ``data:`` events, ``[DONE]`` last (``named``: each event named by its
+    ``type``, no ``[DONE]``); a bug mid-stream ends it with an error event (``errors`` shapes it)."""
+
+    def event(c: dict) -> dict:
+        return {"event": c.get("type", "error"), "data": json.dumps(c)} if named else {"data": json.dumps(c)}
+
     try:
         async for c in chunks:
-            yield {"data": json.dumps(c)}
+            yield event(c)
     except APIError as e:
-        yield {"data": json.dumps(e.body())}
+        yield event(errors(e))
     except Exception as e:  # noqa: BLE001 - the client must see it; the response has started
-        yield {
-            "data": json.dumps(
-                APIError(f"internal error: {type(e).__name__}: {e}", status=500, kind="internal_error").body()
-            )
-        }
+        yield event(errors(_internal(e)))
     finally:
         await chunks.aclose()
-    yield {"data": "[DONE]"}
+    if not named:
+        yield {"data": "[DONE]"}
 
 
 class HTTPServer:

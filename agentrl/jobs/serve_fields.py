@@ -72,9 +72,13 @@ def include_usage(body: dict) -> bool:
     return bool((opts or {}).get("include_usage"))
 
 
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    hits = [i for i in (text.find(s) for s in stops) if i != -1]
-    return (text[: min(hits)], True) if hits else (text, False)
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, str | None]:
+    """``text`` cut before its first stop string, and that string (None: no stop string in it)."""
+    hits = [(i, s) for s in stops if (i := text.find(s)) != -1]
+    if not hits:
+        return text, None
+    at, stop = min(hits)
+    return text[:at], stop
 
 
 def template_message(message: dict) -> dict:

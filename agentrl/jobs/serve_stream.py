@@ -51,8 +51,8 @@ class TextDeltas:
 
     ``push(token)`` returns the text that can be sent now; ``finish()`` the rest once sampling
     ended. ``stopped`` turns True when a stop string appeared (``text`` is cut before it; nothing
-    after it is released); ``held`` when a held marker appeared (nothing from it on is released:
-    the caller handles the rest of ``text`` itself)."""
+    after it is released; ``matched`` is that string); ``held`` when a held marker appeared
+    (nothing from it on is released: the caller handles the rest of ``text`` itself)."""
 
     def __init__(
         self, decode: Callable[[list[int]], str], stops: list[str], hold: list[str] = (), prefix: str = ""
@@ -62,6 +62,7 @@ class TextDeltas:
         self.text = prefix
         self.sent = 0
         self.stopped = self.held = False
+        self.matched: str | None = None
 
     def push(self, token: int) -> str:
         self.ids.append(token)
@@ -76,9 +77,10 @@ class TextDeltas:
         return "" if self.stopped else self._release(self.decode(self.ids), final=True)
 
     def _release(self, generated: str, final: bool) -> str:
-        hits = [i for i in (generated.find(s) for s in self.stops) if i != -1]
+        hits = [(i, s) for s in self.stops if (i := generated.find(s)) != -1]
         if hits:  # stop strings apply to sampled text only, never to the forced prefix
-            generated, self.stopped = generated[: min(hits)], True
+            at, self.matched = min(hits)
+            generated, self.stopped = generated[:at], True
         self.text = self.prefix + generated
         if self.held:
             return ""
@@ -226,7 +228,7 @@ async def stream_choices(
                         yield chunk(head, i, chat=True, delta=d)
                 elif deltas.rest:
                     yield piece(i, deltas.rest)
-            yield piece(i, "", finish=finish, extra=api.choice_extra(by_index[i].prompt, g))
+            yield piece(i, "", finish=finish, extra=api.choice_extra(by_index[i].prompt, g, deltas.matched))
         if include_usage:
             yield {
                 **head,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import probe_agents  # noqa: E402  (the official openai client, which litellm brings)
+import pytest
 
 import agentrl.jobs.rollout as rollout_job
 from agentrl.config.schema import load_config
@@ -42,6 +43,7 @@ class LoggingEngine(Engine):
 
 
 def _rollout(tmp_path, monkeypatch, script, extra=()):
+    """A rollout whose agent is ``script`` (examples/agents) or, as "module:function", that callable."""
     engines = []
     real = rollout_job.make_engine
 
@@ -56,7 +58,7 @@ def _rollout(tmp_path, monkeypatch, script, extra=()):
             f"output_dir={tmp_path}",
             "env.id=code_exec",
             "agent.kind=proxy",
-            f"agent.command={sys.executable} {EXAMPLES / script}",
+            f"agent.callable={script}" if ":" in script else f"agent.command={sys.executable} {EXAMPLES / script}",
             "rollout.num_prompts=2",
             "rollout.group_size=2",
             "rollout.max_new_tokens=96",
@@ -77,9 +79,9 @@ def _sampled_runs(t):
     ]
 
 
-def test_openai_client_agent_is_recorded_token_exact(tmp_path, monkeypatch):
-    trajs, log = _rollout(tmp_path, monkeypatch, "openai_loop.py", ["agent.reward=env"])
-    assert len(log) >= 4 and len(trajs) >= 4
+def _assert_token_exact(trajs, log):
+    """Every sampled run of every trajectory is an engine sample after the exact prompt it was given;
+    every engine sample is in one trajectory; the agents made tool calls and were never split."""
     by_prompt = {}
     for prompt, g in log:
         by_prompt.setdefault(tuple(prompt), []).append(g)
@@ -96,6 +98,21 @@ def test_openai_client_agent_is_recorded_token_exact(tmp_path, monkeypatch):
     multi = [t for t in trajs if t.num_turns > 1]
     assert multi, "the agent should have made a tool call and come back at least once"
     assert all(t.info["agent"]["splits"] == 0 for t in trajs)  # its own history was never re-tokenized
+
+
+def test_openai_client_agent_is_recorded_token_exact(tmp_path, monkeypatch):
+    trajs, log = _rollout(tmp_path, monkeypatch, "openai_loop.py", ["agent.reward=env"])
+    assert len(log) >= 4 and len(trajs) >= 4
+    _assert_token_exact(trajs, log)
+
+
+@pytest.mark.parametrize("agent", ["anthropic_agent", "responses_agent"])
+def test_agents_on_the_other_dialects_are_recorded_token_exact(tmp_path, monkeypatch, agent):
+    """Agents written against `anthropic` (Messages) and `openai` (Responses, previous_response_id)."""
+    sets = ["agent.reward=env", "agent.model_name=policy"]  # the name these agents ask for
+    trajs, log = _rollout(tmp_path, monkeypatch, f"dialect_agents:{agent}", sets)
+    assert len(trajs) == 4 and len(log) >= 4
+    _assert_token_exact(trajs, log)
 
 
 def test_a_history_rewriting_agent_yields_split_trajectories(tmp_path, monkeypatch):

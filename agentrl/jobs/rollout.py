@@ -19,6 +19,7 @@ from typing import Any
 from agentrl.agents.runner import proxy_runner_of
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
+from agentrl.engine.counters import EngineCounters
 from agentrl.episodes.manager import EpisodeManager, make_specs
 from agentrl.episodes.summary import RolloutMetrics
 from agentrl.jobs.build import chat_tokenizer, env_factory, episode_manager, make_engine, model_dir
@@ -100,7 +101,9 @@ def run_rollout(
             trajs_path = out / "trajectories.jsonl"
             trajs_path.unlink(missing_ok=True)
             trajs = await collect(manager, specs, trajs_path, progress)
-            return trajs, manager.metrics, ({"agent": proxy.totals()} if proxy is not None else {})
+            extra = {"agent": proxy.totals()} if proxy is not None else {}
+            counts = EngineCounters(engine).now()
+            return trajs, manager.metrics, {**extra, **({"engine": counts} if counts else {})}
         finally:
             if proxy is not None:  # its endpoint serves the engine: closed first
                 await proxy.close()

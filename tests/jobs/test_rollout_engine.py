@@ -73,6 +73,9 @@ def test_rollout_with_the_local_engine_does_not_touch_sglang(recording, tiny_mod
     assert recording.built == [] and len(trajs) == 4
     written = (tmp_path / "local" / "config.yaml").read_text()
     assert "kind: local" in written and "device: cpu" in written
+    engine = json.loads((tmp_path / "local" / "metrics.json").read_text())["engine"]  # its counters
+    assert engine["generated_tokens"] == sum(sum(t["loss_mask"]) for t in trajs)  # every sampled token is kept
+    assert engine["prefilled_tokens"] > 0 and engine["prefills"] >= 1
 
 
 @pytest.mark.sglang
@@ -82,4 +85,4 @@ def test_rollout_on_a_live_sglang_server(sglang_server, sglang_model_dir, tmp_pa
     assert len(trajs) == 4 and all(sum(t["loss_mask"]) > 0 for t in trajs)
     metrics = json.loads((tmp_path / "live" / "metrics.json").read_text())
     assert metrics["episodes"] == 4 and metrics["config"]["engine"]["kind"] == "sglang"
-    assert metrics["config"]["engine"]["urls"] == [sglang_server.url]
+    assert metrics["config"]["engine"]["urls"] == [sglang_server.url] and "engine" not in metrics

@@ -42,6 +42,8 @@ def test_grpo_reward_rises_and_run_writes_everything(tiny_model_dir, tmp_path):
     assert summary["steps"] == 20 and (out / "curves.png").stat().st_size > 1000
     assert (out / "summary.json").exists() and (out / "config.yaml").exists()
     assert all(r.get("staleness/staleness_max", 0) == 0 for r in rows)  # staleness 0 = on-policy
+    steps = [r for r in rows if "rollout/sampled_tokens" in r]
+    assert all(r["engine/generated_tokens"] > 0 for r in steps)  # the local engine's own counters, per step
     ckpts = sorted((out / "checkpoints").glob("step_*/COMPLETE"))
     assert ckpts, "no complete checkpoint"
 

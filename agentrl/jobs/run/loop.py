@@ -329,6 +329,7 @@ class Runner:
             ),
             **({"agent": proxy.take_step()} if proxy is not None else {}),
             "sandbox": queue_summary(take_queue_waits()),
+            **({"engine": counts} if (counts := parts.engine_counters.take()) else {}),
             "time": {
                 "wait_rollout_s": t_got - t0,
                 "step_s": time.perf_counter() - t0,

@@ -25,6 +25,7 @@ from agentrl.batches.ledger import rewind
 from agentrl.batches.prompt_stream import PromptStream
 from agentrl.batches.staleness import load_ready
 from agentrl.config.schema import save_config
+from agentrl.engine.counters import EngineCounters
 from agentrl.jobs.build import chat_tokenizer, env_factory, eval_env_factory, make_sync, model_dir, start_backend
 from agentrl.trainer.integrity import pick_resume
 from agentrl.weights.drain import weight_update_gate
@@ -84,6 +85,7 @@ class Parts:
         self.weight_sync, self.replay, self.resumed = weight_sync, replay, resumed
         self.last_sync: SyncStats | None = None  # the last weight push's stats
         self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
+        self.engine_counters = EngineCounters(self.engine)  # the local engine's counters, per step
 
     @classmethod
     def build(cls, plan: Plan, run_dir: Path) -> Parts:

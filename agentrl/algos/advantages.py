@@ -3,8 +3,8 @@
 Owns: the ``ADVANTAGES`` registry of sequence-level estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++
 and its group-baseline variant, and ``none``: no reward signal, for pure distillation), GDPO's
 per-component normalisation of multi-component rewards (``gdpo``), token-level ``gae`` with a
-critic, and the small group helpers they share (``group_index``, ``masked_whiten``). Every function is pure: tensors in, tensors out,
-no trainer state, no gradient needed.
+critic, and the small group helpers they share (``group_index``, ``masked_whiten``). Every
+function is pure: tensors in, tensors out, no trainer state, no gradient needed.
 
 Does not: spread a sequence advantage over tokens or assign credit per turn (``credit`` does),
 nor compute losses (``losses`` does).

@@ -8,7 +8,6 @@ import json
 import math
 import shutil
 
-import pytest
 import torch
 
 import agentrl
@@ -128,22 +127,3 @@ def test_opd_mixed_into_grpo_with_a_perturbed_teacher_async(tiny_model_dir, tmp_
     for r in rows:
         assert math.isfinite(r["opd/reverse_kl"]) and abs(r["opd/reverse_kl"]) > 1e-3
         assert r["time/teacher_s"] > 0.0 and math.isfinite(r["train/grad_norm"])
-
-
-@pytest.mark.parametrize(
-    "sets, match",
-    [
-        (["algo.name=opd"], r"algo.teacher: null, but on-policy distillation is on"),
-        (["algo.teacher=x/y"], r"algo.teacher: 'x/y' is only used by on-policy distillation"),
-        (["algo.name=opd", "algo.teacher=x/y", "algo.opd_coef=0"], r"algo.opd_coef: 0.0 with algo.name=opd"),
-        (["algo.name=opd", "algo.teacher=x/y", "algo.credit=turn_return"], r"algo.credit: 'turn_return'"),
-        (["trainer.opd_coef=1.0"], r"set by `agentrl run` from algo.opd_coef"),
-    ],
-)
-def test_opd_config_errors_name_the_field(sets, match):
-    from agentrl.config.plan import resolve
-    from agentrl.config.schema import load_config
-    from agentrl.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=match):
-        resolve(load_config([], ["env.id=test/TwoTurn-v0", "env.kwargs={}", *sets]), found=[])

@@ -6,9 +6,6 @@ an async run (staleness 1, packed micro-batches)."""
 import asyncio
 import json
 import math
-import shutil
-
-import torch
 
 import agentrl
 from agentrl.envs.base import AgentEnv, join_messages, new_stats
@@ -91,19 +88,12 @@ def test_cli_opd_with_the_student_as_teacher_has_zero_kl_and_no_gradient(tiny_mo
 
 
 def test_opd_mixed_into_grpo_with_a_perturbed_teacher_async(tiny_model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
+    from trainer_helpers import perturbed_copy
 
     from agentrl.config.schema import load_config
     from agentrl.jobs.run import Runner
 
-    teacher = tmp_path / "teacher"
-    shutil.copytree(tiny_model_dir, teacher)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(teacher)
+    teacher = perturbed_copy(tiny_model_dir, tmp_path / "teacher", 0.3)
     out = tmp_path / "run"
     cfg = load_config(
         [],

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 
 import pytest
-import torch
-from trainer_helpers import make_samples
+from trainer_helpers import make_samples, perturbed_copy
 
 from agentrl.errors import ConfigError
 from agentrl.trainer import Trainer, TrainerConfig
@@ -25,17 +23,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def teacher_dir(model_dir, tmp_path_factory):
     """The student with noise on every weight: same tokenizer, another distribution."""
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("opd-teacher")
-    shutil.copytree(model_dir, out, dirs_exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(out)
-    return str(out)
+    return perturbed_copy(model_dir, tmp_path_factory.mktemp("opd-teacher"), 0.05)
 
 
 def opd_cfg(teacher: str, coef: float = 1.0, **kw) -> TrainerConfig:

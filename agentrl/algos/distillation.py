@@ -23,18 +23,24 @@ This is REINFORCE with the reward ``-(log p_student(x_t) - log p_teacher(x_t))``
 token and discount 0 (no reward-to-go across tokens), importance-weighted from the sampling
 policy: the formula of Thinking Machines' "On-Policy Distillation" (Lu et al., 2025:
 ``advantage = -(sampled logprob - teacher logprob)``, trained with an importance-sampling policy
-gradient), which slime (``A_t - lambda_opd * KL_t``), SkyRL's and Trinity-RFT's OPD examples and
-prime-rl's teacher term share. One choice differs from the post: ``k_t`` uses the student's
-log-prob at the current parameters (the trainer's ``logp``, detached), not the sampler's, so an
-async run (tokens some versions old) and numerics that differ between engine and trainer do not
-bias it: it is the reverse KL of the policy being trained, and it is exactly 0 when the teacher is
-the student. Its gradient is the unbiased per-token estimate of grad KL(pi_s || pi_t) at the
-current parameters under samples from ``old`` (the ``E[grad log pi_s] = 0`` term dropped).
+gradient), which slime's OPD (``A_t - lambda_opd * KL_t`` beside any estimator), SkyRL's on-policy
+distillation example and Trinity-RFT's ``kl_coef * (teacher - student)`` advantage also use. Both
+log-probs are of the logits divided by the sampling temperature.
+
+One choice differs from the post: ``k_t`` uses the student's log-prob at the current parameters
+(the trainer's ``logp``, detached), not the sampler's, so an async run (tokens some versions old)
+and numerics that differ between engine and trainer do not bias it: it is the reverse KL of the
+policy being trained, and exactly 0 when the teacher is the student. At each position the gradient
+is an unbiased estimate of ``grad KL(pi_s(.|prefix) || pi_t(.|prefix))`` at the current parameters
+from a token drawn by ``old`` and reweighted by ``rho_t`` (the ``E[grad log pi_s] = 0`` term dropped),
+the prefix held fixed: a token's effect on the later positions' KL is not credited to it (discount 0,
+as in the post).
 
 Only action tokens (loss mask 1, sampled by the student) are ever passed in or counted: prompt,
 template glue and tool output are not the student's choices and carry no distillation signal.
-The trainer adds ``opd_coef * loss_t`` to the per-token RL loss (``algo.name: opd`` is the pure
-form: the RL advantage is 0) and aggregates the sum as configured.
+The trainer adds ``opd_coef * loss_t`` (times the rollout correction's weights, as the policy loss)
+to the per-token RL loss (``algo.name: opd`` is the pure form: the RL advantage is 0) and
+aggregates the sum as configured.
 
 Does not: run the teacher (the trainer does, on its own micro-batches), aggregate, or check that
 the teacher shares the student's tokenizer (``agentrl.models.teacher``).

@@ -56,13 +56,15 @@ def agentrl(args: list[str], env: dict, timeout_s: float | None = None) -> tuple
     print(f"  $ {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ok = {0}
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
+        ok.add(128 + signal.SIGTERM)  # `agentrl run` stopped gracefully by SIGTERM, checkpointed, exits 143
         out, err = proc.communicate()
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\n{out[-2000:]}\n{err[-2000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall
 

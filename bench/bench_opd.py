@@ -46,6 +46,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ARMS = ("sft", "grpo", "opd", "mix")
 #: Every run and probe: the env, quiet, no TensorBoard.
 COMMON = ["logging.tensorboard=false"]
+#: The learning rate of every arm for the built (random) student: the commands' defaults for a
+#: ``--model`` (1e-6 / 5e-5) are meant for pretrained models and would barely move it.
+BUILT_STUDENT_LR = 1e-3
 #: ``--quick``: the same commands on a tiny workload.
 QUICK_SETS = ["rollout.group_size=2", "train.groups_per_step=1", "rollout.max_new_tokens=24", "rollout.max_turns=2"]
 
@@ -86,7 +89,8 @@ def probe(model: str, teacher: str, run_dir: Path, a: argparse.Namespace, env: d
     """Held-out solve rate and reverse KL to the teacher of ``model`` (see the module docstring)."""
     args = ["run", "--env", a.env, "--algo", "opd", "--model", model, "--steps", "1", "-q", "-o", str(run_dir)]
     sets = [f"algo.teacher={teacher}", "trainer.lr=0", "train.max_staleness=0", f"eval.num_tasks={a.eval_tasks}"]
-    agentrl(args + _sets(sets + [f"train.groups_per_step={a.probe_groups}", *a.sets]), env)
+    # the probe's own settings come last: a shared --set (a learning rate) must not make it train
+    agentrl(args + _sets([*a.sets, *sets, f"train.groups_per_step={a.probe_groups}"]), env)
     rows = _rows(run_dir)
     evals = [r["eval/solve_rate"] for r in rows if "eval/solve_rate" in r]
     kl = [r["opd/reverse_kl"] for r in rows if "opd/reverse_kl" in r]
@@ -219,6 +223,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--student-size", type=int, default=64, help="hidden size of the built student")
     ap.add_argument("--env", default="code_exec", help="env id of every run and probe")
     ap.add_argument("--opd-coef", type=float, default=0.5, help="the mix arm's algo.opd_coef")
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help=f"trainer.lr and sft.lr of every arm (default: {BUILT_STUDENT_LR} for the built student, else the "
+        "commands' own: 1e-6 for `agentrl run --model`, 5e-5 for `agentrl sft --model`)",
+    )
     ap.add_argument("--eval-tasks", type=int, default=200, help="held-out tasks per probe eval")
     ap.add_argument("--probe-groups", type=int, default=8, help="groups whose tokens a probe's reverse KL averages")
     ap.add_argument("--sft-calib-steps", type=int, default=10, help="steps of the first SFT calibration run")
@@ -243,7 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     teacher, student = models(a, root)
     print(f"teacher {teacher}\nstudent {student}\nruns in {root}", flush=True)
     results = []
-    shared = list(a.sets)
+    lr = a.lr if a.lr is not None else (None if a.student else BUILT_STUDENT_LR)
+    shared = [*a.sets, *([f"trainer.lr={lr}", f"sft.lr={lr}"] if lr is not None else [])]
+    print(f"learning rate of every arm: {'the commands own' if lr is None else lr}", flush=True)
     for seed in a.seeds:
         a.sets = [*shared, *seed_sets(seed)]
         print(f"\nseed {seed}: probing the student", flush=True)

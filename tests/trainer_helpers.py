@@ -1,12 +1,15 @@
 """What the one-process trainer tests (tests/trainer/test_trainer.py, test_lora.py,
-test_seq_index_losses.py) share: multi-turn-shaped samples (``make_samples``), the largest difference
-between two state dicts (``max_diff``), and the trainer -> local engine weight-sync round trip
-(``assert_engine_reproduces_trainer``)."""
+test_seq_index_losses.py, test_opd.py) share: multi-turn-shaped samples (``make_samples``), the largest
+difference between two state dicts (``max_diff``), the trainer -> local engine weight-sync round trip
+(``assert_engine_reproduces_trainer``), and a model with noise on its weights (``perturbed_copy``, the
+distillation teacher of test_opd.py and tests/jobs/test_opd_run.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+from pathlib import Path
 
 from agentrl.trainer import Trainer, TrainerConfig, TrainSample
 
@@ -68,3 +71,19 @@ def assert_engine_reproduces_trainer(model_dir: str, cfg: TrainerConfig) -> None
         m = t.train_step([s])  # reports the trainer-vs-engine mismatch before updating
     assert set(gen.versions) == {2}
     assert m["mismatch/abs_diff_max"] < 1e-5
+
+
+def perturbed_copy(model_dir: str | Path, out: Path, scale: float, seed: int = 0) -> str:
+    """``model_dir`` copied to ``out`` with N(0, scale^2) noise added to every weight: the same
+    tokenizer, another distribution."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(model_dir, out, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out)
+    return str(out)

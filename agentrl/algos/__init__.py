@@ -2,9 +2,9 @@
 the trainer is algorithm-blind and only applies the per-token weights these produce.
 
 Owns (re-exported from ``advantages``, ``losses``, ``credit``, ``shaping``, ``sampling``,
-``rollout_correction``): every advantage estimator, credit mode, policy loss, loss aggregation, KL
-estimator, entropy, value loss, mismatch correction (TIS and the ratio masks), length-shaping term
-and group filter.
+``rollout_correction``, ``distillation``): every advantage estimator, credit mode, policy loss, loss
+aggregation, KL estimator, entropy, value loss, mismatch correction (TIS and the ratio masks),
+on-policy distillation term, length-shaping term and group filter.
 Does not: run models, hold optimizer or trainer state, reduce across ranks, read configs.
 
 Shapes: ``B`` sequences; ``[B, T]`` padded per-token; ``[N]`` flat packed tokens (any number of
@@ -23,6 +23,7 @@ a sequence alone in its group gets 0.
 * ``reinforce_pp``:  ``A_i = (r_i - mean_batch) / (std_batch + eps)`` (group_ids ignored; put the
   KL penalty in the reward first, ``apply_kl_in_reward``)
 * ``reinforce_pp_baseline``: ``a = r - mean_g``, then ``(a - mean_batch a) / (std_batch a + eps)``
+* ``none``:          ``A_i = 0`` (no reward signal: pure on-policy distillation, ``--algo opd``)
 
 ``gdpo(components [B, K], group_ids [B], weights [K]) -> [B]`` (GDPO, multi-component rewards; not
 a registry entry, it replaces ``grpo`` when rewards come in named parts):
@@ -128,12 +129,20 @@ Only action tokens (``mask`` 1) count:
 
 The masks report ``rollout_masked_frac`` (1 on a masked action token) and ``rollout_weight``.
 
+``DISTILLATION`` - on-policy distillation (``distillation``): ``(logp [N], teacher_logp [N],
+old_logp [N]) -> (loss [N], metrics)``, the teacher's log-probs of the student's own sampled tokens:
+
+* ``reverse_kl``: ``k_t = sg(logp_t) - teacher_t`` (sampled-token reverse KL), advantage ``-k_t``,
+  ``loss_t = k_t exp(logp_t - sg(old_t))`` (REINFORCE on ``-k_t``, discount 0; Thinking Machines'
+  "On-Policy Distillation"). Metric ``opd_reverse_kl``. The trainer adds ``opd_coef * loss_t``.
+
 Composing one micro-batch (what the trainer does; every term is per token, then one aggregate)::
 
     loss_tok, metrics = POLICY_LOSSES[name](logp, old_logp, adv, clip_low=..., clip_high=...)
     w, _ = ROLLOUT_CORRECTIONS["tis"](old_logp, behaviour_logp, cap=2.0)    # or icepop, mis, ...
     loss_tok = loss_tok * w                                                 # unless w is None
     loss_tok = loss_tok + beta * KL_ESTIMATORS["k3"](logp, ref_logp) - ent_coef * entropy
+    loss_tok = loss_tok + opd_coef * DISTILLATION["reverse_kl"](logp, teacher_logp, old_logp)[0] * w
     share = aggregate("token-mean", loss_tok, mask, seq_ntokens, global_tokens=..., global_seqs=...)
 """
 
@@ -147,6 +156,7 @@ from agentrl.algos.advantages import (
     group_index,
     grpo,
     masked_whiten,
+    no_advantage,
     reinforce_pp,
     reinforce_pp_baseline,
     rloo,
@@ -161,6 +171,7 @@ from agentrl.algos.credit import (
     turn_returns_group_baseline,
     turn_rewards_to_tokens,
 )
+from agentrl.algos.distillation import DISTILLATION, opd_reverse_kl
 from agentrl.algos.kl_control import adaptive_kl_coef
 from agentrl.algos.losses import (
     AGGREGATIONS,
@@ -196,6 +207,7 @@ __all__ = [
     "rloo",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "no_advantage",
     "gdpo",
     "gae",
     "group_index",
@@ -232,6 +244,8 @@ __all__ = [
     "mis",
     "seq_reject",
     "no_correction",
+    "DISTILLATION",
+    "opd_reverse_kl",
     "overlong_penalty",
     "dynamic_sampling_keep",
     "adaptive_kl_coef",

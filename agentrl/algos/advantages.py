@@ -1,10 +1,10 @@
 """Advantage estimators: sequence-level (one scalar per sequence) and token-level GAE.
 
 Owns: the ``ADVANTAGES`` registry of sequence-level estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++
-and its group-baseline variant), GDPO's per-component normalisation of multi-component rewards
-(``gdpo``), token-level ``gae`` with a critic, and the small group helpers they share
-(``group_index``, ``masked_whiten``). Every function is pure: tensors in, tensors out,
-no trainer state, no gradient needed.
+and its group-baseline variant, and ``none``: no reward signal, for pure distillation), GDPO's
+per-component normalisation of multi-component rewards (``gdpo``), token-level ``gae`` with a
+critic, and the small group helpers they share (``group_index``, ``masked_whiten``). Every
+function is pure: tensors in, tensors out, no trainer state, no gradient needed.
 
 Does not: spread a sequence advantage over tokens or assign credit per turn (``credit`` does),
 nor compute losses (``losses`` does).
@@ -34,6 +34,7 @@ __all__ = [
     "rloo",
     "reinforce_pp",
     "reinforce_pp_baseline",
+    "no_advantage",
     "gdpo",
     "gae",
     "group_index",
@@ -128,6 +129,13 @@ def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e
     r, dt = _prep(rewards)
     mean, _, _ = _group_stats(r, group_ids)
     return _batch_norm(r - mean, eps).to(dt)
+
+
+def no_advantage(rewards: Tensor, group_ids: Tensor | None = None) -> Tensor:
+    """``A_i = 0`` for every sequence: no reward signal (pure on-policy distillation, whose signal is
+    the teacher's per-token term in the loss). ``[B] -> [B]``."""
+    r, out = _prep(rewards)
+    return torch.zeros_like(r).to(out)
 
 
 def gdpo(components: Tensor, group_ids: Tensor, *, weights: Tensor | None = None, eps: float = 1e-6) -> Tensor:
@@ -236,4 +244,5 @@ ADVANTAGES: dict[str, Callable[..., Tensor]] = {
     "rloo": rloo,
     "reinforce_pp": reinforce_pp,
     "reinforce_pp_baseline": reinforce_pp_baseline,
+    "none": no_advantage,
 }

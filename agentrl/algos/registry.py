@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from agentrl.algos.advantages import ADVANTAGES
 from agentrl.algos.credit import CREDIT
+from agentrl.algos.distillation import DISTILLATION
 from agentrl.algos.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from agentrl.algos.rollout_correction import ROLLOUT_CORRECTIONS
 from agentrl.errors import ConfigError
@@ -18,6 +19,7 @@ REGISTRIES: dict[str, dict[str, Callable]] = {
     "aggregation": AGGREGATIONS,
     "kl": KL_ESTIMATORS,
     "rollout_correction": ROLLOUT_CORRECTIONS,
+    "distillation": DISTILLATION,
 }
 
 

@@ -22,6 +22,8 @@ the user left them null, and the defaults of the null ``algo.*`` extras):
   sampling, soft overlong punishment (cache max_new_tokens // 5)
 * ``gspo``:   grpo / outcome / seq-mean-token-mean (required) / no; policy_loss gspo (3e-4 / 4e-4)
 * ``cispo``:  grpo / outcome / token-mean / no; policy_loss cispo (no lower bound, 0.2 above)
+* ``opd``:    none / outcome / token-mean / no; on-policy distillation from ``algo.teacher`` with
+  ``algo.opd_coef`` 1: the advantage is 0, the teacher's per-token reverse KL is the whole signal
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class AlgoPreset:
     dynamic_sampling: bool = False
     overlong: bool = False  # overlong_cache_len null -> rollout.max_new_tokens // 5
     kl_in_reward: float = 0.0
+    opd_coef: float = 0.0  # the on-policy distillation term's weight (algo.opd_coef null)
 
 
 #: REINFORCE++'s KL-in-reward coefficient with the k1 estimator (the value veRL's REINFORCE++
@@ -88,6 +91,7 @@ ALGOS: dict[str, AlgoPreset] = {
     "cispo": AlgoPreset(
         "grpo", "outcome", "token-mean", False, trainer={"policy_loss": "cispo", "clip_low": 1.0, "clip_high": 0.2}
     ),
+    "opd": AlgoPreset("none", "outcome", "token-mean", False, opd_coef=1.0),
 }
 
 

@@ -176,7 +176,8 @@ def run(
         "grpo",
         "--algo",
         "-a",
-        help="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo (algo.name).",
+        help="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo | opd "
+        "(algo.name; opd distills from algo.teacher).",
     ),
     model: str | None = typer.Option(
         None,

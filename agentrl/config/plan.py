@@ -19,7 +19,10 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    ``max_new_tokens``), ``kl_in_reward`` (0.001 for reinforce_pp, else 0); ``algo.kl_target``
    needs ``kl_in_reward > 0``; ``kl_in_reward > 0`` turns ``trainer.reference`` on;
    ``algo.reward_normalization=gdpo`` needs the grpo advantage and outcome credit, and
-   ``algo.reward_weights`` (numbers >= 0) needs gdpo;
+   ``algo.reward_weights`` (numbers >= 0) needs gdpo; ``algo.opd_coef`` null -> 1 under opd, else 0;
+   on-policy distillation (``opd_coef`` > 0) needs ``algo.teacher`` and a teacher needs it; ``opd``
+   needs outcome credit and ``opd_coef`` > 0; ``trainer.opd_coef`` / ``trainer.teacher_path`` are
+   left to the run (``agentrl.jobs.build`` fills them from ``algo.*`` once the teacher is resolved);
    ``engine.weight_sync`` ``auto`` -> the sync kind (``agentrl.weights.factory.resolve_sync_kind``),
    nccl only on GPUs, ``engine.weights_dir`` null -> output_dir/weights for the disk sync;
    ``engine.cpu_threads`` null -> half the cores for the in-process engine on CPU, 0 (torch's
@@ -214,6 +217,8 @@ def resolve_algo(cfg: RunConfig, preset):
     if a.kl_target is not None and a.kl_target <= 0:
         raise ConfigError(f"algo.kl_target: {a.kl_target} must be > 0 (null: a fixed coefficient)")
     _check_reward_normalization(a, preset, a.credit or preset.credit)
+    opd = a.opd_coef if a.opd_coef is not None else preset.opd_coef
+    _check_opd(cfg, opd, a.credit or preset.credit)
     pick = lambda v, d: d if v is None else v  # noqa: E731
     return dataclasses.replace(
         a,
@@ -222,7 +227,36 @@ def resolve_algo(cfg: RunConfig, preset):
         dynamic_sampling=pick(a.dynamic_sampling, preset.dynamic_sampling),
         overlong_cache_len=cache,
         kl_in_reward=float(kl),
+        opd_coef=float(opd),
     )
+
+
+def _check_opd(cfg: RunConfig, opd: float, credit: str) -> None:
+    """On-policy distillation: a teacher exactly when ``opd`` > 0; ``opd`` pure distillation needs
+    outcome credit (its advantage is 0) and a weight; the trainer's OPD fields are the run's to fill."""
+    a, t = cfg.algo, cfg.trainer
+    if t.opd_coef or t.teacher_path:
+        raise ConfigError(
+            f"trainer.opd_coef / trainer.teacher_path: {t.opd_coef!r} / {t.teacher_path!r} are set by `agentrl run` "
+            "from algo.opd_coef and algo.teacher (which also checks the teacher's tokenizer): set those instead"
+        )
+    if a.name == "opd" and opd <= 0:
+        raise ConfigError(f"algo.opd_coef: {opd} with algo.name=opd (pure distillation) leaves nothing to train")
+    if opd > 0 and not a.teacher:
+        raise ConfigError(
+            f"algo.teacher: null, but on-policy distillation is on (algo.name={a.name!r}, algo.opd_coef={opd}): "
+            "name the teacher model (a local HF directory, a GGUF file or a Hub id)"
+        )
+    if a.teacher and opd <= 0:
+        raise ConfigError(
+            f"algo.teacher: {a.teacher!r} is only used by on-policy distillation, which is off "
+            "(algo.opd_coef 0): set algo.opd_coef > 0 or algo.name=opd, or leave algo.teacher null"
+        )
+    if a.name == "opd" and credit != "outcome":
+        raise ConfigError(
+            f"algo.credit: {credit!r} with algo.name=opd, which has no reward advantage to assign (the teacher's "
+            "per-token term is its signal); to mix RL and distillation set algo.opd_coef beside an RL algorithm"
+        )
 
 
 def _check_reward_normalization(a, preset, credit: str) -> None:

@@ -163,17 +163,18 @@ class EnvConfig:
 @dataclass
 class AlgoConfig:
     name: Literal[
-        "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "dapo", "gspo", "cispo"
+        "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "dapo", "gspo", "cispo", "opd"
     ] = doc(
         "grpo",
         "RL algorithm preset (grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, ppo, dapo, gspo, "
-        "cispo): advantage estimator + credit mode + aggregation (+ critic for ppo), and the "
+        "cispo, opd): advantage estimator + credit mode + aggregation (+ critic for ppo), and the "
         "trainer fields and extras it implies where they are left null: dapo = ppo_clip with clip-higher "
         "(clip_low 0.2, clip_high 0.28) + token-mean + dynamic sampling + soft overlong punishment; gspo = "
         "policy_loss gspo (clip 3e-4/4e-4) with seq-mean-token-mean; cispo = policy_loss cispo (no lower "
         "bound, clip_high 0.2); reinforce_pp = batch-normalised returns with KL in the reward; "
         "reinforce_pp_baseline = group mean subtracted, then batch-normalised; ppo = turn-level GAE "
-        "with a critic and whitened advantages.",
+        "with a critic and whitened advantages; opd = pure on-policy distillation from algo.teacher (no "
+        "reward advantage, token-mean, algo.opd_coef 1).",
     )
     credit: Literal["outcome", "turn_return", "turn_gae", "gigpo"] | None = doc(
         None,
@@ -243,6 +244,22 @@ class AlgoConfig:
     )
     kl_reward_estimator: Literal["k1", "k2", "k3"] = doc(
         "k1", "Per-token KL estimate in the reward: k1 = logp - ref (REINFORCE++ and PPO-RLHF), k2, k3."
+    )
+    opd_coef: float | None = doc(
+        None,
+        "On-policy distillation beside any algorithm: loss = RL loss + opd_coef x the per-token reverse-KL "
+        "term, where the frozen algo.teacher scores the student's own sampled tokens (action tokens only; "
+        "tool output and prompts never count): REINFORCE on the advantage -(log p_student - log p_teacher) "
+        "of each sampled token (agentrl.algos.opd_reverse_kl). Logged as opd/reverse_kl (the mean over "
+        "action tokens) and time/teacher_s. null: 1 under algo.name=opd, 0 (off) otherwise.",
+        min=0.0,
+    )
+    teacher: str | None = doc(
+        None,
+        "The distillation teacher (needed when opd_coef > 0 or algo.name=opd): a local HF model directory, a "
+        "GGUF file or a Hub id 'org/name[@revision]', resolved as model.path is. It must share the student's "
+        "tokenizer (checked at start) and is loaded frozen in the trainer process on the trainer's device; "
+        "a teacher served by SGLang is not supported.",
     )
     kl_target: float | None = doc(
         None,

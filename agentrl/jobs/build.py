@@ -4,14 +4,16 @@ Owns turning a resolved plan (``agentrl.config.plan``) into objects, in one plac
 ``model_dir`` (the built-in model or a checked local directory), ``EnvFactory`` (the run's envs,
 one built at once to fail fast), ``make_engine`` (the engine ``engine.kind`` names: the in-process
 LocalEngine, or an SGLangEngine attached to ``engine.urls`` / launching ``engine.num_servers``),
-``make_sync`` (the WeightSync of ``engine.weight_sync``) and ``start_backend`` (``distributed:
-local`` -> a LocalBackend of the pieces above and a Trainer; ``ray`` -> a RayBackend, whose actors
-build their engines from the same config). Does not check or fill config fields (the plan did)
+``make_sync`` (the WeightSync of ``engine.weight_sync``), ``with_teacher`` (the trainer's
+distillation fields from ``algo.teacher`` resolved and checked) and ``start_backend``
+(``distributed: local`` -> a LocalBackend of the pieces above and a Trainer; ``ray`` -> a
+RayBackend, whose actors build their engines from the same config). Does not check or fill config fields (the plan did)
 and does not implement engines, syncs, envs or backends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +119,26 @@ def make_sync(plan: Plan, engine, model_path: Path):
     return make_weight_sync(plan.sync_kind, engine, **kwargs)
 
 
+def with_teacher(cfg: RunConfig, model_path: Path) -> RunConfig:
+    """``cfg`` with ``trainer.opd_coef`` / ``trainer.teacher_path`` filled from ``algo.opd_coef`` and
+    ``algo.teacher`` (resolved like ``model.path``; ConfigError naming both models when it does not
+    share the tokenizer of the student at ``model_path``); ``cfg`` itself without distillation."""
+    a = cfg.algo
+    if not a.opd_coef:
+        return cfg
+    from agentrl.models.teacher import resolve_teacher
+
+    teacher = resolve_teacher(a.teacher, model_path, cfg.model.path or "the built-in model")
+    return dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, opd_coef=a.opd_coef, teacher_path=str(teacher))
+    )
+
+
 def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Path | None = None):
-    """The run's backend, its trainer loaded from ``resume`` (a checkpoint, or None) before the
-    in-process engine is built; returns (backend, the checkpoint's extra state or {}). On failure
-    nothing it started is left running."""
-    cfg = plan.cfg
+    """The run's backend, its trainer (with its distillation teacher: ``with_teacher``) loaded from
+    ``resume`` (a checkpoint, or None) before the in-process engine is built; returns (backend, the
+    checkpoint's extra state or {}). On failure nothing it started is left running."""
+    cfg = with_teacher(plan.cfg, model_path)
     if cfg.distributed == "ray":
         from agentrl.distributed import RayBackend
 

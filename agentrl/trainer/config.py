@@ -250,6 +250,20 @@ class TrainerConfig:
     entropy_coef: float = doc(
         0.0, "Entropy bonus: loss -= entropy_coef * entropy (token entropy of the scaled logits)."
     )
+    opd_coef: float = doc(
+        0.0,
+        "Weight of the on-policy distillation term added to the per-token loss: the teacher's log-probs of "
+        "the student's own sampled tokens give the sampled-token reverse KL k = logp - teacher_logp, trained "
+        "as REINFORCE on the advantage -k (agentrl.algos.opd_reverse_kl); only action tokens count. > 0 loads "
+        "teacher_path frozen beside the policy. `agentrl run` sets it from algo.opd_coef / algo.name=opd.",
+        min=0.0,
+    )
+    teacher_path: str | None = doc(
+        None,
+        "The distillation teacher: a local HF model directory sharing the policy's tokenizer, loaded in eval "
+        "mode with no gradient on the trainer's device and scored in the trainer's own micro-batches "
+        "(opd_coef > 0). `agentrl run` sets it from algo.teacher (a GGUF converted, a Hub id fetched).",
+    )
     # -- critic (PPO) ---------------------------------------------------------------------------
     critic_model_path: str | None = doc(None, "Initial critic weights (HF dir); null = the policy's model_path.")
     critic_lr: float | None = doc(None, "Critic AdamW learning rate (null = lr).", min=0.0)
@@ -282,6 +296,11 @@ class TrainerConfig:
                 "trainer.loss_norm_len: null, but loss_agg 'seq-mean-token-sum-norm' needs a constant length"
             )
         self._check_rollout_correction()
+        if self.opd_coef and not self.teacher_path:
+            raise ConfigError(
+                f"trainer.opd_coef: {self.opd_coef} distills from a teacher, but trainer.teacher_path is null "
+                "(`agentrl run`: set algo.teacher)"
+            )
 
     def _check_rollout_correction(self) -> None:
         mode = self.rollout_correction

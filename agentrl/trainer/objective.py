@@ -3,7 +3,8 @@
 Owns :class:`Objective`: the policy loss, KL estimator, rollout correction and their options looked
 up once in ``agentrl.algos`` (errors list the choices), and per micro-batch the per-token loss (policy
 gradient times the rollout correction's weights: TIS or a ratio mask; KL to a frozen reference,
-entropy bonus, critic value loss),
+on-policy distillation from a frozen teacher (``opd_coef``: the teacher scores the micro-batch's own
+sampled tokens in one no-grad forward, timed as ``teacher_s``), entropy bonus, critic value loss),
 aggregated to this rank's share of the global loss, with the token sums the step's metrics are
 built from; and the trainer-vs-engine logprob mismatch of a whole step.
 
@@ -14,6 +15,7 @@ Does not run backward, step optimizers or lay out micro-batches (``agentrl.train
 from __future__ import annotations
 
 import inspect
+import time
 from types import ModuleType
 from typing import Any
 
@@ -57,11 +59,20 @@ class Objective:
         self.correction_seq = "seq_index" in rc_params
 
     def loss(
-        self, policy: Any, ref: Any, critic: Any, inputs: dict, mb: MicroBatch, glob: dict, acc: dict
+        self,
+        policy: Any,
+        ref: Any,
+        critic: Any,
+        inputs: dict,
+        mb: MicroBatch,
+        glob: dict,
+        acc: dict,
+        teacher: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's share of the global loss over ``mb`` (``glob``: the global token and sequence
-        counts the aggregation divides by); adds the metric sums to ``acc``. Returns (loss, the
-        policy's logprobs of the loss tokens, their behaviour logprobs)."""
+        counts the aggregation divides by); adds the metric sums to ``acc``. ``teacher``: the frozen
+        distillation teacher (with ``opd_coef`` > 0). Returns (loss, the policy's logprobs of the loss
+        tokens, their behaviour logprobs)."""
         A, cfg = self.A, self.cfg
         sel = mb.loss_mask > 0
         logp, logits = token_logprobs(policy, inputs, mb, sel, cfg.temperature)
@@ -86,6 +97,9 @@ class Objective:
             if cfg.kl_coef:
                 tok = tok + cfg.kl_coef * kl_tok
             acc["kl_sum"] += float(kl_tok.detach().sum())
+        if teacher is not None and cfg.opd_coef:
+            opd_tok = self._distill(teacher, inputs, mb, sel, logp, old, acc)
+            tok = tok + cfg.opd_coef * (opd_tok if w is None else opd_tok * w.detach())
         if cfg.entropy_coef:
             ent = A.entropy_from_logits(logits)
             tok = tok - cfg.entropy_coef * ent
@@ -119,6 +133,22 @@ class Objective:
             loss = loss + cfg.vf_coef * self._value_loss(critic, inputs, mb, glob, acc)
         acc["loss"] += float(loss.detach())
         return loss, logp, beh
+
+    def _distill(
+        self, teacher: Any, inputs: dict, mb: MicroBatch, sel: torch.Tensor, logp: torch.Tensor, old, acc: dict
+    ) -> torch.Tensor:
+        """The per-token OPD term over ``mb``'s loss tokens (``agentrl.algos.opd_reverse_kl``): the
+        teacher's logprobs of the tokens the student sampled, from the same packed inputs, at the
+        sampling temperature (so a teacher equal to the student gives exactly 0)."""
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            teacher_lp, _ = token_logprobs(teacher, inputs, mb, sel, self.cfg.temperature)
+            if teacher_lp.is_cuda:  # kernels run asynchronously: time the forward, not its launch
+                torch.cuda.synchronize(teacher_lp.device)
+        acc["teacher_s"] += time.perf_counter() - t0
+        opd_tok, metrics = self.A.opd_reverse_kl(logp, teacher_lp, old)
+        acc["opd_reverse_kl_sum"] += float(metrics["opd_reverse_kl"].sum())
+        return opd_tok
 
     def _value_loss(self, critic: Any, inputs: dict, mb: MicroBatch, glob: dict, acc: dict) -> torch.Tensor:
         """The critic's share of the global value loss over ``mb``'s value tokens."""

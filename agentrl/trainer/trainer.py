@@ -1,14 +1,15 @@
 """The FSDP2 trainer: one optimizer step over a batch of TrainSamples, on 1 or N processes.
 
-Owns: the Trainer (policy + optional frozen reference + optional critic, their AdamW optimizers and
-LR schedules from ``agentrl.trainer.optim``; with ``lora.rank`` > 0 only LoRA adapters train:
-``agentrl.trainer.lora``), the step loop (shard samples across ranks, lay them out in
-micro-batches, build each one's loss, accumulate gradients, clip, step) and its metrics, no-grad
-inference (logprobs, reference logprobs, values) and the public face of weight export/checkpoints.
+Owns: the Trainer (policy + optional frozen reference + optional frozen distillation teacher
+(``opd_coef``) + optional critic, the AdamW optimizers and LR schedules of the trained ones from
+``agentrl.trainer.optim``; with ``lora.rank`` > 0 only LoRA adapters train: ``agentrl.trainer.lora``),
+the step loop (shard samples across ranks, lay them out in micro-batches, build each one's loss,
+accumulate gradients, clip, step) and its metrics, no-grad inference (logprobs, reference and
+teacher logprobs, values) and the public face of weight export/checkpoints.
 
 Algorithm-blind: the per-token advantages come from the run loop (agentrl.algos.credit); the policy
-loss, the aggregation, the KL estimator, TIS and the value loss are looked up by the names in
-TrainerConfig (``agentrl.trainer.objective``). There is no branch on an algorithm name here.
+loss, the aggregation, the KL estimator, TIS, the distillation term and the value loss are looked up
+by the names in TrainerConfig (``agentrl.trainer.objective``). There is no branch on an algorithm name here.
 
 Exactness across world sizes: every rank gets the same full sample list and takes a deterministic
 slice; aggregation denominators (loss tokens, sequences) are all-reduced, so each rank's loss is its
@@ -106,6 +107,10 @@ class Trainer:
         if cfg.kl_coef > 0 or cfg.reference or ref_model_path is not None:
             ref = load_causal_lm(ref_model_path or self.model_path, cfg.attn_implementation).to(self.device)
             self.ref = shard(ref, mesh, **wrap, trainable=False)
+        self.teacher = None
+        if cfg.opd_coef > 0:  # frozen, eval mode, no grad; scored in the trainer's own micro-batches
+            teacher = load_causal_lm(cfg.teacher_path, cfg.attn_implementation).to(self.device)
+            self.teacher = shard(teacher, mesh, **wrap, trainable=False)
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         if critic:
             crit = load_value_model(cfg.critic_model_path or self.model_path, cfg.attn_implementation)
@@ -152,6 +157,7 @@ class Trainer:
         With more than one optimizer step the ratio's denominator is fixed before the first one
         (``old_logprobs='current'``: the policy's logprobs at the start of this call; 'behaviour': the
         engine's), and so are the critic's old values, so clipping bounds the whole call's drift.
+        With a distillation teacher, every micro-batch runs one more (no-grad) forward through it.
         Mini-batches are drawn by a permutation seeded by (seed, version, epoch), the same on every
         rank. The LR schedules advance once per call. Metrics are means over the optimizer steps
         (``tokens``/``loss_tokens``/``seqs``/``micro_batches``/``step_time_s`` are totals)."""
@@ -195,7 +201,7 @@ class Trainer:
         if self.critic is not None:
             self.critic_scheduler.step()
         self.version += 1
-        totals = {"tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s"}
+        totals = {"tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s", "teacher_s"}
         keys = set().union(*outs)
         out = {k: (sum if k in totals else lambda v: sum(v) / len(v))([o[k] for o in outs if k in o]) for k in keys}
         out.update(
@@ -263,6 +269,8 @@ class Trainer:
                 "step_time_s": dt,
             }
         )
+        if "teacher_s" in sums:  # seconds of teacher forwards, the ranks' mean
+            out["teacher_s"] = sums.pop("teacher_s") / self.world
         if "value_loss" in sums:
             out["value_loss"] = sums.pop("value_loss")
             out["values_mean"] = sums.pop("value_sum") / glob["vtok"]
@@ -277,7 +285,10 @@ class Trainer:
             self.critic_optimizer.zero_grad(set_to_none=True)
 
     def _micro_step(self, mb: MicroBatch, glob: dict, acc: dict, pairs: list) -> None:
-        loss, logp, beh = self._objective.loss(self.model, self.ref, self.critic, self._inputs(mb), mb, glob, acc)
+        inputs = self._inputs(mb)
+        loss, logp, beh = self._objective.loss(
+            self.model, self.ref, self.critic, inputs, mb, glob, acc, teacher=self.teacher
+        )
         # Each rank's loss is its share of the global loss; FSDP averages gradients over ranks.
         (loss * self.world).backward()
         pairs.append((logp.detach().cpu(), beh.detach().cpu()))
@@ -315,6 +326,12 @@ class Trainer:
         if self.ref is None:
             raise RuntimeError("no reference model: set trainer.kl_coef > 0 or trainer.reference = true")
         return self._infer(samples, self.ref, self._logprob_fn)
+
+    def teacher_logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Per-token logprobs of the frozen distillation teacher (temperature-scaled; 0.0 at position 0)."""
+        if self.teacher is None:
+            raise RuntimeError("no distillation teacher: set trainer.opd_coef > 0 and trainer.teacher_path")
+        return self._infer(samples, self.teacher, self._logprob_fn)
 
     def values(self, samples: list[TrainSample]) -> list[list[float]]:
         """Critic values per token: values[t] = V(state before token t); 0.0 at position 0."""

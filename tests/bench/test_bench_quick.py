@@ -133,6 +133,12 @@ CASES = [
         covered_by="tests/jobs/test_default_recipe_isolation.py (the default recipe, shortened)",
     ),
     Case(
+        "bench_opd.py",
+        ("arm", "seeds", "solve start", "solve end", "rev KL start", "rev KL end"),
+        ("teacher", "student", "table", "runs"),
+        covered_by="tests/jobs/test_opd_run.py (pure and mixed OPD runs, the same commands shortened)",
+    ),
+    Case(
         "bench_faults.py",
         ("run", "kills", "at step", "in ckpt", "attempts", "check"),
         ("live", "ledger", "replay", "diff", "diff_recorded"),

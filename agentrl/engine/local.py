@@ -55,7 +55,7 @@ import torch
 from agentrl.engine import local_requests
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.kv_batch import KVBatch, additive_mask
-from agentrl.engine.local_prefill import MIN_SHARED_TOKENS, PrefillBatch, build_prefill, defer_followers, plan_groups
+from agentrl.engine.local_prefill import PrefillBatch, build_prefill, defer_followers, plan_groups, sharing_pays
 from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_update, deliver, notify
 from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
 from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache
@@ -331,12 +331,15 @@ class LocalEngine(Engine):
             now, later = list(range(len(pending))), []
             if self._prefix.enabled:
                 now, later = defer_followers([r.prompt for r in pending], [n for _, n in found])
-            reqs = [pending[i] for i in now]
-            self._prefill_round(reqs, [found[i] for i in now])
+            waiting = [pending[i].prompt for i in later]
+            share = [sharing_pays(pending[i].prompt, found[i][1], waiting) for i in now]
+            self._prefill_round([pending[i] for i in now], [found[i] for i in now], share)
             pending = [pending[i] for i in later]
         self._sync_prefix_stats()
 
-    def _prefill_round(self, reqs: list[LocalRequest], found: list[tuple[CachedPrefix | None, int]]) -> None:
+    def _prefill_round(
+        self, reqs: list[LocalRequest], found: list[tuple[CachedPrefix | None, int]], share: list[bool]
+    ) -> None:
         for idx in plan_groups([len(r.prompt) for r in reqs], [n for _, n in found], self.prefill_tokens):
             group = [reqs[i] for i in idx]
             batch = build_prefill(
@@ -344,7 +347,7 @@ class LocalEngine(Engine):
             )
             logits = self._forward(batch.ids, batch.mask, batch.pos, batch.cache)
             self._kv.add_rows(batch.cache.keys, batch.cache.values, batch.valid)
-            self._share_prompts(group, batch)
+            self._share_prompts(group, batch, [share[i] for i in idx])
             for i, r, reused in zip(idx, group, batch.reused):
                 r.kv_len, r.admitted_step = len(r.prompt), self.stats["steps"]
                 r.cached_tokens, r.cache_epoch = reused, self._prefix.epoch
@@ -355,17 +358,16 @@ class LocalEngine(Engine):
             self.stats["prefills"] += 1
             self._sample(group, logits)
 
-    def _share_prompts(self, group: list[LocalRequest], batch: PrefillBatch) -> None:
-        """Offer each prompt of a prefill group that computed at least ``MIN_SHARED_TOKENS`` new
-        tokens to the prefix cache as a shared entry (its K/V: the row's last ``len(prompt)``
-        columns, see ``build_prefill``)."""
+    def _share_prompts(self, group: list[LocalRequest], batch: PrefillBatch, share: list[bool]) -> None:
+        """Offer the prompts of a prefill group marked in ``share`` to the prefix cache as shared
+        entries (their K/V: each row's last ``len(prompt)`` columns, see ``build_prefill``)."""
         if not self._prefix.enabled:
             return
         layers = sorted(batch.cache.keys)
-        for i, (r, reused) in enumerate(zip(group, batch.reused)):
-            n = len(r.prompt)
-            if n - reused < MIN_SHARED_TOKENS:
+        for i, (r, keep) in enumerate(zip(group, share)):
+            if not keep:
                 continue
+            n = len(r.prompt)
             keys = tuple(batch.cache.keys[layer][i, :, -n:].clone() for layer in layers)
             values = tuple(batch.cache.values[layer][i, :, -n:].clone() for layer in layers)
             self._prefix.share(CachedPrefix(tuple(r.prompt), keys, values), self._prefix.epoch)

@@ -18,6 +18,7 @@ Which requests prefill now and which wait a round for another's (:func:`defer_fo
 admitted together often share long prefixes the cache does not hold yet (GRPO siblings their whole
 prompt, every task its system prompt and tool block); one of them prefills first, its prompt's K/V
 are shared (:meth:`agentrl.engine.prefix_cache.PrefixCache.share`), and the others reuse them.
+Which prompts are worth sharing (:func:`sharing_pays`): a new kind, or one others wait for.
 
 Does not run the model, sample or pick what to reuse (see :mod:`agentrl.engine.local`).
 """
@@ -50,6 +51,21 @@ def defer_followers(
         shared = common_prefix(list(prompts[order[j - 1]]), list(prompts[i])) if j else 0
         (later if min(shared, len(prompts[i]) - 1) - cached[i] >= min_gain else now).append(i)
     return sorted(now), sorted(later)
+
+
+def sharing_pays(
+    prompt: Sequence[int], cached: int, waiting: Sequence[Sequence[int]], min_gain: int = MIN_SHARED_TOKENS
+) -> bool:
+    """Whether a prompt about to be prefilled is worth keeping as a shared entry: the cache holds
+    fewer than ``min_gain`` of its leading tokens (``cached``: a new kind of prompt, e.g. the first
+    with this system prompt), or a request ``waiting`` for a later round would reuse at least
+    ``min_gain`` more tokens of it. Other prompts (an eval's tasks after the first: all they share is
+    already cached) would only push useful entries out of the token budget."""
+    if len(prompt) - cached < min_gain:
+        return False
+    if cached < min_gain:
+        return True
+    return any(common_prefix(list(prompt), list(w)) - cached >= min_gain for w in waiting)
 
 
 def plan_groups(prompt_lens: Sequence[int], cached: Sequence[int], budget: int) -> list[list[int]]:

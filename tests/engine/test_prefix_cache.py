@@ -8,7 +8,7 @@ import torch
 
 import random
 
-from agentrl.engine.local_prefill import defer_followers, plan_groups
+from agentrl.engine.local_prefill import defer_followers, plan_groups, sharing_pays
 from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache, common_prefix
 
 
@@ -166,3 +166,13 @@ def test_defer_followers_prefills_each_shared_prefix_once():
     assert defer_followers([[1, 2, 3], [1, 2, 4]], [0, 0]) == ([0, 1], [])
     assert defer_followers([a, a], [89, 89]) == ([0, 1], [])
     assert defer_followers([a, a], [0, 0], min_gain=100) == ([0, 1], [])
+
+
+def test_sharing_pays_for_a_new_kind_of_prompt_or_one_others_wait_for():
+    system = list(range(100, 140))  # 40 tokens
+    a, b = system + [1] * 50, system + [2] * 50
+    assert sharing_pays(a, 0, [])  # nothing cached: it seeds the cache (the system prompt with it)
+    assert not sharing_pays(a, 40, [])  # an eval's next task: its system prompt is cached already
+    assert sharing_pays(a, 40, [b, a])  # a sibling waits for it
+    assert not sharing_pays(a, 40, [b])  # b gains nothing beyond the cached system prompt
+    assert not sharing_pays(a[:30], 0, [a])  # too short to be worth an entry

@@ -194,8 +194,8 @@ def run(
         None,
         "--algo",
         "-a",
-        help="(default grpo) grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo | opd "
-        "(algo.name; opd distills from algo.teacher).",
+        help="grpo (default) | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo | dapo | gspo | cispo "
+        "| opd (algo.name; opd distills from algo.teacher).",
     ),
     model: str | None = typer.Option(
         None,

@@ -56,7 +56,9 @@ def test_options_given_on_the_command_line_win_over_files_and_lose_to_sets(tmp_p
     from agentrl.cli.main import _rollout_base, _rollout_given, _run_base, _run_given
 
     f = tmp_path / "recipe.yaml"
-    f.write_text("output_dir: runs/recipe\nrollout: {group_size: 8, num_prompts: 4}\nenv: {kwargs: {difficulty: [3, 4]}}\n")
+    f.write_text(
+        "output_dir: runs/recipe\nrollout: {group_size: 8, num_prompts: 4}\nenv: {kwargs: {difficulty: [3, 4]}}\n"
+    )
     cfg = load_config([f], [], base=_rollout_base(), given=_rollout_given(group_size=1, out="elsewhere"))
     assert (cfg.output_dir, cfg.rollout.group_size, cfg.rollout.num_prompts) == ("elsewhere", 1, 4)
     assert cfg.env.kwargs == {"difficulty": [3, 4]}  # --env not given: the file's env and kwargs stay

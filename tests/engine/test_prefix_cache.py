@@ -3,10 +3,10 @@ plans (grouping, which requests wait for another's shared prompt)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
-
-import random
 
 from agentrl.engine.local_prefill import defer_followers, plan_groups, sharing_pays
 from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache, common_prefix

@@ -8,6 +8,11 @@ of a dense block-diagonal mask - on CPU (no flash-attention varlen kernels) the 
 convention transformers uses to detect packing. Rows with a padding ``attention_mask`` (the padded
 layout) fall through to plain SDPA with that mask.
 
+Shared prefixes (``agentrl.trainer.packing``): within a sequence, a position that jumps back without
+restarting at 0 (to p) starts a *branch* of the sequence's first p tokens; the branch attends to
+those p tokens and causally to itself, nothing else. Its keys and values are the prefix's, so the
+prefix is computed once for all its branches.
+
 Does not: support sliding-window or soft-capped attention (raises), or KV caches (training only).
 """
 
@@ -21,13 +26,32 @@ from transformers.modeling_utils import AttentionInterface
 VARLEN_SDPA = "varlen_sdpa"
 
 
-def segment_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
-    """[(start, end)] of each sequence in a packed row ``position_ids`` [1, T] (a new one starts at 0)."""
-    starts = (position_ids[0] == 0).nonzero().flatten().tolist()
-    if not starts or starts[0] != 0:
-        starts = [0, *starts]
-    ends = [*starts[1:], position_ids.shape[-1]]
-    return list(zip(starts, ends))
+def segment_bounds(position_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """[(start, end, root)] of each run of consecutive positions in a packed row ``position_ids``
+    [1, T]: a sequence (root = start) starts at position 0; a branch starts where positions jump
+    back to some p > 0 and shares the first p tokens of the sequence starting at ``root``."""
+    pos = position_ids[0]
+    jumps = torch.ones_like(pos, dtype=torch.bool)
+    jumps[1:] = pos[1:] != pos[:-1] + 1
+    starts = jumps.nonzero().flatten().tolist()
+    ends = [*starts[1:], pos.shape[-1]]
+    out, root = [], 0
+    for s, e in zip(starts, ends):
+        if int(pos[s]) == 0 or s == 0:
+            root = s
+        out.append((s, e, root))
+    return out
+
+
+def _branch(module, query, key, value, s: int, e: int, root: int, p: int, **kwargs) -> torch.Tensor:
+    """Attention of branch tokens [s, e) over the root's first ``p`` tokens and, causally, themselves."""
+    m = e - s
+    k = torch.cat([key[:, :, root : root + p], key[:, :, s:e]], dim=2)
+    v = torch.cat([value[:, :, root : root + p], value[:, :, s:e]], dim=2)
+    q_at = torch.arange(m, device=query.device)[:, None]
+    k_at = torch.arange(p + m, device=query.device)[None, :]
+    mask = (k_at < p) | (k_at - p <= q_at)
+    return sdpa_attention_forward(module, query[:, :, s:e], k, v, mask[None, None], is_causal=False, **kwargs)[0]
 
 
 def varlen_sdpa_attention(module, query, key, value, attention_mask, *, position_ids=None, **kwargs):
@@ -47,7 +71,9 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, *, position
         sdpa_attention_forward(
             module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs
         )[0]
-        for s, e in bounds
+        if root == s
+        else _branch(module, query, key, value, s, e, root, int(position_ids[0, s]), **kwargs)
+        for s, e, root in bounds
     ]
     return torch.cat(outs, dim=1), None
 

@@ -146,6 +146,15 @@ class TrainerConfig:
         "'varlen_sdpa' (one causal SDPA call per packed sequence; any device) or an HF implementation "
         "('sdpa', 'eager', 'flash_attention_2'), which sees packing through position_ids or packed_mask.",
     )
+    share_prefix_tokens: int = doc(
+        32,
+        "Sequences of a step that begin with the same >= this many tokens outside the loss (a GRPO group's "
+        "prompt) are trained with that prefix computed once: the other sequences' own tokens attend to one shared "
+        "copy, and its gradient gathers theirs (the same loss and gradients as training each whole). "
+        "0 = train every sequence whole. Applies with batching='pack' and attn_implementation='varlen_sdpa' "
+        "(without packed_mask); other layouts train every sequence whole.",
+        min=0,
+    )
     packed_mask: bool = doc(
         False, "Give packed rows an explicit [T, T] block-diagonal causal mask instead of relying on position_ids."
     )

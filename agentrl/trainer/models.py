@@ -98,11 +98,12 @@ def shard(model: nn.Module, mesh, *, param_dtype: str, checkpointing: bool, trai
 
 
 # -- forward helpers ---------------------------------------------------------------------------
-def select(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def select(sel: torch.Tensor, prev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """For target positions ``sel`` [R, T] (bool, never column 0): (keep, sub).
 
     ``keep`` [K] = positions whose outputs predict some selected target (target column - 1, the
-    union over rows, so padded rows share one index); ``sub`` [R, K] picks the real (row, target)
+    union over rows, so padded rows share one index; with ``prev`` [1, T], a packed row's
+    ``MicroBatch.prev_index``, the position it names); ``sub`` [R, K] picks the real (row, target)
     pairs, so ``out[:, keep][sub]`` lines up with ``x[sel]`` for any per-token ``x``. With nothing
     selected, keep = [0] and sub is all-False (so every rank still runs the same forward).
     """
@@ -110,6 +111,8 @@ def select(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if cols.numel() == 0:
         keep = torch.zeros(1, dtype=torch.long, device=sel.device)
         return keep, torch.zeros(sel.shape[0], 1, dtype=torch.bool, device=sel.device)
+    if prev is not None:
+        return prev[0, cols], sel[:, cols]
     return cols - 1, sel[:, cols]
 
 
@@ -128,7 +131,7 @@ def model_inputs(mb: MicroBatch, *, packed_mask: bool, attn_implementation: str)
 
 def token_logprobs(model, inputs: dict, mb: MicroBatch, sel: torch.Tensor, temperature: float):
     """Flat (logp [N], scaled logits [N, V]) for the targets ``sel``, in ``x[sel]`` order."""
-    keep, sub = select(sel)
+    keep, sub = select(sel, mb.prev_index)
     logits = model(**inputs, logits_to_keep=keep).logits  # [R, K, V]
     logits = logits.float()
     if temperature not in (0.0, 1.0):  # the engine scales by T (greedy: unscaled)
@@ -141,9 +144,10 @@ def token_logprobs(model, inputs: dict, mb: MicroBatch, sel: torch.Tensor, tempe
     return logp, flat
 
 
-def token_values(critic: ValueModel, inputs: dict, sel: torch.Tensor) -> torch.Tensor:
-    """Flat values [N] for the targets ``sel`` (V of the state each token is sampled in)."""
-    keep, sub = select(sel)
+def token_values(critic: ValueModel, inputs: dict, sel: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+    """Flat values [N] for the targets ``sel`` (V of the state each token is sampled in); ``prev``:
+    ``MicroBatch.prev_index``."""
+    keep, sub = select(sel, prev)
     values = critic(keep, **inputs)  # [R, K]
     flat = values[sub]
     if flat.numel() == 0:

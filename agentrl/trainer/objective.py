@@ -153,7 +153,7 @@ class Objective:
     def _value_loss(self, critic: Any, inputs: dict, mb: MicroBatch, glob: dict, acc: dict) -> torch.Tensor:
         """The critic's share of the global value loss over ``mb``'s value tokens."""
         vsel = mb.value_mask > 0
-        values = token_values(critic, inputs, vsel)
+        values = token_values(critic, inputs, vsel, mb.prev_index)
         old_v = mb.old_values[vsel]
         old_v = torch.where(torch.isnan(old_v), values.detach(), old_v)
         vl_tok = self.A.value_loss(values, old_v, mb.returns[vsel], clip=self.cfg.value_clip)

@@ -6,6 +6,14 @@ whole sequences into rows of at most ``max_tokens`` tokens, no padding) and ``pa
 baseline: ``[b, T_max]`` rows with an attention mask), and the explicit block-diagonal causal mask
 for attention implementations that cannot see packing through ``position_ids``.
 
+Shared prompts (``pack(..., share_min=N)``): sequences that begin with the same N+ tokens outside the
+loss (a GRPO group's prompt) can be laid out as one *unit*: the first sequence whole, then only the
+other sequences' own tokens ("branches"), whose ``position_ids`` continue from the prefix length. A
+branch is recognised by its positions jumping back without restarting at 0; it attends to the shared
+prefix plus itself (``agentrl.trainer.attention``), and its first token is predicted from the prefix's
+last position (``MicroBatch.prev_index``). The prefix is computed once and its gradient accumulates
+from every branch: the same loss and gradients as laying each sequence out whole.
+
 Alignment convention (shared with the engine and the trainer): every per-token array is indexed by
 token position; ``logprob[t]`` is log p(token t | tokens < t) and a model predicts it from position
 ``t - 1``. Position 0 of a sequence has nothing to be predicted from, so its loss mask must be 0.
@@ -88,6 +96,9 @@ class MicroBatch:
     seq_nvalue: torch.Tensor  # value-mask tokens in the token's sequence
     samples: list[int] = field(default_factory=list)  # sample indices, in layout order
     packed: bool = True
+    # [R, T] the position whose output predicts each token (None: the one before it, t - 1). Differs
+    # from t - 1 only at a branch's first token, which is predicted from its shared prefix's last one.
+    prev_index: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -103,12 +114,19 @@ class MicroBatch:
         kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return MicroBatch(**kw)
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """True when some sequence of this micro-batch is laid out as a branch of a shared prefix."""
+        return self.prev_index is not None
+
     def block_causal_mask(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """``[R, 1, T, T]`` mask: token q sees token k iff same sequence and k <= q.
 
         Boolean (True = attend) by default; with a float ``dtype`` an additive mask (0 / -inf-ish),
         which is what eager attention implementations expect.
         """
+        if self.shares_prefixes:
+            raise ValueError("a block-diagonal mask cannot express shared prefixes; lay out with share_min=0")
         seq = self.seq_index
         T = seq.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=seq.device).tril()
@@ -134,9 +152,15 @@ def check_samples(samples: list[TrainSample], max_tokens: int) -> None:
             )
 
 
-def _row(samples: list[TrainSample], order: list[int], width: int | None) -> dict[str, list]:
-    """Concatenate samples ``order`` into one row, right-padded to ``width`` if given."""
+def _row(
+    samples: list[TrainSample], order: list[int], width: int | None, skip: dict[int, int] | None = None
+) -> dict[str, list]:
+    """Concatenate samples ``order`` into one row, right-padded to ``width`` if given.
+
+    ``skip[i] = p`` lays sample i out as a branch: only its tokens from p on, positions from p, the
+    first one predicted from position p - 1 of the last whole sample before it (its unit's root)."""
     nan = math.nan
+    skip = skip or {}
     cols: dict[str, list] = {
         k: []
         for k in (
@@ -153,28 +177,35 @@ def _row(samples: list[TrainSample], order: list[int], width: int | None) -> dic
             "seq_ntokens",
             "seq_nvalue",
             "attention_mask",
+            "prev_index",
         )
     }
+    root = 0
     for i in order:
         s = samples[i]
-        n = len(s.token_ids)
+        n, p = len(s.token_ids), skip.get(i, 0)
         vmask = s.value_mask if s.value_mask is not None else s.loss_mask
-        cols["input_ids"] += s.token_ids
-        cols["position_ids"] += range(n)
-        cols["seq_index"] += [i] * n
-        cols["loss_mask"] += s.loss_mask
-        cols["behaviour_logprobs"] += s.behaviour_logprobs
-        cols["advantages"] += s.advantages
-        cols["old_logprobs"] += s.old_logprobs if s.old_logprobs is not None else [nan] * n
-        cols["returns"] += s.returns if s.returns is not None else [0.0] * n
-        cols["value_mask"] += vmask
-        cols["old_values"] += s.old_values if s.old_values is not None else [nan] * n
-        cols["seq_ntokens"] += [sum(s.loss_mask)] * n
-        cols["seq_nvalue"] += [sum(vmask)] * n
-        cols["attention_mask"] += [1] * n
+        at = len(cols["input_ids"])
+        if p == 0:
+            root = at
+        cols["input_ids"] += s.token_ids[p:]
+        cols["position_ids"] += range(p, n)
+        cols["seq_index"] += [i] * (n - p)
+        cols["loss_mask"] += s.loss_mask[p:]
+        cols["behaviour_logprobs"] += s.behaviour_logprobs[p:]
+        cols["advantages"] += s.advantages[p:]
+        cols["old_logprobs"] += s.old_logprobs[p:] if s.old_logprobs is not None else [nan] * (n - p)
+        cols["returns"] += s.returns[p:] if s.returns is not None else [0.0] * (n - p)
+        cols["value_mask"] += vmask[p:]
+        cols["old_values"] += s.old_values[p:] if s.old_values is not None else [nan] * (n - p)
+        cols["seq_ntokens"] += [sum(s.loss_mask)] * (n - p)
+        cols["seq_nvalue"] += [sum(vmask)] * (n - p)
+        cols["attention_mask"] += [1] * (n - p)
+        cols["prev_index"] += [root + p - 1 if p else at - 1, *range(at, at + n - p - 1)]
     if width is not None:
         extra = width - len(cols["input_ids"])
         cols["position_ids"] += range(len(cols["input_ids"]), width)
+        cols["prev_index"] += range(len(cols["input_ids"]) - 1, width - 1)
         for k, fill in (
             ("input_ids", 0),
             ("seq_index", -1),
@@ -193,35 +224,93 @@ def _row(samples: list[TrainSample], order: list[int], width: int | None) -> dic
     return cols
 
 
-_LONG = ("input_ids", "position_ids", "seq_index", "attention_mask")
+_LONG = ("input_ids", "position_ids", "seq_index", "attention_mask", "prev_index")
 
 
-def _micro_batch(rows: list[dict[str, list]], order: list[int], packed: bool) -> MicroBatch:
+def _micro_batch(rows: list[dict[str, list]], order: list[int], packed: bool, branches: bool = False) -> MicroBatch:
     t = {k: torch.tensor([r[k] for r in rows], dtype=torch.long if k in _LONG else torch.float32) for k in rows[0]}
     att = t.pop("attention_mask")
-    return MicroBatch(**t, attention_mask=None if packed else att, samples=order, packed=packed)
+    prev = t.pop("prev_index")
+    return MicroBatch(
+        **t, attention_mask=None if packed else att, samples=order, packed=packed, prev_index=prev if branches else None
+    )
 
 
-def pack(samples: list[TrainSample], max_tokens: int) -> list[MicroBatch]:
-    """First-fit-decreasing: each micro-batch is one ``[1, T <= max_tokens]`` row of whole sequences.
+def _shareable(s: TrainSample) -> int:
+    """How many leading tokens of ``s`` may be shared: those outside the loss and the value targets,
+    leaving at least one token of its own."""
+    vmask = s.value_mask if s.value_mask is not None else s.loss_mask
+    n = len(s.token_ids)
+    return next((t for t in range(n) if s.loss_mask[t] or vmask[t]), n - 1)
+
+
+def _common(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    return next((t for t in range(n) if a[t] != b[t]), n)
+
+
+def share_units(samples: list[TrainSample], max_tokens: int, share_min: int) -> list[tuple[list[int], int]]:
+    """Samples grouped into units ``(members, prefix)``: members[0] is laid out whole, the others as
+    branches of its first ``prefix`` tokens (0 = a unit of one sample).
+
+    Samples are sorted by their tokens, so those with a common prompt are neighbours; a neighbour
+    joins the current unit when the common prefix (outside every member's loss) stays >= ``share_min``
+    tokens, the unit still fits ``max_tokens``, and joining computes fewer tokens than starting a
+    unit of its own. Deterministic."""
+    order = sorted(range(len(samples)), key=lambda i: (samples[i].token_ids, i))
+    units: list[tuple[list[int], int]] = []
+    members: list[int] = []
+    prefix = 0
+    for i in order:
+        n = len(samples[i].token_ids)
+        if members:
+            first = samples[members[0]]
+            p = min(prefix if len(members) > 1 else _shareable(first), _shareable(samples[i]))
+            p = _common(first.token_ids, samples[i].token_ids, p)
+            lens = [len(samples[j].token_ids) for j in members] + [n]
+            joined = lens[0] + sum(lens[1:]) - p * (len(lens) - 1)
+            now = lens[0] + sum(lens[1:-1]) - prefix * (len(lens) - 2)
+            if p >= share_min and joined <= max_tokens and joined < now + n:
+                members.append(i)
+                prefix = p
+                continue
+            units.append((members, prefix if len(members) > 1 else 0))
+        members, prefix = [i], 0
+    if members:
+        units.append((members, prefix if len(members) > 1 else 0))
+    return units
+
+
+def pack(samples: list[TrainSample], max_tokens: int, *, share_min: int = 0) -> list[MicroBatch]:
+    """First-fit-decreasing: each micro-batch is one ``[1, T <= max_tokens]`` row of whole sequences
+    or, with ``share_min`` > 0, of units sharing a prompt prefix (``share_units``).
 
     Deterministic: ties in length keep the input order.
     """
     check_samples(samples, max_tokens)
-    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i].token_ids), i))
+    if share_min > 0:
+        units = share_units(samples, max_tokens, share_min)
+    else:
+        units = [([i], 0) for i in range(len(samples))]
+    sizes = [sum(len(samples[i].token_ids) for i in m) - p * (len(m) - 1) for m, p in units]
+    order = sorted(range(len(units)), key=lambda u: (-sizes[u], units[u][0][0]))
     bins: list[list[int]] = []
     room: list[int] = []
-    for i in order:
-        n = len(samples[i].token_ids)
+    for u in order:
         for b, r in enumerate(room):
-            if n <= r:
-                bins[b].append(i)
-                room[b] -= n
+            if sizes[u] <= r:
+                bins[b].append(u)
+                room[b] -= sizes[u]
                 break
         else:
-            bins.append([i])
-            room.append(max_tokens - n)
-    return [_micro_batch([_row(samples, b, None)], b, packed=True) for b in bins]
+            bins.append([u])
+            room.append(max_tokens - sizes[u])
+    out = []
+    for b in bins:
+        members = [i for u in b for i in units[u][0]]
+        skip = {i: units[u][1] for u in b for i in units[u][0][1:]}
+        out.append(_micro_batch([_row(samples, members, None, skip)], members, packed=True, branches=bool(skip)))
+    return out
 
 
 def pad(samples: list[TrainSample], max_tokens: int, *, sort: bool = False) -> list[MicroBatch]:

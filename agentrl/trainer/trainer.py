@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from agentrl.trainer import checkpoint as C
 from agentrl.trainer import dist as D
 from agentrl.trainer import lora as L
+from agentrl.trainer.attention import VARLEN_SDPA
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.models import (
     all_targets,
@@ -130,15 +131,27 @@ class Trainer:
     def _local(self, samples: list[TrainSample]) -> list[int]:
         return D.assign([len(s.token_ids) for s in samples], self.world)[self.rank]
 
-    def _layout(self, samples: list[TrainSample]) -> tuple[list[int], list[MicroBatch]]:
-        """This rank's sample indices and micro-batches, padded with empty ones to the ranks' max."""
-        check_samples(samples, self.cfg.micro_batch_tokens)  # on every rank, so all raise the same error
+    def _layout(self, samples: list[TrainSample], *, share: bool = False) -> tuple[list[int], list[MicroBatch]]:
+        """This rank's sample indices and micro-batches, padded with empty ones to the ranks' max.
+        ``share``: lay out common prompt prefixes once (training only: inference reports every
+        sequence's every token, so it lays each one out whole)."""
+        cfg = self.cfg
+        check_samples(samples, cfg.micro_batch_tokens)  # on every rank, so all raise the same error
         local = self._local(samples)
-        layout = pack if self.cfg.batching == "pack" else pad
-        mbs = layout([samples[i] for i in local], self.cfg.micro_batch_tokens) if local else []
+        mine = [samples[i] for i in local]
+        if cfg.batching == "pad":
+            mbs = pad(mine, cfg.micro_batch_tokens) if local else []
+        else:
+            share_min = cfg.share_prefix_tokens if share and self._can_share else 0
+            mbs = pack(mine, cfg.micro_batch_tokens, share_min=share_min) if local else []
         n = D.all_max_int(len(mbs), self.device)
         mbs += [dummy_micro_batch(packed=self.cfg.batching == "pack") for _ in range(n - len(mbs))]
         return local, mbs
+
+    @property
+    def _can_share(self) -> bool:
+        """Shared-prefix rows need varlen_sdpa (it reads branches from position_ids) and no dense mask."""
+        return self.cfg.attn_implementation == VARLEN_SDPA and not self.cfg.packed_mask
 
     def _inputs(self, mb: MicroBatch) -> dict:
         return model_inputs(mb, packed_mask=self.cfg.packed_mask, attn_implementation=self.cfg.attn_implementation)
@@ -160,7 +173,8 @@ class Trainer:
         With a distillation teacher, every micro-batch runs one more (no-grad) forward through it.
         Mini-batches are drawn by a permutation seeded by (seed, version, epoch), the same on every
         rank. The LR schedules advance once per call. Metrics are means over the optimizer steps
-        (``tokens``/``loss_tokens``/``seqs``/``micro_batches``/``step_time_s`` are totals)."""
+        (``tokens``/``computed_tokens``/``loss_tokens``/``seqs``/``micro_batches``/``step_time_s`` are totals;
+        ``computed_tokens`` < ``tokens`` when shared prompt prefixes were computed once)."""
         if self._closed:
             raise RuntimeError("this Trainer is closed")
         if not samples:
@@ -201,7 +215,7 @@ class Trainer:
         if self.critic is not None:
             self.critic_scheduler.step()
         self.version += 1
-        totals = {"tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s", "teacher_s"}
+        totals = {"tokens", "computed_tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s", "teacher_s"}
         keys = set().union(*outs)
         out = {k: (sum if k in totals else lambda v: sum(v) / len(v))([o[k] for o in outs if k in o]) for k in keys}
         out.update(
@@ -221,16 +235,17 @@ class Trainer:
             if missing:
                 raise ValueError(f"samples {missing[:5]} have no returns, but this trainer trains a critic")
         t0 = time.perf_counter()
-        local, mbs = self._layout(samples)
+        local, mbs = self._layout(samples, share=True)
         mine = [samples[i] for i in local]
         vmasks = [s.value_mask if s.value_mask is not None else s.loss_mask for s in mine]
-        g_tok, g_seq, g_vtok, g_vseq, g_real, g_slots = D.all_sum(
+        g_tok, g_seq, g_vtok, g_vseq, g_real, g_computed, g_slots = D.all_sum(
             [
                 sum(sum(s.loss_mask) for s in mine),
                 sum(1 for s in mine if any(s.loss_mask)),
                 sum(sum(v) for v in vmasks),
                 sum(1 for v in vmasks if any(v)),
                 sum(len(s.token_ids) for s in mine),
+                sum(mb.num_tokens for mb in mbs),
                 sum(mb.num_slots for mb in mbs if mb.num_tokens),
             ],
             self.device,
@@ -262,10 +277,11 @@ class Trainer:
                 "skipped": float(not math.isfinite(grad_norm)),
                 "lr": lr,
                 "tokens": g_real,
+                "computed_tokens": g_computed,
                 "loss_tokens": g_tok,
                 "seqs": float(len(samples)),
                 "micro_batches": float(len(mbs)),
-                "padding_frac": 1.0 - g_real / max(g_slots, 1.0),
+                "padding_frac": 1.0 - g_computed / max(g_slots, 1.0),
                 "step_time_s": dt,
             }
         )

@@ -50,7 +50,7 @@ def test_positions_restart_and_per_token_fields_follow_their_sequence():
         assert mb.loss_mask[0, at].tolist() == s.loss_mask
         assert mb.advantages[0, at].tolist() == s.advantages
         assert set(mb.seq_ntokens[0, at].tolist()) == {sum(s.loss_mask)}
-    assert segment_bounds(mb.position_ids) == [(0, 6), (6, 10), (10, 13)]
+    assert segment_bounds(mb.position_ids) == [(0, 6, 0), (6, 10, 6), (10, 13, 10)]
 
 
 def test_too_long_sequence_names_its_length():

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecResult, Limits
-from agentrl.sandbox.docker_conn import ProtocolError
-from agentrl.sandbox.docker_daemon import MB, Daemon
-from agentrl.sandbox.docker_pool import Box
+from agentrl.sandbox.docker.conn import ProtocolError
+from agentrl.sandbox.docker.daemon import MB, Daemon
+from agentrl.sandbox.docker.pool import Box
 from agentrl.sandbox.files import check_relpath
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.docker_conn import AgentConn
-from agentrl.sandbox.docker_daemon import (  # noqa: F401 - cleanup helpers re-exported (tests, CLI)
+from agentrl.sandbox.docker.conn import AgentConn
+from agentrl.sandbox.docker.daemon import (  # noqa: F401 - cleanup helpers re-exported (tests, CLI)
     LABEL,
     LABEL_LIMITS,
     LABEL_OWNER,

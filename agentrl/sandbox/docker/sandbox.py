@@ -57,8 +57,8 @@ from collections.abc import Mapping, Sequence
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import ExecResult, Limits, Sandbox, SandboxSession
-from agentrl.sandbox.docker_conn import DaemonAddress, ProtocolError
-from agentrl.sandbox.docker_daemon import (  # noqa: F401 - list_containers re-exported for tests and the CLI
+from agentrl.sandbox.docker.conn import DaemonAddress, ProtocolError
+from agentrl.sandbox.docker.daemon import (  # noqa: F401 - list_containers re-exported for tests and the CLI
     MB,
     Daemon,
     list_containers,
@@ -67,9 +67,9 @@ from agentrl.sandbox.docker_daemon import (  # noqa: F401 - list_containers re-e
     remove_stale,
     sandbox_env,
 )
-from agentrl.sandbox.docker_pool import Box, Pool
-from agentrl.sandbox.docker_run import SpawnError, check_files, execute
-from agentrl.sandbox.image import DEFAULT_TAG
+from agentrl.sandbox.docker.image import DEFAULT_TAG
+from agentrl.sandbox.docker.pool import Box, Pool
+from agentrl.sandbox.docker.run import SpawnError, check_files, execute
 from agentrl.sandbox.subprocess_runner import check_call
 
 MODES = ("reset", "fresh")

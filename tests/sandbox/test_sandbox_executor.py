@@ -1,4 +1,4 @@
-"""The local backend's executor (agentrl.sandbox.local.executor, executor_client): programs are forked by a
+"""The local backend's executor (agentrl.sandbox.local.executor, .client): programs are forked by a
 single-threaded executor process, never by the trainer; the warm ``python3 -`` path behaves as a cold
 interpreter; the executor's death is an infrastructure failure and it comes back; it dies with its
 client. Runs in every isolation mode this machine has (bubblewrap, root without it)."""

@@ -68,8 +68,8 @@ EXECUTOR_MODULES = {"sandbox_files": _HERE.parent / "files.py", "sandbox_procs":
 
 def executor_source() -> str:
     """``python3 -c`` source of the executor: the :data:`EXECUTOR_MODULES` (``agentrl.sandbox.files``
-    as module ``sandbox_files``, ``docker_agent_procs`` as ``sandbox_procs``), then
-    ``docker_agent.py`` as ``__main__`` (all read from disk: version-locked with this host code,
+    as module ``sandbox_files``, ``agent.procs`` as ``sandbox_procs``), then
+    ``agent/executor.py`` as ``__main__`` (all read from disk: version-locked with this host code,
     nothing baked into the image)."""
     lines = ["import sys, types"]
     for name, path in EXECUTOR_MODULES.items():
@@ -80,7 +80,7 @@ def executor_source() -> str:
             f"exec(compile({src!r}, {name + '.py'!r}, 'exec'), _m.__dict__)",
         ]
     agent_src = (_HERE / "agent" / "executor.py").read_text()
-    lines.append(f"exec(compile({agent_src!r}, 'docker_agent.py', 'exec'), {{'__name__': '__main__'}})")
+    lines.append(f"exec(compile({agent_src!r}, 'executor.py', 'exec'), {{'__name__': '__main__'}})")
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,7 @@ which is why docker's ``--init`` is not used: the executor is the init (it reaps
 
 Does not: isolate the kernel (runc containers share it; use ``runtime="runsc"`` for a user-space
 kernel), limit disk I/O bandwidth, or hide the CPU model / host kernel version from programs.
-Does not pool or run anything (``docker_pool``, ``docker``).
+Does not pool or run anything (``pool``, ``sandbox``).
 """
 
 from __future__ import annotations

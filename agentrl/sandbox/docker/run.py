@@ -4,8 +4,8 @@ Owns :func:`execute` (the request sent to the container's executor, the host-sid
 stream that ends mid-run told apart as out-of-memory or a dead container), :func:`to_result` (the
 executor's reply, untrusted, checked against what was asked and turned into an ``ExecResult``),
 :func:`check_files` (files to copy in, checked before anything is sent) and :class:`SpawnError`.
-Does not pick, reuse or replace containers (``docker_pool``, ``docker``) or run anything inside one
-(``docker_agent``).
+Does not pick, reuse or replace containers (``pool``, ``sandbox``) or run anything inside one
+(``agent.executor``).
 """
 
 from __future__ import annotations

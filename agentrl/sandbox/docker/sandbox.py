@@ -1,11 +1,11 @@
 """The Docker sandbox backend: hardened containers, a warm pool, sessions, typed results.
 
 Owns: ``DockerSandbox`` (one-shot ``run``, ``session``, ``aclose``), ``DockerSession``, and
-``unavailable_reason`` (the probe ``make_sandbox("auto")`` uses). The pieces: ``docker_run`` (one
+``unavailable_reason`` (the probe ``make_sandbox("auto")`` uses). The pieces: ``run`` (one
 run on a container: the request, the host-side deadline, how the executor's reply becomes an
-``ExecResult``), ``docker_daemon`` (the container spec with every isolation flag, the SDK client,
-cleanup by label), ``docker_pool`` (warm containers, the concurrency cap), ``docker_conn`` (the
-attach stream), ``docker_agent`` (the executor, pid 1 in every container), ``image`` (the offline
+``ExecResult``), ``daemon`` (the container spec with every isolation flag, the SDK client,
+cleanup by label), ``pool`` (warm containers, the concurrency cap), ``conn`` (the
+attach stream), ``agent.executor`` (the executor, pid 1 in every container), ``image`` (the offline
 image build).
 
 How a run goes: take an idle container of the run's ``Limits`` profile (or start one), send the

@@ -7,7 +7,7 @@ the programs it waits for (``WATCHED`` -> ``EXITED``), killing every process of 
 (``kill_all``), wiping the work dir and the shared-memory mounts and checking the container is clean
 (``reset``), and the cgroup's OOM-kill counter (``oom_kills``). Standard library only; imports
 cleanly on the host too (it does nothing there). Does not speak the protocol or run programs
-(``docker_agent``).
+(``agent.executor``).
 """
 
 import os

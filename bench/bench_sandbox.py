@@ -102,7 +102,7 @@ async def pairs(bare, ours, n: int, gap_s: float, reps: int = 1) -> dict:
     """``reps`` blocks of ``n`` interleaved pairs (order alternating, ``gap_s`` between calls);
     p50/p99 of each side over all pairs, the median of ours/bare over all pairs and per block, the
     load average around each block, and each side's CPU ms per call."""
-    from agentrl.sandbox.executor_client import executor
+    from agentrl.sandbox.local.client import executor
 
     a, b, ratios, blocks = [], [], [], []
     for _ in range(5):  # warm-up: imports, the executor, the first jails

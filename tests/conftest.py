@@ -163,7 +163,7 @@ def pytest_sessionstart(session):
 
 
 #: AGENTRL_SUITE_TIMES=FILE: every test phase's duration, outcome, worker and tier markers are written there as JSON
-#: when the run ends (``python .ci/suite_time.py FILE`` prints where the time went; .ci/run does)
+#: when the run ends (``python tools/suite_time.py FILE`` prints where the time went; .ci/run does)
 TIMES_ENV = "AGENTRL_SUITE_TIMES"
 TIER_MARKERS = ("slow", "docker", "sglang", "ray")
 _phases: list[dict] = []

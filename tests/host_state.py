@@ -10,9 +10,9 @@ import shutil
 import tempfile
 import time
 
-from agentrl.sandbox.child import JAIL_NAME as _JAIL
-from agentrl.sandbox.child import READY_NAME as _READY
-from agentrl.sandbox.executor_client import executor
+from agentrl.sandbox.local.child import JAIL_NAME as _JAIL
+from agentrl.sandbox.local.child import READY_NAME as _READY
+from agentrl.sandbox.local.client import executor
 
 READY_NAME, JAIL_NAME = _READY.decode(), _JAIL.decode()
 
@@ -39,7 +39,7 @@ def host_snapshot(backend: str) -> dict:
     """What must be the same before and after a case: processes of our sandbox uids (the uid block
     this process holds) and our children, our work dirs and mounts, temp disk usage, and for docker
     our containers. Other processes on the host (other test runs) are not ours to count."""
-    from agentrl.sandbox.jail import claimed_uid_ranges
+    from agentrl.sandbox.local.jail import claimed_uid_ranges
 
     ours = claimed_uid_ranges()
     procs = [p for p in _proc_entries() if p[3] not in "ZX"]
@@ -64,7 +64,7 @@ def host_snapshot(backend: str) -> dict:
 
 def _docker_containers() -> list[str]:
     """Our process's labelled containers (other processes on this host may be running their own)."""
-    from agentrl.sandbox.docker_pool import list_containers, owner_id
+    from agentrl.sandbox.docker.pool import list_containers, owner_id
 
     me = owner_id()
     return sorted(c["id"] for c in list_containers() if c.get("owner") == me)

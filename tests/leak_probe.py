@@ -29,7 +29,7 @@ def _executor_fds() -> set[str]:
     children)."""
     import sys
 
-    client = sys.modules.get("agentrl.sandbox.executor_client")
+    client = sys.modules.get("agentrl.sandbox.local.client")
     return {str(fd) for fd in client.executor().fds()} if client is not None else set()
 
 
@@ -54,7 +54,7 @@ def children(pid: int | None = None) -> set[int]:
     if pid is None:
         import sys
 
-        client = sys.modules.get("agentrl.sandbox.executor_client")
+        client = sys.modules.get("agentrl.sandbox.local.client")
         ex = client.executor().pid if client is not None else None
         return (_children(os.getpid()) - {ex}) | (_children(ex) if ex is not None else set())
     return _children(pid)
@@ -102,7 +102,7 @@ def rss_mb(field: str = "VmRSS") -> float:
 
 def our_containers() -> list[str]:
     """Ids of the docker sandbox containers this process owns (by the sandbox's owner label)."""
-    from agentrl.sandbox.docker_daemon import list_containers, owner_id
+    from agentrl.sandbox.docker.daemon import list_containers, owner_id
 
     me = owner_id()
     return sorted(c["id"] for c in list_containers() if c.get("owner") == me)

@@ -1,10 +1,10 @@
-""".ci/suite_time.py: the tables CI prints of where the suite's time went, on a hand-made run."""
+"""tools/suite_time.py: the tables CI prints of where the suite's time went, on a hand-made run."""
 
 import importlib.util
 from pathlib import Path
 
 SPEC = importlib.util.spec_from_file_location(
-    "suite_time", Path(__file__).resolve().parents[1] / ".ci" / "suite_time.py"
+    "suite_time", Path(__file__).resolve().parents[1] / "tools" / "suite_time.py"
 )
 suite_time = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(suite_time)

@@ -159,7 +159,7 @@ def check_sglang(cfg: Any) -> list[Check]:
 
 
 def check_docker(cfg: Any) -> list[Check]:
-    from agentrl.sandbox.docker_probe import docker_unavailable_reason
+    from agentrl.sandbox.probe import docker_unavailable_reason
 
     reason = docker_unavailable_reason()
     return [Check("docker", "no", reason) if reason else Check("docker", "ok", "daemon answers, sandbox image present")]

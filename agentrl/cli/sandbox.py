@@ -1,8 +1,8 @@
 """``agentrl sandbox ...``: see what a sandbox does with an input, build its image, list/clean containers.
 
 Owns: the typer sub-app mounted by ``agentrl.cli.main`` as ``agentrl sandbox``. A thin shell: the work
-is in ``agentrl.sandbox`` (``make_sandbox``), ``agentrl.sandbox.image`` (``build_image``) and
-``agentrl.sandbox.docker_daemon`` (``list_containers``, ``remove_containers``, ``remove_stale``).
+is in ``agentrl.sandbox`` (``make_sandbox``), ``agentrl.sandbox.docker.image`` (``build_image``) and
+``agentrl.sandbox.docker.daemon`` (``list_containers``, ``remove_containers``, ``remove_stale``).
 
 Does not: keep anything running (``exec`` starts a sandbox, runs one program, and removes what it
 started), or touch containers that lack the ``agentrl.sandbox`` label.
@@ -127,7 +127,7 @@ def build_cmd(
     force: bool = typer.Option(False, "--force", help="Rebuild even if the image exists."),
 ) -> None:
     """Build the sandbox image offline: debootstrap a minimal Debian with python3, docker import."""
-    from agentrl.sandbox.image import DEFAULT_MIRROR, DEFAULT_TAG, build_image
+    from agentrl.sandbox.docker.image import DEFAULT_MIRROR, DEFAULT_TAG, build_image
 
     client = _docker_client()
     t0 = time.monotonic()
@@ -148,7 +148,7 @@ def build_cmd(
 @app.command("ps")
 def ps_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List sandbox containers (label agentrl.sandbox), with their owner process and limits."""
-    from agentrl.sandbox.docker_daemon import list_containers, owner_alive
+    from agentrl.sandbox.docker.daemon import list_containers, owner_alive
 
     rows = list_containers(_docker_client())
     for r in rows:
@@ -172,7 +172,7 @@ def clean_cmd(
     stale: bool = typer.Option(False, "--stale", help="Only containers whose owner process is gone."),
 ) -> None:
     """Remove sandbox containers (all of them, or only leaked ones with --stale)."""
-    from agentrl.sandbox.docker_daemon import list_containers, remove_containers, remove_stale
+    from agentrl.sandbox.docker.daemon import list_containers, remove_containers, remove_stale
 
     client = _docker_client()
     n = remove_stale(client) if stale else remove_containers(client, [c["id"] for c in list_containers(client)])

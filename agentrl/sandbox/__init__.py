@@ -1,7 +1,8 @@
-"""The Sandbox seam (``base``), the backend choice (``factory``) and the backends beside them:
-``local`` (+ ``bwrap_view``, ``executor*``, ``child*``, ``warm_python``, ``jail``, ``slots``),
-``docker`` (+ ``docker_*``), ``subprocess_runner``; ``files`` copies files in and out. Re-exports the
-seam and the factory."""
+"""The Sandbox seam (``base``), the backend choice (``factory``) and the backends: ``local/`` (the
+hardened default: rlimits, bubblewrap namespaces, its executor process), ``docker/`` (hardened
+containers; ``docker/agent/`` runs inside them) and ``subprocess_runner`` (no isolation; also the process
+mechanics ``local`` builds on). Shared by the backends: ``files`` (copying files in and out), ``slots``
+(the concurrency bound), ``probe`` (whether Docker can run here). Re-exports the seam and the factory."""
 
 from agentrl.sandbox.base import (
     STATUSES,

@@ -13,7 +13,7 @@ import threading
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import Sandbox
-from agentrl.sandbox.docker_probe import docker_unavailable_reason
+from agentrl.sandbox.probe import docker_unavailable_reason
 
 #: Names ``make_sandbox`` accepts.
 BACKENDS = ("auto", "local", "docker", "subprocess")

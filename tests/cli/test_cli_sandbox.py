@@ -70,7 +70,7 @@ def test_exec_docker_ps_clean_build():
     reason = _docker_reason()
     if reason is not None:
         components.unavailable("docker", f"docker sandbox unavailable: {reason}")
-    from agentrl.sandbox.docker_daemon import list_containers
+    from agentrl.sandbox.docker.daemon import list_containers
 
     res = runner.invoke(
         app,
@@ -117,7 +117,7 @@ def test_exec_docker_ps_clean_build():
     res = runner.invoke(app, ["sandbox", "clean", "--stale"])
     assert res.exit_code == 0 and "removed" in res.output, res.output
     # exec removed its own container: nothing of a dead owner is left for a sweep either
-    from agentrl.sandbox.docker_daemon import owner_alive
+    from agentrl.sandbox.docker.daemon import owner_alive
 
     assert not [c for c in list_containers() if owner_alive(c["owner"]) is False]
     res = runner.invoke(app, ["sandbox", "build"])  # the image exists: a no-op that says so

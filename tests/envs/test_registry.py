@@ -9,6 +9,7 @@ from pathlib import Path
 import components
 import gymnasium
 import pytest
+from dist_info import install_as_dist_info
 
 from agentrl.envs import registry
 from agentrl.envs.base import AgentEnv
@@ -113,17 +114,8 @@ def test_importing_registry_is_cheap():
 
 # ------------------------------------------------------------------ third-party entry points
 def _install_as_dist_info(site: Path) -> None:
-    """What `pip install tests/thirdparty_pkg` would leave behind, minus pip: a .dist-info with
-    entry_points.txt generated from the package's own pyproject, and the package on sys.path."""
-    meta = tomllib.loads((THIRDPARTY / "pyproject.toml").read_text())["project"]
-    dist = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-    lines = []
-    for group, eps in meta["entry-points"].items():
-        lines.append(f"[{group}]")
-        lines += [f"{name} = {value}" for name, value in eps.items()]
-    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    """What `pip install tests/thirdparty_pkg` would leave behind, minus pip (``tests/dist_info.py``)."""
+    install_as_dist_info(THIRDPARTY, site)
 
 
 def test_third_party_env_found_through_entry_point(tmp_path, monkeypatch, clean_registry):

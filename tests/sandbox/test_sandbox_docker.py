@@ -30,7 +30,7 @@ NPROC = ["python3", "-c", "import os; print(sum(p.isdigit() for p in os.listdir(
 
 
 def _ours(run_id=None):
-    from agentrl.sandbox.docker_daemon import list_containers
+    from agentrl.sandbox.docker.daemon import list_containers
 
     return list_containers(run_id=run_id)
 
@@ -313,8 +313,8 @@ async def test_leaked_containers_removed_by_label_at_start():
     import docker
 
     from agentrl.sandbox.docker import DockerSandbox
-    from agentrl.sandbox.docker_daemon import LABEL, LABEL_OWNER, LABEL_RUN
-    from agentrl.sandbox.image import DEFAULT_TAG
+    from agentrl.sandbox.docker.daemon import LABEL, LABEL_OWNER, LABEL_RUN
+    from agentrl.sandbox.docker.image import DEFAULT_TAG
 
     client = docker.from_env()
     host = __import__("socket").gethostname()
@@ -364,7 +364,7 @@ def test_container_spec_hardening():
     """The flags themselves, as the daemon sees them (inspect), not just as we asked."""
     import docker
 
-    from agentrl.sandbox.docker_daemon import container_spec
+    from agentrl.sandbox.docker.daemon import container_spec
 
     client = docker.from_env()
     spec = container_spec(

@@ -1,4 +1,4 @@
-"""The local backend's executor (agentrl.sandbox.executor, executor_client): programs are forked by a
+"""The local backend's executor (agentrl.sandbox.local.executor, .client): programs are forked by a
 single-threaded executor process, never by the trainer; the warm ``python3 -`` path behaves as a cold
 interpreter; the executor's death is an infrastructure failure and it comes back; it dies with its
 client. Runs in every isolation mode this machine has (bubblewrap, root without it)."""
@@ -19,8 +19,8 @@ import pytest
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox import make_sandbox
-from agentrl.sandbox.executor_client import executor
 from agentrl.sandbox.local import bwrap_unavailable_reason
+from agentrl.sandbox.local.client import executor
 
 MODES = ["bwrap", "no-bwrap"]
 
@@ -72,7 +72,8 @@ SAME = {
 
 @pytest.mark.parametrize("name", sorted(SAME))
 def test_warm_python_matches_a_cold_interpreter(name):
-    from agentrl.sandbox import Limits, local
+    from agentrl.sandbox import Limits
+    from agentrl.sandbox.local import sandbox as local
 
     sb = make_sandbox("local", bwrap=False, limits=Limits(fsize_mb=1))
     warm = run(sb, SAME[name])
@@ -135,7 +136,7 @@ def test_the_executor_and_its_programs_die_with_the_trainer(tmp_path):
     code = textwrap.dedent("""
         import asyncio, sys
         from agentrl.sandbox import make_sandbox
-        from agentrl.sandbox.executor_client import executor
+        from agentrl.sandbox.local.client import executor
         sb = make_sandbox("local", bwrap=False)
         async def main():
             t = asyncio.ensure_future(sb.run(["sleep", "1000"], timeout_s=2000))
@@ -313,7 +314,7 @@ def test_no_nested_user_namespaces_in_bubblewraps_view():
 
 def test_only_the_most_recently_used_kinds_keep_a_ready_jail():
     from agentrl.sandbox import Limits
-    from agentrl.sandbox.executor import MAX_READY
+    from agentrl.sandbox.local.executor import MAX_READY
 
     sb = make_sandbox("local", bwrap=False)
 

@@ -30,7 +30,7 @@ pytestmark = [
 
 
 def _ours(run_id):
-    from agentrl.sandbox.docker_daemon import list_containers
+    from agentrl.sandbox.docker.daemon import list_containers
 
     return list_containers(run_id=run_id)
 

@@ -20,9 +20,9 @@ import components
 import pytest
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox import ExecResult, Limits, Sandbox, jail, make_sandbox, shared_sandbox, supports_sessions
-from agentrl.sandbox import local as local_mod
-from agentrl.sandbox.local import LocalSandbox
+from agentrl.sandbox import ExecResult, Limits, Sandbox, make_sandbox, shared_sandbox, supports_sessions
+from agentrl.sandbox.local import LocalSandbox, jail
+from agentrl.sandbox.local import sandbox as local_mod
 from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 
 ROOT = os.geteuid() == 0
@@ -287,7 +287,7 @@ async def test_session_file_copy_does_not_follow_links_the_program_planted(sb, t
 async def test_uids_are_released(sb):
     if sb.uid_base is None:
         components.unavailable("root", "dedicated uids need root")
-    from agentrl.sandbox import jail
+    from agentrl.sandbox.local import jail
 
     before = set(jail._UIDS_IN_USE)
     s = await sb.session()
@@ -305,10 +305,10 @@ async def test_uids_are_released(sb):
 
 @pytest.mark.skipif(not ROOT, reason=components.reason("root", "dedicated uids need root"))
 def test_uid_blocks_are_exclusive_between_processes():
-    from agentrl.sandbox import jail
+    from agentrl.sandbox.local import jail
 
     mine = jail.claim_uid_block(1_600_000)
-    code = "from agentrl.sandbox import jail; print(jail.claim_uid_block(1_600_000))"
+    code = "from agentrl.sandbox.local import jail; print(jail.claim_uid_block(1_600_000))"
     other = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert other != mine and other % jail.UID_RANGE == mine % jail.UID_RANGE
 
@@ -318,7 +318,7 @@ def test_stale_workdirs_of_dead_trainers_are_removed():
     p = subprocess.Popen(["true"])
     p.wait()  # a pid that is surely dead now
     stale = tempfile.mkdtemp(prefix=f"agentrl-sbx-{p.pid}-")
-    from agentrl.sandbox import jail
+    from agentrl.sandbox.local import jail
 
     jail.mount_tmpfs(stale, 1, 0)
     LocalSandbox(tmpfs=True)

@@ -1,12 +1,12 @@
 """The mounts and namespaces of a local sandbox child, and the libc primitives they are made of.
 
-Owns: the libc mount primitives (also used by the trainer's side, ``agentrl.sandbox.jail``), entering
+Owns: the libc mount primitives (also used by the trainer's side, ``agentrl.sandbox.local.jail``), entering
 a child's private namespaces (mount; network, IPC, UTS and cgroup when isolated), and the two views
 a child can get: the host's filesystem with private scratch dirs and a grafted Python prefix
 (``isolate_host``), or a read-only root showing only what bubblewrap's view shows (``build_root``
 then ``enter_root``). Either way the work dir is a size-capped tmpfs made here (one-shot runs) or
 the trainer's work dir bound in (runs whose files the trainer writes or collects). Imports only the
-standard library: the executor loads it without agentrl on its path (``agentrl.sandbox.executor``).
+standard library: the executor loads it without agentrl on its path (``agentrl.sandbox.local.executor``).
 
 Does not: fork, drop privileges or decide any policy (the plan in the request says what to apply).
 """
@@ -108,7 +108,7 @@ def isolate_host(plan: dict, workdir: str | None, disk_mb: int) -> None:
     """The host's filesystem with tmpfs scratch dirs (``/tmp``, ``/var/tmp``, ``/dev/shm`` of
     ``disk_mb`` each, when ``plan["isolate"]``), the trainer's Python prefix grafted read-only at
     its own path under a tmpfs over its first unreachable ancestor (``plan["grafts"]``: [anchor,
-    prefix] pairs; see ``agentrl.sandbox.jail.ChildMounts``) or, when it lies under a scratch dir
+    prefix] pairs; see ``agentrl.sandbox.local.jail.ChildMounts``) or, when it lies under a scratch dir
     (a virtualenv in ``/tmp``), bound read-only back over the scratch tmpfs that hid it
     (``plan["prefixes"]``), and the work dir: a new tmpfs at ``plan["workdir"]``, or the trainer's
     ``workdir`` bound back where a scratch dir hid it."""

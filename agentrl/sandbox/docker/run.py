@@ -4,8 +4,8 @@ Owns :func:`execute` (the request sent to the container's executor, the host-sid
 stream that ends mid-run told apart as out-of-memory or a dead container), :func:`to_result` (the
 executor's reply, untrusted, checked against what was asked and turned into an ``ExecResult``),
 :func:`check_files` (files to copy in, checked before anything is sent) and :class:`SpawnError`.
-Does not pick, reuse or replace containers (``docker_pool``, ``docker``) or run anything inside one
-(``docker_agent``).
+Does not pick, reuse or replace containers (``pool``, ``sandbox``) or run anything inside one
+(``agent.executor``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import ExecResult, Limits
-from agentrl.sandbox.docker_conn import ProtocolError
-from agentrl.sandbox.docker_daemon import MB, Daemon
-from agentrl.sandbox.docker_pool import Box
+from agentrl.sandbox.docker.conn import ProtocolError
+from agentrl.sandbox.docker.daemon import MB, Daemon
+from agentrl.sandbox.docker.pool import Box
 from agentrl.sandbox.files import check_relpath
 
 

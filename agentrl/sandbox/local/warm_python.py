@@ -6,9 +6,9 @@ UTF-8 standard streams, ``SystemExit`` codes, a traceback and exit 1 on an uncau
 non-daemon threads joined, atexit run), after forgetting the modules the executor imported after
 start-up (so a ``json.py`` in the work dir shadows the standard one, as with a cold interpreter).
 What still differs from a cold ``python3 -``: the str hash seed is the executor's, shared by all
-calls (``random`` is reseeded). Imports only the standard library (see ``agentrl.sandbox.executor``).
+calls (``random`` is reseeded). Imports only the standard library (see ``agentrl.sandbox.local.executor``).
 
-Does not: jail anything (``agentrl.sandbox.child`` has, before it calls this).
+Does not: jail anything (``agentrl.sandbox.local.child`` has, before it calls this).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns: the executor's main loop (requests in over Unix sockets, notes out), its pool of ready jails,
 and the life of each jail as the trainer sees it. What a jail does between its fork and the
-program is in ``agentrl.sandbox.child``; the client (``agentrl.sandbox.executor_client``) starts
+program is in ``agentrl.sandbox.local.child``; the client (``agentrl.sandbox.local.client``) starts
 this process and talks to it.
 
 Why a separate process: a ``preexec_fn`` forks the trainer, a process with gigabytes mapped and
@@ -25,11 +25,11 @@ hundreds of idle jails would be waste). Without a ready jail (a burst), the requ
 a cold jail is forked for it. Each jail still serves exactly one request: fresh process, fresh
 namespaces, fresh work dir. A ready jail is named ``agentrl-ready`` on the host.
 
-The messages it takes and sends are listed in ``agentrl.sandbox.executor_wire``.
+The messages it takes and sends are listed in ``agentrl.sandbox.local.wire``.
 
 Warm Python: for ``python3 -`` (the ``python`` tool), when the requested interpreter is this one,
 the jail does not exec: it runs the program from stdin in a fork of this warm interpreter
-(``agentrl.sandbox.warm_python``), saving the interpreter start-up of every call.
+(``agentrl.sandbox.local.warm_python``), saving the interpreter start-up of every call.
 
 Does not: decide any policy (the client sends the whole plan), pick uids, make host work dirs (it
 removes those handed over), enforce deadlines or read output (the client holds the other ends of
@@ -50,13 +50,12 @@ import selectors
 import signal
 import socket
 
-if __package__:  # imported as agentrl.sandbox.executor
-    from agentrl.sandbox import child
-    from agentrl.sandbox import executor_wire as wire
+if __package__:  # imported as agentrl.sandbox.local.executor
+    from agentrl.sandbox.local import child, wire
 else:  # run as a script (python -I executor.py FD): nothing of agentrl is on the path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import child
-    import executor_wire as wire
+    import wire
 
     del sys.path[0]
 

@@ -1,8 +1,8 @@
 """The trainer's side of the local executor: start it, ask it for jails, follow each to its exit.
 
 Owns: ``Executor`` (one per process, started on first use by a fresh ``exec`` of
-``agentrl/sandbox/executor.py``, restarted if it dies), one connection to it per event loop
-(``agentrl.sandbox.executor_conn``: read on the loop itself, no thread), and ``spawn``: the
+``agentrl/sandbox/local/executor.py``, restarted if it dies), one connection to it per event loop
+(``agentrl.sandbox.local.conn``: read on the loop itself, no thread), and ``spawn``: the
 child's pipes, the request sent to a ready jail of its kind when the executor handed this loop
 one (else to the executor, which forks a cold jail), and the ``ExecProcess`` that follows it.
 
@@ -29,8 +29,8 @@ import threading
 from typing import Any
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox import executor_wire as wire
-from agentrl.sandbox.executor_conn import Conn, ExecProcess
+from agentrl.sandbox.local import wire
+from agentrl.sandbox.local.conn import Conn, ExecProcess
 
 EXECUTOR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "executor.py")
 

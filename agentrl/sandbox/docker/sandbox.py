@@ -1,11 +1,11 @@
 """The Docker sandbox backend: hardened containers, a warm pool, sessions, typed results.
 
 Owns: ``DockerSandbox`` (one-shot ``run``, ``session``, ``aclose``), ``DockerSession``, and
-``unavailable_reason`` (the probe ``make_sandbox("auto")`` uses). The pieces: ``docker_run`` (one
+``unavailable_reason`` (the probe ``make_sandbox("auto")`` uses). The pieces: ``run`` (one
 run on a container: the request, the host-side deadline, how the executor's reply becomes an
-``ExecResult``), ``docker_daemon`` (the container spec with every isolation flag, the SDK client,
-cleanup by label), ``docker_pool`` (warm containers, the concurrency cap), ``docker_conn`` (the
-attach stream), ``docker_agent`` (the executor, pid 1 in every container), ``image`` (the offline
+``ExecResult``), ``daemon`` (the container spec with every isolation flag, the SDK client,
+cleanup by label), ``pool`` (warm containers, the concurrency cap), ``conn`` (the
+attach stream), ``agent.executor`` (the executor, pid 1 in every container), ``image`` (the offline
 image build).
 
 How a run goes: take an idle container of the run's ``Limits`` profile (or start one), send the
@@ -57,8 +57,8 @@ from collections.abc import Mapping, Sequence
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import ExecResult, Limits, Sandbox, SandboxSession
-from agentrl.sandbox.docker_conn import DaemonAddress, ProtocolError
-from agentrl.sandbox.docker_daemon import (  # noqa: F401 - list_containers re-exported for tests and the CLI
+from agentrl.sandbox.docker.conn import DaemonAddress, ProtocolError
+from agentrl.sandbox.docker.daemon import (  # noqa: F401 - list_containers re-exported for tests and the CLI
     MB,
     Daemon,
     list_containers,
@@ -67,9 +67,9 @@ from agentrl.sandbox.docker_daemon import (  # noqa: F401 - list_containers re-e
     remove_stale,
     sandbox_env,
 )
-from agentrl.sandbox.docker_pool import Box, Pool
-from agentrl.sandbox.docker_run import SpawnError, check_files, execute
-from agentrl.sandbox.image import DEFAULT_TAG
+from agentrl.sandbox.docker.image import DEFAULT_TAG
+from agentrl.sandbox.docker.pool import Box, Pool
+from agentrl.sandbox.docker.run import SpawnError, check_files, execute
 from agentrl.sandbox.subprocess_runner import check_call
 
 MODES = ("reset", "fresh")

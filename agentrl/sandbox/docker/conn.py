@@ -3,11 +3,11 @@
 Owns: the daemon address (``DaemonAddress``: ``DOCKER_HOST`` or the default unix socket), the
 hijacked ``POST /containers/{id}/attach`` connection (HTTP upgrade, then Docker's multiplexed
 stdout/stderr frames), the executor's bootstrap source (``executor_source``), and ``AgentConn``,
-which speaks the request/reply protocol of ``agentrl.sandbox.docker_agent`` over that stream.
+which speaks the request/reply protocol of ``agentrl.sandbox.docker.agent.executor`` over that stream.
 
 Why not the docker SDK here: its attach/exec sockets are blocking with no deadline, so each
 in-flight run would pin a thread. Lifecycle calls (create, start, remove, inspect) do use the
-SDK, in a bounded thread pool (``agentrl.sandbox.docker_daemon``).
+SDK, in a bounded thread pool (``agentrl.sandbox.docker.daemon``).
 
 Does not: decide what a reply means (``agentrl.sandbox.docker`` does), retry, or trust the
 executor: reply sizes are bounded by what the caller allows and a malformed reply is an error.
@@ -62,25 +62,25 @@ class DaemonAddress:
 
 
 #: modules the executor imports, by the name it imports them under -> their file here
-EXECUTOR_MODULES = {"sandbox_files": "files.py", "sandbox_procs": "docker_agent_procs.py"}
+_HERE = Path(__file__).resolve().parent
+EXECUTOR_MODULES = {"sandbox_files": _HERE.parent / "files.py", "sandbox_procs": _HERE / "agent" / "procs.py"}
 
 
 def executor_source() -> str:
     """``python3 -c`` source of the executor: the :data:`EXECUTOR_MODULES` (``agentrl.sandbox.files``
-    as module ``sandbox_files``, ``docker_agent_procs`` as ``sandbox_procs``), then
-    ``docker_agent.py`` as ``__main__`` (all read from disk: version-locked with this host code,
+    as module ``sandbox_files``, ``agent.procs`` as ``sandbox_procs``), then
+    ``agent/executor.py`` as ``__main__`` (all read from disk: version-locked with this host code,
     nothing baked into the image)."""
-    here = Path(__file__).resolve().parent
     lines = ["import sys, types"]
-    for name, filename in EXECUTOR_MODULES.items():
-        src = (here / filename).read_text()
+    for name, path in EXECUTOR_MODULES.items():
+        src = path.read_text()
         lines += [
             f"_m = types.ModuleType({name!r})",
             f"sys.modules[{name!r}] = _m",
             f"exec(compile({src!r}, {name + '.py'!r}, 'exec'), _m.__dict__)",
         ]
-    agent_src = (here / "docker_agent.py").read_text()
-    lines.append(f"exec(compile({agent_src!r}, 'docker_agent.py', 'exec'), {{'__name__': '__main__'}})")
+    agent_src = (_HERE / "agent" / "executor.py").read_text()
+    lines.append(f"exec(compile({agent_src!r}, 'executor.py', 'exec'), {{'__name__': '__main__'}})")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Where a test run's time went: ``python .ci/suite_time.py FILE`` on the JSON a run writes when
+"""Where a test run's time went: ``python tools/suite_time.py FILE`` on the JSON a run writes when
 ``AGENTRL_SUITE_TIMES=FILE`` is set (tests/conftest.py). Prints the wall time, each worker's busy time, the totals
 per test folder and per tier marker, and the slowest tests (all phases of a test summed: a session fixture's
 set-up, such as an SGLang server start, is counted in the first test that asks for it)."""

@@ -24,8 +24,8 @@ go of a ready jail it has not used (closing the channel: the jail ends at the EO
 "exit", "error"?}`` when a jail was reaped (``error``: why the program could not be started, if
 so; the client keeps the first exit it hears). A connection closing kills its jails.
 
-Does not: act on a message (``agentrl.sandbox.executor``, ``agentrl.sandbox.executor_conn`` and
-``agentrl.sandbox.child`` do).
+Does not: act on a message (``agentrl.sandbox.local.executor``, ``agentrl.sandbox.local.conn`` and
+``agentrl.sandbox.local.child`` do).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ reaps every orphan, which is what ``--init`` (tini) would have done. When it exi
 everything left in the namespace, and the container (``auto_remove``) disappears: a trainer that
 dies closes the attach stream, the executor reads EOF and exits, and nothing leaks.
 
-The host (``agentrl.sandbox.docker_conn``) starts it with ``python3 -I -c SRC``, where SRC is
+The host (``agentrl.sandbox.docker.conn``) starts it with ``python3 -I -c SRC``, where SRC is
 ``agentrl.sandbox.files`` loaded as module ``sandbox_files`` (so copying files in and out applies
-exactly the checks the local backend applies) and ``agentrl.sandbox.docker_agent_procs`` as module
+exactly the checks the local backend applies) and ``agentrl.sandbox.docker.agent.procs`` as module
 ``sandbox_procs`` (killing, reaping, wiping, the OOM counter), followed by this file, which owns the
 protocol loop and one run (spawn, pump the pipes under the deadline and the output cap, collect).
 
@@ -318,7 +318,7 @@ def main():
 
 if __name__ == "__main__":  # the bootstrap runs us as __main__; importing this on the host does nothing
     import sandbox_files as files  # injected by the bootstrap (agentrl/sandbox/files.py)
-    import sandbox_procs as procs  # injected by the bootstrap (agentrl/sandbox/docker_agent_procs.py)
+    import sandbox_procs as procs  # injected by the bootstrap (agentrl/sandbox/docker/agent/procs.py)
 
     CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD})
     WAKE_R, WAKE_W = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -9,9 +9,9 @@ an asyncio subprocess transport, ``get_pid``, ``get_returncode``, ``get_pipe_tra
 
 A jail's end is known from the first of: its init's ``{"exit"}`` on the jail's channel (pid
 namespaces: before the teardown), the executor's ``{"pid", "exit"}`` once reaped, or the
-executor's connection closing (it died: the result is lost). See ``agentrl.sandbox.executor``.
+executor's connection closing (it died: the result is lost). See ``agentrl.sandbox.local.executor``.
 
-Does not: start the executor or pick the connection (``agentrl.sandbox.executor_client``).
+Does not: start the executor or pick the connection (``agentrl.sandbox.local.client``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox import executor_wire as wire
+from agentrl.sandbox.local import wire
 
 
 class ExecProcess:

@@ -6,7 +6,7 @@ namespaces, no further user namespaces, all capabilities dropped, a read-only ro
 ``/usr``, the ``/bin``-style links, a few ``/etc`` files and the trainer's Python prefix, a private
 ``/proc``, a minimal ``/dev``, tmpfs ``/tmp`` and ``/dev/shm``, the work dir at ``/work``), reading
 bwrap's status record (``bwrap_ran``), and ``root_view_plan``: the same view for the executor to
-build itself (``agentrl.sandbox.child_mounts.build_root``), as root, without bwrap's own process.
+build itself (``agentrl.sandbox.local.mounts.build_root``), as root, without bwrap's own process.
 
 Does not: run programs or choose when to use which (``agentrl.sandbox.local`` does).
 """
@@ -22,7 +22,7 @@ import threading
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.executor_client import executor
+from agentrl.sandbox.local.client import executor
 from agentrl.sandbox.subprocess_runner import MB, WORKDIR_PREFIX
 
 SANDBOX_UID = 1000  # the uid the program sees inside bwrap (whatever the host uid is)

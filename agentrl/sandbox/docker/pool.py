@@ -4,8 +4,8 @@ Owns: ``Box`` (a started container with its executor attached), ``start_box`` (c
 start, wait for the executor's hello), and ``Pool`` (idle containers per ``Limits`` profile,
 ``reset``/``fresh`` reuse, the concurrency cap, background replacement and removal).
 
-Does not: decide the container's isolation (``docker_daemon.container_spec``), talk the executor
-protocol beyond its hello (``docker_conn``), or turn replies into results (``docker``).
+Does not: decide the container's isolation (``daemon.container_spec``), talk the executor
+protocol beyond its hello (``conn``), or turn replies into results (``sandbox``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.docker_conn import AgentConn
-from agentrl.sandbox.docker_daemon import (  # noqa: F401 - cleanup helpers re-exported (tests, CLI)
+from agentrl.sandbox.docker.conn import AgentConn
+from agentrl.sandbox.docker.daemon import (  # noqa: F401 - cleanup helpers re-exported (tests, CLI)
     LABEL,
     LABEL_LIMITS,
     LABEL_OWNER,

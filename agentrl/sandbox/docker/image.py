@@ -8,7 +8,7 @@ minimal Debian with the full Python standard library: graders use ``json``, ``io
 ``contextlib``; ``python3-minimal`` lacks them), then:
 
 * a user ``sandbox`` (uid/gid 1000, home ``/work``): programs and the container's pid 1 (the
-  executor, ``agentrl.sandbox.docker_agent``, which a program cannot signal: it is its pid
+  executor, ``agentrl.sandbox.docker.agent.executor``, which a program cannot signal: it is its pid
   namespace's init) run as it; nothing in the container runs as root;
 * setuid/setgid bits stripped from every file (``no-new-privileges`` already neuters them;
   this is the second lock on the same door);
@@ -17,7 +17,7 @@ minimal Debian with the full Python standard library: graders use ``json``, ``io
   the recipe version, so a rebuild is skipped when the tag already holds this recipe.
 
 Does not: install anything from a registry, pin package versions (bookworm's current ones are
-taken), or run as non-root (debootstrap needs root). ``agentrl/sandbox/Dockerfile`` is the registry
+taken), or run as non-root (debootstrap needs root). ``agentrl/sandbox/docker/Dockerfile`` is the registry
 equivalent for machines that have one.
 """
 

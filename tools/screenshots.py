@@ -1,8 +1,8 @@
 """Take the documentation's pictures from the real program, so they do not go stale silently.
 
-    python docs/_scripts/screenshots.py                      # a short run's log and `agentrl doctor`
-    python docs/_scripts/screenshots.py --run runs/code_exec-grpo   # also the report of README command 1's run
-    python docs/_scripts/screenshots.py --site OUT           # also PNGs of the built site's home and config reference
+    python tools/screenshots.py                      # a short run's log and `agentrl doctor`
+    python tools/screenshots.py --run runs/code_exec-grpo   # also the report of README command 1's run
+    python tools/screenshots.py --site OUT           # also PNGs of the built site's home and config reference
 
 Writes ``docs/img/run-log.svg`` (the lines a short ``agentrl run`` prints off a terminal, one per step and
 eval), ``docs/img/doctor.svg`` (``agentrl doctor`` on this machine), with ``--run`` ``docs/report.png``
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
 SHORT_RUN = ["--steps", "6", "--set", "eval.num_tasks=64", "--set", "eval.every=3", "--set", "train.groups_per_step=8"]
 

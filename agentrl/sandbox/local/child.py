@@ -2,12 +2,12 @@
 
 Owns: the life of a jail (``run_jail``) in its stages: ``prepare`` (own session, the executor's
 descriptors closed, default signals, the parent-death signal), the namespaces and mounts of its
-plan (``agentrl.sandbox.child_mounts``), the pid namespace with an init of ours as pid 1
+plan (``agentrl.sandbox.local.mounts``), the pid namespace with an init of ours as pid 1
 (``_split_pid_namespace``; as bubblewrap's view, also a user namespace of its own in which no
 further one can be made), then the request: the program's descriptors at 0-2 (bwrap's status pipe
 at 3), the work dir given to the run's uid, ``drop_privileges`` (uid, no-new-privs, rlimits), and
 the program: exec'd, spawned by the init (``posix_spawn``: no copy of a Python process), or run
-by the warm interpreter (``agentrl.sandbox.warm_python``).
+by the warm interpreter (``agentrl.sandbox.local.warm_python``).
 
 A jail is prepared either for a request in hand (cold) or ahead of one (ready: its namespaces
 made, it waits on its channel, held by the trainer's client, for the next request of its kind).
@@ -33,12 +33,11 @@ from collections.abc import Callable
 from typing import Any
 
 if __package__:
-    from agentrl.sandbox import child_mounts as mounts
-    from agentrl.sandbox import executor_wire as wire
-    from agentrl.sandbox.warm_python import run_python
+    from agentrl.sandbox.local import mounts, wire
+    from agentrl.sandbox.local.warm_python import run_python
 else:  # run by the executor as a script
-    import child_mounts as mounts
-    import executor_wire as wire
+    import mounts
+    import wire
     from warm_python import run_python
 
 _LIBC = ctypes.CDLL(None, use_errno=True)

@@ -12,12 +12,12 @@ dropped, ``no-new-privileges``, ``pids_limit``, memory with memory+swap equal to
 (``nano_cpus``), ulimits nofile/fsize/core, uid:gid 1000:1000 (never root), an empty environment
 (PATH/HOME/LANG/TMPDIR and two Python switches, nothing from the host), the ``none`` log driver
 (nothing is logged, so nothing grows), labels naming its owner process, ``auto_remove``, and the
-optional ``runsc`` (gVisor) runtime. Its pid 1 is the executor (``agentrl.sandbox.docker_agent``),
+optional ``runsc`` (gVisor) runtime. Its pid 1 is the executor (``agentrl.sandbox.docker.agent.executor``),
 which is why docker's ``--init`` is not used: the executor is the init (it reaps orphans).
 
 Does not: isolate the kernel (runc containers share it; use ``runtime="runsc"`` for a user-space
 kernel), limit disk I/O bandwidth, or hide the CPU model / host kernel version from programs.
-Does not pool or run anything (``docker_pool``, ``docker``).
+Does not pool or run anything (``pool``, ``sandbox``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import weakref
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.docker_conn import DaemonAddress, executor_source
-from agentrl.sandbox.image import SANDBOX_UID, WORKDIR
+from agentrl.sandbox.docker.conn import DaemonAddress, executor_source
+from agentrl.sandbox.docker.image import SANDBOX_UID, WORKDIR
 
 MB = 1 << 20
 LABEL = "agentrl.sandbox"

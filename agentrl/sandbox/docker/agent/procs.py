@@ -1,13 +1,13 @@
 """The Docker executor's hygiene: processes and workspace. This file runs INSIDE the sandbox container.
 
-Loaded by the executor's bootstrap (``agentrl.sandbox.docker_conn.executor_source``) as module
-``sandbox_procs`` before ``agentrl.sandbox.docker_agent`` runs. Owns: reaping every exited child
+Loaded by the executor's bootstrap (``agentrl.sandbox.docker.conn.executor_source``) as module
+``sandbox_procs`` before ``agentrl.sandbox.docker.agent.executor`` runs. Owns: reaping every exited child
 (the executor is its pid namespace's init and inherits all orphans) while keeping the exit status of
 the programs it waits for (``WATCHED`` -> ``EXITED``), killing every process of the sandbox user
 (``kill_all``), wiping the work dir and the shared-memory mounts and checking the container is clean
 (``reset``), and the cgroup's OOM-kill counter (``oom_kills``). Standard library only; imports
 cleanly on the host too (it does nothing there). Does not speak the protocol or run programs
-(``docker_agent``).
+(``agent.executor``).
 """
 
 import os

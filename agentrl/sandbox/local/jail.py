@@ -3,7 +3,7 @@
 Owns: the rlimits of a run, the mount plan of a child (``ChildMounts``), the pool of dedicated
 uids (a block per process, claimed with a lock file), killing every process of such a uid, and
 mounting/unmounting size-capped tmpfs work dirs. The child (a jail of the executor,
-``agentrl.sandbox.child``) applies the plan and drops to its uid, sets no-new-privs, the
+``agentrl.sandbox.local.child``) applies the plan and drops to its uid, sets no-new-privs, the
 parent-death signal and the rlimits, never in a fork of the trainer.
 
 The child-side namespace work needs root and exists for two reasons:
@@ -18,7 +18,7 @@ The child-side namespace work needs root and exists for two reasons:
   loopback down) and a pid namespace of the run's own.
 
 Does not: choose policy (``agentrl.sandbox.local`` does), or build bubblewrap's view
-(``agentrl.sandbox.bwrap_view``).
+(``agentrl.sandbox.local.bwrap_view``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import tempfile
 import threading
 
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.child_mounts import MB, mount_tmpfs, unmount
+from agentrl.sandbox.local.mounts import MB, mount_tmpfs, unmount
 
 __all__ = ["mount_tmpfs", "unmount"]  # re-exported: the backend mounts work dirs with them
 
@@ -97,11 +97,11 @@ class ChildMounts:
         return bool(self.grafts) or self.isolate
 
     def plan(self, workdir: str | None = None) -> dict | None:
-        """What the jail applies (``agentrl.sandbox.child_mounts.isolate_host``), or None. ``workdir``:
+        """What the jail applies (``agentrl.sandbox.local.mounts.isolate_host``), or None. ``workdir``:
         where the jail mounts a fresh work dir of its own (None: the trainer's is bound in)."""
         if not self.active:
             return None
-        # isolate: a pid namespace too, with our own init (agentrl.sandbox.child)
+        # isolate: a pid namespace too, with our own init (agentrl.sandbox.local.child)
         plan = {
             "isolate": self.isolate,
             "pidns": self.isolate,

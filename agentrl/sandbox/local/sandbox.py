@@ -4,9 +4,9 @@ Owns: ``LocalSandbox`` (the default backend where Docker is absent): which isola
 here, the request each run sends the executor, and how its results are classified. The process
 mechanics (deadline, group kill, output caps, work dir, sessions, file copy) are shared with the
 plain runner in ``agentrl.sandbox.subprocess_runner``; bubblewrap's command line, probe and view
-are in ``agentrl.sandbox.bwrap_view``; the plan of what happens in the child before the program
-is in ``agentrl.sandbox.jail``, and the child (a jail) is forked and set up by the executor
-(``agentrl.sandbox.executor``: a small single-threaded process, never a fork of the trainer,
+are in ``agentrl.sandbox.local.bwrap_view``; the plan of what happens in the child before the program
+is in ``agentrl.sandbox.local.jail``, and the child (a jail) is forked and set up by the executor
+(``agentrl.sandbox.local.executor``: a small single-threaded process, never a fork of the trainer,
 which prepares jails ahead of requests; for ``python3 -`` of the trainer's own interpreter it
 runs the program in a fork of its warm interpreter instead of exec'ing a new one).
 
@@ -40,7 +40,7 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    and ``/dev/shm`` of ``disk_mb`` each, and the work dir read-write at ``/work``. When the run
    ends the namespace's init dies and the kernel kills everything left in the namespace.
    As root (with a dedicated uid) every run gets the same view without bwrap's own process: the
-   executor's jail builds it (``agentrl.sandbox.child_mounts.build_root``: private pid, network,
+   executor's jail builds it (``agentrl.sandbox.local.mounts.build_root``: private pid, network,
    IPC, UTS, cgroup and mount namespaces, the read-only root, ``chroot``, then a user namespace
    of its own, every id mapped to itself, in which no further one can be made, as bwrap's
    ``--disable-userns``), then drops to its dedicated uid with no-new-privs. The one difference
@@ -80,12 +80,12 @@ import tempfile
 import threading
 
 from agentrl.errors import ConfigError, SandboxError
-from agentrl.sandbox import jail
 from agentrl.sandbox.base import Limits
-from agentrl.sandbox.bwrap_view import STATUS_FD, bwrap_argv, bwrap_ran, bwrap_unavailable_reason, root_view_plan
-from agentrl.sandbox.docker_probe import docker_unavailable_reason
-from agentrl.sandbox.executor_client import executor
-from agentrl.sandbox.executor_wire import jail_kind
+from agentrl.sandbox.local import jail
+from agentrl.sandbox.local.bwrap_view import STATUS_FD, bwrap_argv, bwrap_ran, bwrap_unavailable_reason, root_view_plan
+from agentrl.sandbox.local.client import executor
+from agentrl.sandbox.local.wire import jail_kind
+from agentrl.sandbox.probe import docker_unavailable_reason
 from agentrl.sandbox.subprocess_runner import WORKDIR_PREFIX, Spawn, SubprocessSandbox, Workdir, base_env
 
 __all__ = ["LocalSandbox", "bwrap_unavailable_reason"]

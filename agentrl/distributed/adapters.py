@@ -7,7 +7,7 @@ failing fast when one rank fails) and ``RayEpisodes`` (an EpisodeManager face: `
 ``collect`` / ``metrics`` / ``cancel``, episodes of one group sent to one rollout worker; a dead
 worker ends its episodes as ``engine_error`` trajectories, never an exception to the batch).
 
-Does not create actors or placement groups (``backend``), or run episodes / training itself.
+Does not create actors or placement groups (``compute``), or run episodes / training itself.
 """
 
 from __future__ import annotations

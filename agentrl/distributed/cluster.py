@@ -4,7 +4,7 @@ Owns: ``RayCluster`` (``ray.init`` of a local instance or of a cluster named by 
 ``$RAY_ADDRESS``, and ``ray.shutdown`` only of an instance it started or joined itself), ``plan``
 (the bundles of a colocated or split layout and the bundle of every actor), and placing those
 placement groups with a deadline whose error names the bundles and the cluster's resources.
-Does not create actors (``agentrl.distributed.backend`` does) or know what runs in them.
+Does not create actors (``agentrl.distributed.compute`` does) or know what runs in them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Ray actors of ``distributed: ray``: thin shells around the classes the in-process mode uses.
 
-Owns three plain classes that ``agentrl.distributed.backend`` turns into actors with
+Owns three plain classes that ``agentrl.distributed.compute`` turns into actors with
 ``ray.remote(...)``: ``EngineActor`` (one ``LocalEngine``), ``RolloutWorker`` (one
 ``EpisodeManager`` whose engine the backend chooses: a ``RayEngine`` over engine-actor handles, or
 an ``SGLangClient`` straight to SGLang servers) and ``TrainerRank`` (one ``Trainer`` in a

@@ -3,7 +3,7 @@ talk to the servers over HTTP through the same SGLangEngine the in-process mode 
 
 Owns three small pieces:
 
-- ``SGLangEngineActor`` (a plain class; ``backend`` makes it a threaded actor): launches one
+- ``SGLangEngineActor`` (a plain class; ``compute`` makes it a threaded actor): launches one
   server through the project's launcher (``SGLangServer``: CPU flags, ports, logs live there) on
   the actor's placement-group slot, reports where it is (``info``), restarts it on request, stops
   it in ``stop``, and - through a ``Reaper`` watchdog - kills it when the actor dies any other way
@@ -22,7 +22,7 @@ Owns three small pieces:
   taken before it could bind it) is where ``ready()`` (at start) or ``info()`` (when a server stops
   answering) says.
 
-Does not place actors (``backend``) or move weights (``agentrl.weights``, run by the
+Does not place actors (``compute``) or move weights (``agentrl.weights``, run by the
 driver on the driver's engine: the disk path needs a weights dir every server can read; the
 object-store path asks each node's actor to write its own copy, ``stage_weights``).
 """

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentrl.config.plan import Plan
 from agentrl.config.schema import RunConfig
-from agentrl.jobs.local_backend import LocalBackend
+from agentrl.jobs.local_compute import LocalBackend
 from agentrl.sandbox.base import env_isolation_line
 
 

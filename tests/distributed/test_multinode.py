@@ -19,7 +19,7 @@ from ray_local import RUN_ARGS, assert_no_leak, ray_or_skip, ray_pids  # also re
 from agentrl.config.plan import resolve
 from agentrl.config.schema import load_config
 from agentrl.distributed import RayConfig
-from agentrl.distributed.backend import check_weight_sync
+from agentrl.distributed.compute import check_weight_sync
 from agentrl.distributed.recovery import Supervisor, is_node_loss, lost_nodes
 from agentrl.errors import ConfigError, EngineError, NodeLostError
 from agentrl.weights.distributed import rendezvous_address
@@ -87,7 +87,7 @@ def test_supervisor_restarts_only_after_a_loss_and_at_most_restarts_times():
 
 
 def test_disk_sync_across_nodes_needs_a_declared_shared_filesystem(monkeypatch):
-    from agentrl.distributed.backend import check
+    from agentrl.distributed.compute import check
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     check_weight_sync("disk", RayConfig(), [])  # a local instance: one machine, one filesystem
@@ -212,7 +212,7 @@ class TestSimulatedCluster:
     def test_object_store_sync_writes_one_copy_per_node_and_loads_that_path(
         self, three_nodes, tiny_model_dir, tmp_path
     ):
-        from agentrl.distributed.backend import ship_by_value
+        from agentrl.distributed.compute import ship_by_value
 
         ray, c, workers = three_nodes
         ship_by_value(Stager)  # this test module is not importable on the workers
@@ -246,7 +246,7 @@ class TestSimulatedCluster:
                 ray.kill(a)
 
     def test_the_heartbeat_names_a_dead_actor_and_ignores_a_busy_one(self, three_nodes):
-        from agentrl.distributed.backend import ship_by_value
+        from agentrl.distributed.compute import ship_by_value
         from agentrl.distributed.recovery import watch
 
         ray, c, workers = three_nodes

@@ -58,7 +58,7 @@ def test_plan_split_separates_trainer_and_rollout_with_gpus():
 
 
 def test_ray_mode_rejects_what_it_cannot_run():
-    from agentrl.distributed.backend import check
+    from agentrl.distributed.compute import check
 
     with pytest.raises(
         ConfigError, match="engine.num_servers: 2"

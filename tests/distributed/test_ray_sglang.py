@@ -94,7 +94,7 @@ def test_the_reaper_kills_watched_groups_when_their_owner_is_sigkilled():
 
 
 def test_ray_mode_takes_sglang_and_names_a_server_count_it_ignores():
-    from agentrl.distributed.backend import check
+    from agentrl.distributed.compute import check
 
     check(load_config([], ["engine.kind=sglang"]), RayConfig())
     check(load_config([], ["engine.kind=sglang", 'engine.urls=["http://127.0.0.1:1"]']), RayConfig())

@@ -33,9 +33,9 @@ from agentrl.weights.drain import weight_update_gate
 if TYPE_CHECKING:
     from agentrl.batches.replay import ReplaySource
     from agentrl.config.plan import Plan
-    from agentrl.distributed.backend import RayBackend
+    from agentrl.distributed.compute import RayBackend
     from agentrl.jobs.build import EnvFactory
-    from agentrl.jobs.local_backend import LocalBackend
+    from agentrl.jobs.local_compute import LocalBackend
     from agentrl.trajectory import Trajectory
     from agentrl.weights.base import SyncStats, WeightSync
 

@@ -110,7 +110,7 @@ class RayBackend:
     for engine.kind=sglang; wrapped for ``rollout.partial_rollouts`` like the workers' engines),
     ``engine_actors`` (the SGLangEngineActors), ``episodes`` (RayEpisodes for the training env),
     ``trainer`` (RayTrainer), ``timings`` (seconds per phase). The same shape as
-    ``agentrl.jobs.local_backend.LocalBackend``."""
+    ``agentrl.jobs.local_compute.LocalBackend``."""
 
     def __init__(self, rc: RayConfig) -> None:
         self.rc = rc

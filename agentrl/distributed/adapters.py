@@ -161,7 +161,7 @@ class RayTrainer:
         try:
             ray.get([r.close.remote() for r in self.ranks], timeout=60)
         except Exception:
-            pass  # a dead or stuck rank: the backend kills the actors next
+            pass  # a dead or stuck rank: RayCompute kills the actors next
 
 
 class RayEpisodes:

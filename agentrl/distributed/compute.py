@@ -1,6 +1,6 @@
 """``distributed: ray`` as one object: the actors of a run, built on their placement groups.
 
-Owns ``RayBackend.start(cfg, model_path)``: join/start Ray, place the layout of ``cfg.ray``, create
+Owns ``RayCompute.start(cfg, model_path)``: join/start Ray, place the layout of ``cfg.ray``, create
 the engine actors, rollout workers and trainer ranks there (trainer ranks rendezvous through rank
 0's node address), wrap them in the driver-side adapters (``engine``, ``episodes``, ``trainer``),
 and ``close()``, which stops every actor, removes the placement groups and disconnects - also
@@ -27,7 +27,7 @@ weights -> driver -> WeightSync): with the disk path every server must be able t
 engine actors are its stagers: each writes the weights on its own node).
 
 Does not own the training loop (``agentrl.jobs.run`` drives this object exactly as it drives the
-in-process ``LocalBackend``), choosing between the two (``agentrl.jobs.build.start_backend``) or
+in-process ``LocalCompute``), choosing between the two (``agentrl.jobs.build.start_compute``) or
 the behaviour of any actor.
 """
 
@@ -105,12 +105,12 @@ def check_weight_sync(weight_sync: str, rc: RayConfig, urls=()) -> None:
         )
 
 
-class RayBackend:
+class RayCompute:
     """See the module docstring. Attributes after ``start``: ``engine`` (RayEngine, or SGLangEngine
     for engine.kind=sglang; wrapped for ``rollout.partial_rollouts`` like the workers' engines),
     ``engine_actors`` (the SGLangEngineActors), ``episodes`` (RayEpisodes for the training env),
     ``trainer`` (RayTrainer), ``timings`` (seconds per phase). The same shape as
-    ``agentrl.jobs.local_compute.LocalBackend``."""
+    ``agentrl.jobs.local_compute.LocalCompute``."""
 
     def __init__(self, rc: RayConfig) -> None:
         self.rc = rc
@@ -127,7 +127,7 @@ class RayBackend:
         self.nodes: dict[str, str] = {}  # the same names -> the Ray node id each actor runs on
 
     @classmethod
-    def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> RayBackend:
+    def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> RayCompute:
         """``rc``: the Ray settings (default ``cfg.ray``)."""
         rc = rc or cfg.ray
         check(cfg, rc)

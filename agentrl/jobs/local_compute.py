@@ -1,9 +1,9 @@
 """``distributed: local`` as one object: the in-process engine, trainer and episode manager of a run.
 
-Owns ``LocalBackend``, the same shape as ``agentrl.distributed.RayBackend`` (``engine``,
+Owns ``LocalCompute``, the same shape as ``agentrl.distributed.RayCompute`` (``engine``,
 ``trainer``, ``episodes``, ``remote_gates()``, ``watch()``, ``close()``), so the run loop (``agentrl.jobs.run``)
-talks to one backend object whichever mode runs. Its pieces are built by
-``agentrl.jobs.build.start_backend``; it does not build, start or implement any of them.
+talks to one compute object whichever mode runs. Its pieces are built by
+``agentrl.jobs.build.start_compute``; it does not build, start or implement any of them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 
 @dataclass
-class LocalBackend:
+class LocalCompute:
     """``engine``: the in-process engine (wrapped for ``rollout.partial_rollouts``), which the
     episodes, evaluation and weight pushes share; ``trainer``: the in-process Trainer;
     ``episodes``: the EpisodeManager of the training env on ``engine``."""
@@ -27,7 +27,7 @@ class LocalBackend:
         return ()
 
     async def watch(self) -> None:
-        """The run's heartbeat over remote pieces: none here, so it never fires (the Ray backend's
+        """The run's heartbeat over remote pieces: none here, so it never fires (RayCompute's
         raises NodeLostError when a node or actor is lost)."""
         import asyncio
 
@@ -35,5 +35,5 @@ class LocalBackend:
 
     def close(self) -> None:
         """Release the trainer (its process group). The engine is async and closed by the run loop
-        (``await engine.close()``), as with the Ray backend."""
+        (``await engine.close()``), as with RayCompute."""
         self.trainer.close()

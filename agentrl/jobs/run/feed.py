@@ -37,7 +37,7 @@ Batch = tuple[list[list["Trajectory"]], list]
 class Feed:
     """Batches for one attempt of a run. ``stream``, ``restored`` (finished groups: (position,
     group)) and ``restored_counts`` come from the checkpoint resumed (``agentrl.jobs.run.parts``);
-    ``version``: the trainer's policy version now; ``manager``: the backend's episodes; ``stop``:
+    ``version``: the trainer's policy version now; ``manager``: the compute's episodes; ``stop``:
     the attempt's stop event; ``replay``: ``train.replay``'s source, or None (the producer runs)."""
 
     def __init__(

@@ -3,7 +3,7 @@
 Owns :class:`Runner`: the loop and the few fields it declares (the plan, ``step``, the episodes
 trained on, the KL controller, the first eval's row, the warnings) and the parts it builds from the
 plan and drives. Setup builds the attempt's :class:`~agentrl.jobs.run.parts.Parts` (engine,
-trainer, backend, weight sync, agent proxy), opens the sinks of its
+trainer, compute, weight sync, agent proxy), opens the sinks of its
 :class:`~agentrl.jobs.run.outputs.Outputs` and builds the :class:`~agentrl.jobs.run.feed.Feed` and
 the :class:`~agentrl.jobs.run.held_out.HeldOutEval` on them; then the first held-out eval, the
 producer started, and per step the next batch -> shaped samples and credit -> ``train_step`` ->
@@ -15,11 +15,11 @@ are the :class:`~agentrl.jobs.run.control.Control`'s; a restarted attempt (a los
 every per-attempt part again and resumes from the newest checkpoint (``_restart_state``). No part
 refers back to the Runner: each gets what it needs as arguments. The config is the run's plan
 (``agentrl.config.plan``) and every piece comes from ``agentrl.jobs.build``; the loop talks to one
-backend object, a ``LocalBackend`` (``distributed: local``) or a ``RayBackend`` (``ray``), the same
+compute object, a ``LocalCompute`` (``distributed: local``) or a ``RayCompute`` (``ray``), the same
 way.
 
 Read-only properties forwarding to the owning part, for callers and tests: ``trainer``, ``engine``,
-``backend`` (the Parts', None before setup), ``queue`` (the Feed's, None before it is built),
+``compute`` (the Parts', None before setup), ``queue`` (the Feed's, None before it is built),
 ``history`` (the Outputs'), ``paused`` (the Outputs'), ``stop_reason`` (the Control's); and
 ``request_stop`` (the Control's). Subclasses may override ``_setup`` (after ``super()._setup()``
 the parts may be replaced, e.g. ``self.parts.engine``), ``evaluate`` and ``_sync_weights``.
@@ -93,8 +93,8 @@ class Runner:
         return self.parts.engine if self.parts is not None else None
 
     @property
-    def backend(self) -> Any:
-        return self.parts.backend if self.parts is not None else None
+    def compute(self) -> Any:
+        return self.parts.compute if self.parts is not None else None
 
     @property
     def queue(self) -> Any:
@@ -150,7 +150,7 @@ class Runner:
                 config=to_dict(self.cfg), resume_step=self.step if resumed.checkpoint is not None else None
             )
         except BaseException:  # actors and process groups must not outlive a failed setup
-            parts.backend.close()
+            parts.compute.close()
             raise
         ckpt = resumed.checkpoint
         self.warnings = warnings + ([f"resumed from {ckpt} at step {self.step}"] if ckpt else [])
@@ -202,7 +202,7 @@ class Runner:
         assert parts is not None
         await parts.start()  # so does this
         cfg, outputs, resumed = self.cfg, self.outputs, parts.resumed
-        manager = parts.backend.episodes
+        manager = parts.compute.episodes
         self.feed = feed = Feed(
             cfg,
             stream=resumed.stream,
@@ -228,7 +228,7 @@ class Runner:
             display.note(parts.isolation)
         take_queue_waits()  # the first step's queue times are its own
         t_start, first_step = time.perf_counter(), self.step
-        watch = self.control.watch(parts.backend)
+        watch = self.control.watch(parts.compute)
         try:
             done, first_eval = await unless_stopped(self.evaluate(first=True), stop)
             self.first_eval = first_eval if done else {}

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -43,7 +44,10 @@ from typing import Any
 from agentrl.distributed.adapters import RayEngine, RayEpisodes, RayTrainer, get_all
 from agentrl.distributed.cluster import RayCluster, Slot, plan
 from agentrl.distributed.config import RayConfig
+from agentrl.distributed.protocol import Compute
+from agentrl.engine.base import Engine
 from agentrl.errors import ConfigError
+from agentrl.weights.drain import Gate
 
 
 def ship_by_value(entry_point: Any) -> bool:
@@ -51,6 +55,7 @@ def ship_by_value(entry_point: Any) -> bool:
     (that module is not importable on the workers, least of all on other nodes). Code from
     installed packages keeps travelling by reference. True if registered by value."""
     import ray
+    import ray.cloudpickle  # a submodule: named for the type checker (ray imports it itself)
 
     mod = sys.modules.get(getattr(entry_point, "__module__", None) or "")
     path = getattr(mod, "__file__", None) or ""
@@ -105,12 +110,16 @@ def check_weight_sync(weight_sync: str, rc: RayConfig, urls=()) -> None:
         )
 
 
-class RayCompute:
+class RayCompute(Compute):
     """See the module docstring. Attributes after ``start``: ``engine`` (RayEngine, or SGLangEngine
     for engine.kind=sglang; wrapped for ``rollout.partial_rollouts`` like the workers' engines),
     ``engine_actors`` (the SGLangEngineActors), ``episodes`` (RayEpisodes for the training env),
     ``trainer`` (RayTrainer), ``timings`` (seconds per phase). The same shape as
     ``agentrl.jobs.local_compute.LocalCompute``."""
+
+    engine: Engine  # set by start
+    trainer: RayTrainer
+    episodes: RayEpisodes
 
     def __init__(self, rc: RayConfig) -> None:
         self.rc = rc
@@ -118,9 +127,7 @@ class RayCompute:
         self.actors: list[Any] = []
         self.engine_actors: list[Any] = []  # SGLangEngineActors (stopped before the kill)
         self.actor_servers: list[Any] = []  # their driver-side handles (SGLangEngine(servers=...))
-        self.engine: Any = None  # RayEngine (engine.kind=local) or SGLangEngine
-        self.episodes: RayEpisodes | None = None
-        self.trainer: RayTrainer | None = None
+        self._trainer: RayTrainer | None = None  # ``trainer`` once start placed it: what close() releases
         self.timings: dict[str, float] = {}
         self.partial_rollouts = True
         self.named: dict[str, Any] = {}  # "trainer-rank-0", "engine-0", "rollout-worker-0"... -> actor
@@ -139,7 +146,7 @@ class RayCompute:
             raise
         return self
 
-    def remote_gates(self) -> list:
+    def remote_gates(self) -> Sequence[Gate]:
         """The rollout workers' gates when weight updates must drain them (``partial_rollouts: false``):
         their generations do not pass the driver's ``engine``. Empty with partial rollouts."""
         return [] if self.partial_rollouts else self.episodes.gates()
@@ -210,8 +217,11 @@ class RayCompute:
         infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
         servers = [ActorServer(e, i, model_path, self.rc.startup_timeout_s) for e, i in zip(engines, infos)]
         self.actor_servers = servers
-        self.engine = SGLangEngine(servers=servers, max_context=mc)
-        self.engine.weight_stagers = servers  # engine.weight_sync=object_store: each node writes its own copy
+        # ignores: ActorServer is a duck-typed SGLangServer and weight_stagers an attribute SGLangEngine does
+        # not declare (agentrl.weights.object_store reads it); agentrl/engine/ has no server Protocol yet
+        engine = SGLangEngine(servers=servers, max_context=mc)  # pyright: ignore[reportArgumentType]
+        engine.weight_stagers = servers  # pyright: ignore[reportAttributeAccessIssue]  (object_store: per node)
+        self.engine = engine
         return (
             [partial(SGLangClient, [i["url"]], actors=(e,), max_context=mc, retries=6) for e, i in zip(engines, infos)],
             [e.ready.remote() for e in engines],
@@ -270,7 +280,7 @@ class RayCompute:
         for server, info in zip(self.actor_servers, done[len(setups) : len(setups) + len(ready)]):
             server.follow(info)  # a server launched again on a fresh port (its port was taken) moved
         t3 = time.perf_counter()
-        engines = self.engine_actors or getattr(self.engine, "actors", [])
+        engines = self.engine_actors or (self.engine.actors if isinstance(self.engine, RayEngine) else [])
         self.named = {
             **{f"trainer-rank-{i}": r for i, r in enumerate(ranks)},
             **{f"engine-{j}": e for j, e in enumerate(engines)},
@@ -283,7 +293,7 @@ class RayCompute:
 
         self.partial_rollouts = cfg.rollout.partial_rollouts
         self.engine = with_partial_rollouts(self.engine, self.partial_rollouts)
-        self.trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
+        self.trainer = self._trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
         self.episodes = RayEpisodes(workers, env_id=cfg.env.id)
         self.timings = {"connect_s": t1 - t0, "place_s": t2 - t1, "actors_s": t3 - t2, "total_s": t3 - t0}
 
@@ -302,8 +312,8 @@ class RayCompute:
         actor's watchdog.)"""
         import ray
 
-        if self.trainer is not None:
-            self.trainer.close()
+        if self._trainer is not None:
+            self._trainer.close()
         if ray.is_initialized() and self.engine_actors:
             try:
                 ray.get([a.stop.remote() for a in self.engine_actors], timeout=60)

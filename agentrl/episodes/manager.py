@@ -29,6 +29,7 @@ from agentrl.engine.base import Engine, SamplingParams
 from agentrl.episodes.buffer import EpisodeBuffer, segment_trajectories, write_tokens
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.episodes.config import RolloutConfig
+from agentrl.episodes.source import EpisodeSource
 from agentrl.episodes.spec import EpisodeSpec, make_specs
 from agentrl.episodes.summary import RolloutMetrics
 from agentrl.errors import EngineError, EnvError, EpisodeError, ToolTimeoutError
@@ -111,8 +112,8 @@ class EpisodeRunner(Protocol):
     async def run(self, manager: EpisodeManager, spec: EpisodeSpec, traj: Trajectory, state: dict) -> None: ...
 
 
-class EpisodeManager:
-    """Runs episodes of one env against one engine.
+class EpisodeManager(EpisodeSource):
+    """Runs episodes of one env against one engine (an :class:`~agentrl.episodes.source.EpisodeSource`).
 
     ``env_factory()`` returns a fresh env per episode (Gymnasium-style, with ``areset``/``astep``
     preferred over ``reset``/``step``); ``tokenizer`` is the model's HF tokenizer (its chat

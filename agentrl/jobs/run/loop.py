@@ -33,7 +33,7 @@ import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.batches.ledger import rewind
 from agentrl.batches.rewards import KLController
@@ -56,6 +56,13 @@ from agentrl.observe.run_log import rollout_extra
 from agentrl.sandbox.slots import queue_summary, take_queue_waits
 from agentrl.trainer.trainer import StepInterrupted
 from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.batches.staleness import StalenessQueue
+    from agentrl.distributed.protocol import Compute
+    from agentrl.engine.base import Engine
+    from agentrl.trainer.packing import TrainSample
+    from agentrl.trainer.protocol import TrainerProtocol
 
 
 class Runner:
@@ -85,19 +92,19 @@ class Runner:
 
     # -- forwarded to the owning part -------------------------------------------------------------
     @property
-    def trainer(self) -> Any:
+    def trainer(self) -> TrainerProtocol | None:
         return self.parts.trainer if self.parts is not None else None
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine | None:
         return self.parts.engine if self.parts is not None else None
 
     @property
-    def compute(self) -> Any:
+    def compute(self) -> Compute | None:
         return self.parts.compute if self.parts is not None else None
 
     @property
-    def queue(self) -> Any:
+    def queue(self) -> StalenessQueue | None:
         return self.feed.queue if self.feed is not None else None
 
     @property
@@ -231,7 +238,7 @@ class Runner:
         watch = self.control.watch(parts.compute)
         try:
             done, first_eval = await unless_stopped(self.evaluate(first=True), stop)
-            self.first_eval = first_eval if done else {}
+            self.first_eval = first_eval if done and first_eval is not None else {}
             if done:
                 outputs.log(self.step, {"eval": self.first_eval}, display)
                 outputs.monitor(display)  # an eval's infrastructure failures, before any training
@@ -352,7 +359,9 @@ def _distillation_metrics(tm: dict[str, float]) -> tuple[dict[str, float], dict[
     return opd, ({"teacher_s": tm.pop("teacher_s")} if "teacher_s" in tm else {})
 
 
-async def _train_interruptibly(trainer: Any, samples: list, stop: asyncio.Event) -> dict[str, float]:
+async def _train_interruptibly(
+    trainer: TrainerProtocol, samples: list[TrainSample], stop: asyncio.Event
+) -> dict[str, float]:
     """``trainer.train_step`` in a thread; a stop requested meanwhile interrupts it at its next
     micro-batch (StepInterrupted: nothing trained), so a stop never waits for a whole step."""
     interrupt = threading.Event()
@@ -363,7 +372,7 @@ async def _train_interruptibly(trainer: Any, samples: list, stop: asyncio.Event)
     return await work
 
 
-def _as_samples(trajs: list[Trajectory]):
+def _as_samples(trajs: list[Trajectory]) -> list[TrainSample]:
     from agentrl.trainer import TrainSample
 
     return [

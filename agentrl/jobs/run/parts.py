@@ -33,9 +33,8 @@ from agentrl.weights.drain import weight_update_gate
 if TYPE_CHECKING:
     from agentrl.batches.replay import ReplaySource
     from agentrl.config.plan import Plan
-    from agentrl.distributed.compute import RayCompute
+    from agentrl.distributed.protocol import Compute
     from agentrl.jobs.build import EnvFactory
-    from agentrl.jobs.local_compute import LocalCompute
     from agentrl.trajectory import Trajectory
     from agentrl.weights.base import SyncStats, WeightSync
 
@@ -71,7 +70,7 @@ class Parts:
         chat_line: str,
         make_env: EnvFactory,
         make_eval_env: Any,
-        compute: LocalCompute | RayCompute,
+        compute: Compute,
         weight_sync: WeightSync,
         replay: ReplaySource | None,
         resumed: Resumed,

@@ -124,7 +124,7 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
     _check_monitors(cfg)
     algo = resolve_algo(cfg, preset)
     trainer = resolve_trainer(cfg, preset)
-    if algo.kl_in_reward > 0 and not trainer.reference:
+    if (algo.kl_in_reward or 0.0) > 0 and not trainer.reference:
         trainer = dataclasses.replace(trainer, reference=True)  # the reference logprobs of the KL in the reward
     trainer.check()
     if trainer.temperature != cfg.rollout.temperature:

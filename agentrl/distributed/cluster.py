@@ -102,6 +102,7 @@ class RayCluster:
     def place(self, layout: Layout) -> list[Any]:
         """Create one placement group per entry of ``layout.bundles`` and wait until all are placed."""
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
         from ray.util.placement_group import placement_group
 
         for i, bundles in enumerate(layout.bundles):

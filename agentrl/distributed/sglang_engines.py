@@ -50,7 +50,7 @@ class SGLangEngineActor(_Placed):
         if host is None:  # a cluster: listen where the driver and the other nodes can reach it
             import ray
 
-            host = ray.util.get_node_ip_address()
+            host = str(ray.util.get_node_ip_address())
         self._lock = threading.Lock()  # restart/stop come on different threads of this actor
         self.reaper = Reaper()
         # the watchdog is told of every process group the server spawns (a relaunch on a fresh port
@@ -155,6 +155,7 @@ class ActorServer:
 
     def alive(self) -> bool:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             return bool(ray.get(self.actor.alive.remote(), timeout=self.PROBE_TIMEOUT_S))
@@ -170,11 +171,12 @@ class ActorServer:
     def restart(self, wait: bool = True) -> None:
         import ray
 
-        self.info = ray.get(self.actor.restart.remote(), timeout=self.startup_timeout_s + 60)
+        self.info = dict(ray.get(self.actor.restart.remote(), timeout=self.startup_timeout_s + 60))
         self.url = self.info["url"]  # a fresh port if another program took its port meanwhile
 
     def stop(self) -> None:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             ray.get(self.actor.stop.remote(), timeout=60)
@@ -185,6 +187,7 @@ class ActorServer:
 
     def log_tail(self, lines: int = 20) -> str:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             return ray.get(self.actor.log_tail.remote(lines), timeout=30)

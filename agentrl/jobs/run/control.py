@@ -78,7 +78,9 @@ class Control:
         except asyncio.CancelledError:
             if self.lost is None:
                 raise
-            asyncio.current_task().uncancel()  # cancelled by the heartbeat, not by the caller
+            me = asyncio.current_task()
+            assert me is not None  # awaited in a task
+            me.uncancel()  # cancelled by the heartbeat, not by the caller
             raise self.lost from None
 
     def restarted(self) -> None:
@@ -97,6 +99,7 @@ class Control:
     def watch(self, compute: Heartbeat) -> asyncio.Task:
         """The compute's heartbeat: a lost node or actor cancels this attempt, which ends as that error."""
         main = asyncio.current_task()
+        assert main is not None, "watch() is called from the attempt's task"
 
         async def beat() -> None:
             try:

@@ -41,13 +41,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agentrl.distributed import recovery
 from agentrl.distributed.adapters import RayEngine, RayEpisodes, RayTrainer, get_all
 from agentrl.distributed.cluster import RayCluster, Slot, plan
 from agentrl.distributed.config import RayConfig
 from agentrl.distributed.protocol import Compute
+from agentrl.distributed.ray_actors import EngineActor, RolloutWorker, TrainerRank
 from agentrl.engine.base import Engine
 from agentrl.errors import ConfigError
-from agentrl.weights.drain import Gate
+from agentrl.weights.drain import Gate, with_partial_rollouts
 
 
 def ship_by_value(entry_point: Any) -> bool:
@@ -166,8 +168,6 @@ class RayCompute(Compute):
 
     def _local_engines(self, cfg, model_path: str, slots: list[Slot]) -> tuple[list, list]:
         """EngineActors (LocalEngine); the driver's RayEngine over all, worker k's over engine k // wpe."""
-        from agentrl.distributed.ray_actors import EngineActor
-
         mc = cfg.rollout.max_context
         engines = [
             self._spawn(
@@ -230,7 +230,6 @@ class RayCompute(Compute):
     def _start(self, cfg, model_path: str, critic: bool) -> None:
         import ray
 
-        from agentrl.distributed.ray_actors import RolloutWorker, TrainerRank
         from agentrl.envs.registry import spec
         from agentrl.episodes.tokenizer import template_text
 
@@ -289,8 +288,6 @@ class RayCompute(Compute):
         where = get_all([a.placement.remote() for a in self.named.values()], deadline, "locating the actors")
         self.nodes = {name: w["node"] for name, w in zip(self.named, where)}
 
-        from agentrl.weights.drain import with_partial_rollouts
-
         self.partial_rollouts = cfg.rollout.partial_rollouts
         self.engine = with_partial_rollouts(self.engine, self.partial_rollouts)
         self.trainer = self._trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
@@ -301,9 +298,7 @@ class RayCompute(Compute):
         """The run's heartbeat (``agentrl.distributed.recovery.watch``): never returns; raises
         NodeLostError naming the node and actors within ``ray.heartbeat_s`` of Ray marking a node
         dead or of an actor dying. The run loop races its steps against it."""
-        from agentrl.distributed.recovery import watch
-
-        await watch(self.named, self.nodes, interval_s=self.rc.heartbeat_s)
+        await recovery.watch(self.named, self.nodes, interval_s=self.rc.heartbeat_s)
 
     def close(self) -> None:
         """Stop the trainer ranks' groups and the SGLang servers, kill every actor, remove the

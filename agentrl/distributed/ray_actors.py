@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.weights.drain import DrainEngine, with_partial_rollouts
 
 if TYPE_CHECKING:
     from agentrl.trainer.protocol import TrainerProtocol
-    from agentrl.weights.drain import DrainEngine
 
 
 class _Placed:
@@ -112,8 +112,6 @@ class RolloutWorker(_Placed):
             )
         env_id = env_spec.id
         registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
-        from agentrl.weights.drain import with_partial_rollouts
-
         # partial_rollouts=false: the driver drains every worker around a weight push (hold/release)
         self.engine = with_partial_rollouts(make_engine(), rollout_cfg.partial_rollouts)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -137,8 +135,6 @@ class RolloutWorker(_Placed):
         return True
 
     def _drain(self) -> DrainEngine:
-        from agentrl.weights.drain import DrainEngine
-
         if not isinstance(self.engine, DrainEngine):
             raise RuntimeError("hold/release: this worker runs with partial_rollouts=true (no drain gate)")
         return self.engine

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # typing only: the Supervisor is made in run()
-    from agentrl.distributed.recovery import Supervisor
+from agentrl.distributed.recovery import Supervisor
 
 
 class Heartbeat(Protocol):
@@ -61,8 +60,6 @@ class Control:
     async def run(self, attempt: Callable[[int], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """``attempt(n)`` under a Supervisor until one returns (a lost node restarts it, ``n`` > 0)."""
         import torch
-
-        from agentrl.distributed.recovery import Supervisor
 
         before = torch.get_num_threads()
         self.supervisor = Supervisor(self.restarts, note=print)

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.episodes.buffer import EpisodeBuffer, segment_trajectories, write_tokens
@@ -35,6 +35,9 @@ from agentrl.episodes.summary import RolloutMetrics
 from agentrl.errors import EngineError, EnvError, EpisodeError, ToolTimeoutError
 from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
+
+if TYPE_CHECKING:  # typing only: importing transformers is slow
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "EpisodeManager",
@@ -127,7 +130,7 @@ class EpisodeManager(EpisodeSource):
         self,
         engine: Engine,
         env_factory: Callable[[], Any],
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         cfg: RolloutConfig | None = None,
         env_id: str = "",
         runner: EpisodeRunner | None = None,

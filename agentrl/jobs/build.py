@@ -14,13 +14,20 @@ and does not implement engines, syncs, envs or compute objects.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.config.plan import Plan
 from agentrl.config.schema import RunConfig
 from agentrl.jobs.local_compute import LocalCompute
 from agentrl.sandbox.base import env_isolation_line
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.engine.base import Engine
+    from agentrl.episodes.manager import EpisodeManager
 
 
 def model_dir(cfg: RunConfig) -> Path:
@@ -180,7 +187,9 @@ def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -
     return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens, gate=EpisodeGate()))
 
 
-def episode_manager(cfg: RunConfig, engine: Any, make_env: Any, tokenizer: Any) -> Any:
+def episode_manager(
+    cfg: RunConfig, engine: Engine, make_env: Callable[[], Any], tokenizer: PreTrainedTokenizerBase
+) -> EpisodeManager:
     """The run's EpisodeManager: the built-in turn loop, or (``agent.kind: proxy``) outside agent
     programs sampling through a recording OpenAI-compatible endpoint (``agentrl.agents``)."""
     from agentrl.episodes.manager import EpisodeManager

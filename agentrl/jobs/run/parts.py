@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,8 @@ from agentrl.trainer.integrity import pick_resume
 from agentrl.weights.drain import weight_update_gate
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from agentrl.batches.replay import ReplaySource
     from agentrl.config.plan import Plan
     from agentrl.distributed.protocol import Compute
@@ -66,10 +69,10 @@ class Parts:
         plan: Plan,
         *,
         model_path: Path,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         chat_line: str,
         make_env: EnvFactory,
-        make_eval_env: Any,
+        make_eval_env: Callable[[], Any],
         compute: Compute,
         weight_sync: WeightSync,
         replay: ReplaySource | None,

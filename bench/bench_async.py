@@ -130,8 +130,8 @@ class LatencyRunner(Runner):
         super()._setup()
         parts = self.parts
         parts.engine = LatencyEngine(parts.engine, **self.latency)
-        # the backend's manager was built on the bare engine: training episodes must see the delays
-        parts.backend.episodes = EpisodeManager(
+        # the compute's manager was built on the bare engine: training episodes must see the delays
+        parts.compute.episodes = EpisodeManager(
             parts.engine, parts.make_env, parts.tokenizer, self.cfg.rollout, env_id=self.cfg.env.id
         )
         self.outputs.trajectory_log = _GroupRecorder(self.outputs.trajectory_log, self.group_durations)

@@ -1,6 +1,6 @@
 """distributed: ray vs in-process: Ray startup and the overhead of each training-step phase.
 
-Starts a local Ray instance (``--num-cpus``) and a RayBackend (1 trainer rank, 1 engine actor,
+Starts a local Ray instance (``--num-cpus``) and a RayCompute (1 trainer rank, 1 engine actor,
 1 rollout worker, colocated) on the built-in tiny model shape, and the same three components in
 this process (Trainer, LocalEngine, EpisodeManager). Then, ``--repeats`` times, interleaved (the
 order flips every round), each side runs one step's phases on the same work:
@@ -95,7 +95,7 @@ async def main_async(args) -> dict:
 
     from agentrl.config.plan import resolve
     from agentrl.config.schema import load_config
-    from agentrl.distributed import RayBackend, RayConfig
+    from agentrl.distributed import RayCompute, RayConfig
     from agentrl.distributed.cluster import RayCluster
     from agentrl.engine.local import LocalEngine
     from agentrl.episodes.manager import EpisodeManager, make_specs
@@ -118,8 +118,8 @@ async def main_async(args) -> dict:
     rc = RayConfig(num_cpus=args.num_cpus)
     cluster = RayCluster(rc)
     cluster.connect()
-    backend = RayBackend.start(cfg, model, rc=rc)
-    startup = {"ray_init_s": cluster.connect_s, **{k: v for k, v in backend.timings.items() if k != "connect_s"}}
+    compute = RayCompute.start(cfg, model, rc=rc)
+    startup = {"ray_init_s": cluster.connect_s, **{k: v for k, v in compute.timings.items() if k != "connect_s"}}
     local_engine = LocalEngine.from_pretrained(
         model, max_context=cfg.rollout.max_context, max_batch_size=cfg.engine.max_batch_size
     )
@@ -136,11 +136,11 @@ async def main_async(args) -> dict:
             env_id="bench/RayCount-v0",
         ),
     }
-    ray_side = {"engine": backend.engine, "trainer": backend.trainer, "episodes": backend.episodes}
+    ray_side = {"engine": compute.engine, "trainer": compute.trainer, "episodes": compute.episodes}
     times: dict[str, dict[str, list[float]]] = {s: {p: [] for p in PHASES} for s in ("inprocess", "ray")}
     try:
         await local_engine.start()
-        await backend.engine.start()
+        await compute.engine.start()
         for r in range(args.repeats + 1):  # round 0 warms both sides up and is not counted
             specs = make_specs(args.prompts, args.group, seed=r)
             order = ["inprocess", "ray"] if r % 2 == 0 else ["ray", "inprocess"]
@@ -152,13 +152,13 @@ async def main_async(args) -> dict:
                     for p in PHASES:
                         times[side][p].append(t[p])
         p_local = await asyncio.to_thread(local["trainer"].full_state_dict)
-        p_ray = await asyncio.to_thread(backend.trainer.full_state_dict)
+        p_ray = await asyncio.to_thread(compute.trainer.full_state_dict)
         diff = max((p_local[k] - p_ray[k]).abs().max().item() for k in p_local)
     finally:
         await local_engine.close()
         local["trainer"].close()
-        await backend.engine.close()
-        backend.close()
+        await compute.engine.close()
+        compute.close()
         cluster.close()
     rows = {}
     for p in PHASES:

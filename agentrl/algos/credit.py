@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 __all__ = [
     "CREDIT",
@@ -336,7 +337,7 @@ def apply_kl_in_reward(
     return out
 
 
-CREDIT: dict[str, Callable[..., object]] = {
+CREDIT: dict[str, Callable[..., Any]] = {  # each scheme returns its own shape (see its function)
     "outcome": outcome_broadcast,
     "turn_return": turn_returns_group_baseline,
     "turn_gae": turn_gae,

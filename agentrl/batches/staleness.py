@@ -82,7 +82,7 @@ class StalenessQueue:
         self,
         max_staleness: int,
         groups_per_batch: int,
-        on_drop: Callable[[int], None] | None = None,
+        on_drop: Callable[[int], object] | None = None,
         *,
         keep: Callable[[list[Trajectory]], bool] | None = None,
         max_draws: int = 0,

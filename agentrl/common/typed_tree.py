@@ -47,7 +47,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{path}: bad value {value!r}")
-    if is_dataclass(tp):
+    if isinstance(tp, type) and is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
         return build(tp, value, path)
@@ -62,7 +62,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         or (base is int and isinstance(value, bool))
     ):
         raise ConfigError(f"{path}: expected {_type_name(base)}, got {value!r} ({type(value).__name__})")
-    if base is int and not -(2**63) <= value < 2**63:  # numpy seeds, torch sizes and rlimits stop at 64 bits
+    # numpy seeds, torch sizes and rlimits stop at 64 bits
+    if base is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
         raise ConfigError(f"{path}: {value} is too large (more than 64 bits)")
     return value
 

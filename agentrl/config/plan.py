@@ -28,7 +28,7 @@ What it does, in order (every failure a ConfigError naming the field and the bad
    ``engine.cpu_threads`` null -> half the cores for the in-process engine on CPU, 0 (torch's
    default) whenever the engine does not share this process's CPU with the trainer or takes turns
    with it (``train.max_staleness`` 0);
-   ``distributed: ray`` -> the Ray mode's own rule (``agentrl.distributed.backend.check``);
+   ``distributed: ray`` -> the Ray mode's own rule (``agentrl.distributed.compute.check``);
    ``monitor.pause_on`` known alert kinds; the null trainer fields (``lr``, ``norm_lr_scale``,
    ``lr_schedule``, ``min_lr_ratio`` from ``BUILTIN_RL`` for the built-in model, else the Trainer
    API's ``AUTO``; ``policy_loss``, ``clip_low``, ``clip_high`` the preset's where it sets them
@@ -118,13 +118,13 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
     preset = _preset(cfg)
     engine = _engine(cfg, cores)
     if cfg.distributed == "ray":
-        from agentrl.distributed.backend import check
+        from agentrl.distributed.compute import check
 
         check(cfg, cfg.ray)
     _check_monitors(cfg)
     algo = resolve_algo(cfg, preset)
     trainer = resolve_trainer(cfg, preset)
-    if algo.kl_in_reward > 0 and not trainer.reference:
+    if (algo.kl_in_reward or 0.0) > 0 and not trainer.reference:
         trainer = dataclasses.replace(trainer, reference=True)  # the reference logprobs of the KL in the reward
     trainer.check()
     if trainer.temperature != cfg.rollout.temperature:

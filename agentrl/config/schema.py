@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -386,7 +387,7 @@ def merge_layer(data: dict, layer: dict) -> dict:
 
 
 def load_config(
-    files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None, given: dict | None = None
+    files: Sequence[str | Path] = (), overrides: Sequence[str] = (), base: dict | None = None, given: dict | None = None
 ) -> RunConfig:
     """Merge defaults <- ``base`` <- YAML files (in order) <- ``given`` <- ``--set`` overrides (the
     rule in the module docstring), then validate every field. Cross-field checks and auto fields:

@@ -8,15 +8,15 @@ TrainerRank: thin shells around LocalEngine, EpisodeManager and Trainer), ``sgla
 and the workers' HTTP view of those servers), ``reaper`` (a watchdog that kills an actor's server
 when the actor dies), ``adapters`` (driver faces with the in-process interfaces: RayEngine,
 RayEpisodes, RayTrainer), ``recovery`` (noticing a lost node or actor: the heartbeat, and the
-supervisor that restarts a run from its checkpoint) and ``backend`` (RayBackend: builds and tears
-down all of it). Ray is an optional dependency (``pip install
-agentrl[ray]``); importing this package does not import it.
+supervisor that restarts a run from its checkpoint), ``compute`` (RayCompute: builds and tears
+down all of it) and ``protocol`` (Compute: what the run loop asks of the local or Ray compute).
+Ray is an optional dependency (``pip install agentrl[ray]``); importing this package does not import it.
 """
 
 from agentrl.distributed.config import RayConfig
 
 _LAZY = {
-    "RayBackend": "backend",
+    "RayCompute": "compute",
     "RayCluster": "cluster",
     "RayEngine": "adapters",
     "RayEpisodes": "adapters",
@@ -33,4 +33,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'agentrl.distributed' has no attribute {name!r}")
 
 
-__all__ = ["RayBackend", "RayCluster", "RayConfig", "RayEngine", "RayEpisodes", "RayTrainer", "plan"]
+__all__ = ["RayCompute", "RayCluster", "RayConfig", "RayEngine", "RayEpisodes", "RayTrainer", "plan"]

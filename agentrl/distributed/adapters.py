@@ -7,7 +7,7 @@ failing fast when one rank fails) and ``RayEpisodes`` (an EpisodeManager face: `
 ``collect`` / ``metrics`` / ``cancel``, episodes of one group sent to one rollout worker; a dead
 worker ends its episodes as ``engine_error`` trajectories, never an exception to the batch).
 
-Does not create actors or placement groups (``backend``), or run episodes / training itself.
+Does not create actors or placement groups (``compute``), or run episodes / training itself.
 """
 
 from __future__ import annotations
@@ -16,12 +16,21 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.episodes.source import EpisodeSource
+from agentrl.episodes.spec import EpisodeSpec
 from agentrl.errors import EngineError
 from agentrl.observe.metrics import RolloutMetrics
+from agentrl.trainer.protocol import TrainerProtocol
 from agentrl.trajectory import Outcome, Trajectory
+
+if TYPE_CHECKING:
+    import threading
+    from pathlib import Path
+
+    from agentrl.trainer.packing import TrainSample
 
 
 def _shard(key: str, n: int) -> int:
@@ -59,6 +68,7 @@ class RayEngine(Engine):
 
     async def _call(self, i: int, method: str, *args: Any, **kw: Any) -> Any:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             return await getattr(self.actors[i], method).remote(*args, **kw)
@@ -103,7 +113,7 @@ def get_all(refs: list, timeout_s: float | None, what: str) -> list[Any]:
     return ray.get(refs)
 
 
-class RayTrainer:
+class RayTrainer(TrainerProtocol):
     """The Trainer interface the run loop uses, over ``TrainerRank`` actors of one group."""
 
     def __init__(self, ranks: list, timeout_s: float | None = None) -> None:
@@ -118,7 +128,7 @@ class RayTrainer:
             [getattr(r, method).remote(*args) for r in self.ranks], self.timeout_s, f"trainer ranks: {method}"
         )
 
-    def train_step(self, samples: list, interrupt: Any = None) -> dict[str, float]:
+    def train_step(self, samples: list[TrainSample], interrupt: threading.Event | None = None) -> dict[str, float]:
         """The ranks' step. ``interrupt`` is not honoured: the ranks would have to agree on where to
         stop, so a stop request under Ray waits for the step to end."""
         import ray
@@ -126,29 +136,29 @@ class RayTrainer:
         metrics, self.version = self._all("train_step", ray.put(samples))[0]
         return metrics
 
-    def values(self, samples: list) -> list[list[float]]:
+    def values(self, samples: list[TrainSample]) -> list[list[float]]:
         import ray
 
         return self._all("values", ray.put(samples))[0]
 
-    def logprobs(self, samples: list) -> list[list[float]]:
+    def logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
         import ray
 
         return self._all("logprobs", ray.put(samples))[0]
 
-    def ref_logprobs(self, samples: list) -> list[list[float]]:
+    def ref_logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
         import ray
 
         return self._all("ref_logprobs", ray.put(samples))[0]
 
-    def full_state_dict(self) -> dict:
+    def full_state_dict(self) -> dict[str, Any]:
         """Rank 0's gathered weights (every rank takes part in the gather)."""
         return self._all("full_state_dict")[0]
 
-    def save(self, path, *, extra: dict | None = None, files: dict | None = None) -> None:
+    def save(self, path: str | Path, *, extra: dict | None = None, files: dict[str, str] | None = None) -> None:
         self._all("save", str(path), extra, files)
 
-    def load(self, path) -> dict:
+    def load(self, path: str | Path) -> dict:
         extra, self.version = self._all("load", str(path))[0]
         return extra
 
@@ -161,11 +171,12 @@ class RayTrainer:
         try:
             ray.get([r.close.remote() for r in self.ranks], timeout=60)
         except Exception:
-            pass  # a dead or stuck rank: the backend kills the actors next
+            pass  # a dead or stuck rank: RayCompute kills the actors next
 
 
-class RayEpisodes:
-    """An EpisodeManager face over ``RolloutWorker`` actors; metrics are kept here, in the driver."""
+class RayEpisodes(EpisodeSource):
+    """An EpisodeManager face over ``RolloutWorker`` actors; metrics are kept here, in the driver.
+    The workers run the built-in turn loop (``agent.kind: builtin``), which never splits an episode."""
 
     def __init__(self, workers: list, env_id: str = "") -> None:
         if not workers:
@@ -175,7 +186,7 @@ class RayEpisodes:
         self.metrics = RolloutMetrics()
         self._refs: set = set()
 
-    async def run_episode(self, spec) -> Trajectory:
+    async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
         """Run ``spec`` on the worker of its group; never raises except the caller's cancellation."""
         import ray
 
@@ -202,7 +213,11 @@ class RayEpisodes:
         self.metrics.add(traj)
         return traj
 
-    async def collect(self, specs: Iterable) -> list[Trajectory]:
+    async def run_segments(self, spec: EpisodeSpec) -> list[Trajectory]:
+        """``run_episode`` as a list: the workers' built-in loop makes one trajectory per episode."""
+        return [await self.run_episode(spec)]
+
+    async def collect(self, specs: Iterable[EpisodeSpec]) -> list[Trajectory]:
         return list(await asyncio.gather(*(self.run_episode(s) for s in specs)))
 
     def gates(self) -> list[WorkerGate]:
@@ -220,11 +235,12 @@ class WorkerGate:
     """A rollout worker's drain gate seen from the driver: ``hold``/``release`` actor calls. A hold
     cancelled here may still complete in the worker: it is then released, so no worker stays held."""
 
-    def __init__(self, worker, index: int) -> None:
+    def __init__(self, worker: Any, index: int) -> None:
         self.worker, self.index = worker, index
 
     async def hold(self) -> float:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         ref = self.worker.hold_generation.remote()
         try:
@@ -236,7 +252,7 @@ class WorkerGate:
         except ray.exceptions.RayError as e:
             raise EngineError(f"rollout worker {self.index}: drain failed: {type(e).__name__}: {str(e)[:300]}") from e
 
-    async def _release_if_held(self, ref) -> None:
+    async def _release_if_held(self, ref: Any) -> None:
         try:
             await ref
         except BaseException:

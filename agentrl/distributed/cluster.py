@@ -4,7 +4,7 @@ Owns: ``RayCluster`` (``ray.init`` of a local instance or of a cluster named by 
 ``$RAY_ADDRESS``, and ``ray.shutdown`` only of an instance it started or joined itself), ``plan``
 (the bundles of a colocated or split layout and the bundle of every actor), and placing those
 placement groups with a deadline whose error names the bundles and the cluster's resources.
-Does not create actors (``agentrl.distributed.backend`` does) or know what runs in them.
+Does not create actors (``agentrl.distributed.compute`` does) or know what runs in them.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class RayCluster:
     def place(self, layout: Layout) -> list[Any]:
         """Create one placement group per entry of ``layout.bundles`` and wait until all are placed."""
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
         from ray.util.placement_group import placement_group
 
         for i, bundles in enumerate(layout.bundles):

@@ -1,7 +1,7 @@
 """The ``ray:`` section of the run config: where Ray runs and how actors are laid out on it.
 
 Owns the RayConfig dataclass (every field documented with ``doc()``) and its cross-field check.
-Does not start Ray or create actors (``agentrl.distributed.cluster`` / ``backend`` do).
+Does not start Ray or create actors (``agentrl.distributed.cluster`` / ``compute`` do).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Ray actors of ``distributed: ray``: thin shells around the classes the in-process mode uses.
 
-Owns three plain classes that ``agentrl.distributed.backend`` turns into actors with
+Owns three plain classes that ``agentrl.distributed.compute`` turns into actors with
 ``ray.remote(...)``: ``EngineActor`` (one ``LocalEngine``), ``RolloutWorker`` (one
 ``EpisodeManager`` whose engine the backend chooses: a ``RayEngine`` over engine-actor handles, or
 an ``SGLangClient`` straight to SGLang servers) and ``TrainerRank`` (one ``Trainer`` in a
@@ -18,9 +18,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.weights.drain import DrainEngine, with_partial_rollouts
+
+if TYPE_CHECKING:
+    from agentrl.trainer.protocol import TrainerProtocol
 
 
 class _Placed:
@@ -108,8 +112,6 @@ class RolloutWorker(_Placed):
             )
         env_id = env_spec.id
         registry.make(env_id, **env_kwargs).close()  # fail at startup, naming the env, not per episode
-        from agentrl.weights.drain import with_partial_rollouts
-
         # partial_rollouts=false: the driver drains every worker around a weight push (hold/release)
         self.engine = with_partial_rollouts(make_engine(), rollout_cfg.partial_rollouts)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -132,12 +134,17 @@ class RolloutWorker(_Placed):
     async def ping(self) -> bool:
         return True
 
+    def _drain(self) -> DrainEngine:
+        if not isinstance(self.engine, DrainEngine):
+            raise RuntimeError("hold/release: this worker runs with partial_rollouts=true (no drain gate)")
+        return self.engine
+
     async def hold_generation(self) -> float:
         """partial_rollouts=false: hold new generations, wait for those in flight (seconds waited)."""
-        return await self.engine.hold()
+        return await self._drain().hold()
 
     async def release_generation(self) -> None:
-        self.engine.release()
+        self._drain().release()
 
     async def engine_counts(self) -> dict[str, dict[str, int]]:
         """Per server URL, this worker's request counters (SGLang engines; {} for others)."""
@@ -151,7 +158,7 @@ class TrainerRank(_Placed):
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
-        self.trainer = None
+        self._trainer: TrainerProtocol | None = None  # setup()
         self.store = None  # rank 0: the rendezvous store, listening since address()
 
     def address(self) -> tuple[str, int]:
@@ -175,8 +182,15 @@ class TrainerRank(_Placed):
         from agentrl.trainer.dist import join_store
 
         store = self.store or join_store(master_addr, master_port, self.world, cfg.dist_timeout_s)
-        self.trainer = Trainer(model_path, cfg, critic=critic, store=store)
-        return self.trainer.world
+        trainer = Trainer(model_path, cfg, critic=critic, store=store)
+        self._trainer = trainer
+        return trainer.world
+
+    @property
+    def trainer(self) -> TrainerProtocol:
+        if self._trainer is None:
+            raise RuntimeError(f"trainer rank {self.rank}: setup() has not run")
+        return self._trainer
 
     def train_step(self, samples: list) -> tuple[dict, int]:
         metrics = self.trainer.train_step(samples)
@@ -203,5 +217,5 @@ class TrainerRank(_Placed):
         return extra, self.trainer.version
 
     def close(self) -> None:
-        if self.trainer is not None:
-            self.trainer.close()
+        if self._trainer is not None:
+            self._trainer.close()

@@ -3,7 +3,7 @@ talk to the servers over HTTP through the same SGLangEngine the in-process mode 
 
 Owns three small pieces:
 
-- ``SGLangEngineActor`` (a plain class; ``backend`` makes it a threaded actor): launches one
+- ``SGLangEngineActor`` (a plain class; ``compute`` makes it a threaded actor): launches one
   server through the project's launcher (``SGLangServer``: CPU flags, ports, logs live there) on
   the actor's placement-group slot, reports where it is (``info``), restarts it on request, stops
   it in ``stop``, and - through a ``Reaper`` watchdog - kills it when the actor dies any other way
@@ -22,7 +22,7 @@ Owns three small pieces:
   taken before it could bind it) is where ``ready()`` (at start) or ``info()`` (when a server stops
   answering) says.
 
-Does not place actors (``backend``) or move weights (``agentrl.weights``, run by the
+Does not place actors (``compute``) or move weights (``agentrl.weights``, run by the
 driver on the driver's engine: the disk path needs a weights dir every server can read; the
 object-store path asks each node's actor to write its own copy, ``stage_weights``).
 """
@@ -50,7 +50,7 @@ class SGLangEngineActor(_Placed):
         if host is None:  # a cluster: listen where the driver and the other nodes can reach it
             import ray
 
-            host = ray.util.get_node_ip_address()
+            host = str(ray.util.get_node_ip_address())
         self._lock = threading.Lock()  # restart/stop come on different threads of this actor
         self.reaper = Reaper()
         # the watchdog is told of every process group the server spawns (a relaunch on a fresh port
@@ -155,6 +155,7 @@ class ActorServer:
 
     def alive(self) -> bool:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             return bool(ray.get(self.actor.alive.remote(), timeout=self.PROBE_TIMEOUT_S))
@@ -170,11 +171,12 @@ class ActorServer:
     def restart(self, wait: bool = True) -> None:
         import ray
 
-        self.info = ray.get(self.actor.restart.remote(), timeout=self.startup_timeout_s + 60)
+        self.info = dict(ray.get(self.actor.restart.remote(), timeout=self.startup_timeout_s + 60))
         self.url = self.info["url"]  # a fresh port if another program took its port meanwhile
 
     def stop(self) -> None:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             ray.get(self.actor.stop.remote(), timeout=60)
@@ -185,6 +187,7 @@ class ActorServer:
 
     def log_tail(self, lines: int = 20) -> str:
         import ray
+        import ray.exceptions  # a submodule: named for the type checker (ray imports it itself)
 
         try:
             return ray.get(self.actor.log_tail.remote(lines), timeout=30)

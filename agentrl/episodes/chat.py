@@ -176,16 +176,18 @@ class ChatRenderer:
         if hit is not None:
             return hit
         full = self.render(_DUMMY + list(messages), add_generation_prompt=True)
-        if not full.startswith(self._prefix):
+        prefix = self._prefix
+        assert prefix is not None  # rendered whenever _turn_error is None
+        if not full.startswith(prefix):
             # Templates may embed today's date (Llama 3.1); re-render the prefix once before failing.
-            self._prefix = self._render_prefix()
-            if not full.startswith(self._prefix):
+            self._prefix = prefix = self._render_prefix()
+            if not full.startswith(prefix):
                 raise TemplateError(
                     "chat template lacks the prefix property after an assistant turn: rendering "
                     f"roles {[m.get('role') for m in messages]} changes the earlier text at "
-                    f"{first_difference(self._prefix, full)}"
+                    f"{first_difference(prefix, full)}"
                 )
-        return self._put(key, self.encode(self.glue + full[len(self._prefix) :]))
+        return self._put(key, self.encode(self.glue + full[len(prefix) :]))
 
     def close_ids(self, sampled_ids: list[int]) -> list[int]:
         """Ids to append to a turn that stopped without a stop token (length cut) before

@@ -23,17 +23,21 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.episodes.buffer import EpisodeBuffer, segment_trajectories, write_tokens
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.episodes.config import RolloutConfig
+from agentrl.episodes.source import EpisodeSource
 from agentrl.episodes.spec import EpisodeSpec, make_specs
 from agentrl.episodes.summary import RolloutMetrics
 from agentrl.errors import EngineError, EnvError, EpisodeError, ToolTimeoutError
 from agentrl.sandbox.slots import admission
 from agentrl.trajectory import Outcome, Trajectory, TurnRecord
+
+if TYPE_CHECKING:  # typing only: importing transformers is slow
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "EpisodeManager",
@@ -111,8 +115,8 @@ class EpisodeRunner(Protocol):
     async def run(self, manager: EpisodeManager, spec: EpisodeSpec, traj: Trajectory, state: dict) -> None: ...
 
 
-class EpisodeManager:
-    """Runs episodes of one env against one engine.
+class EpisodeManager(EpisodeSource):
+    """Runs episodes of one env against one engine (an :class:`~agentrl.episodes.source.EpisodeSource`).
 
     ``env_factory()`` returns a fresh env per episode (Gymnasium-style, with ``areset``/``astep``
     preferred over ``reset``/``step``); ``tokenizer`` is the model's HF tokenizer (its chat
@@ -126,7 +130,7 @@ class EpisodeManager:
         self,
         engine: Engine,
         env_factory: Callable[[], Any],
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         cfg: RolloutConfig | None = None,
         env_id: str = "",
         runner: EpisodeRunner | None = None,

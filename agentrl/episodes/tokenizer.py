@@ -19,10 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentrl.common.bounded import BadText, decode
 from agentrl.episodes.tool_prompt import ToolPrompt, apply_tool_prompt
 from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:  # typing only: importing transformers is slow
+    from transformers import PreTrainedTokenizerBase
 
 #: model.chat_template names -> the template files shipped in agentrl/templates
 BUILTIN = {"chatml": "chatml.jinja", "qwen2_5": "qwen2_5.jinja"}
@@ -101,7 +105,7 @@ def prepare(
 
 def load_chat_tokenizer(
     model_dir: str | Path, chat_template: str | None = None, tool_prompt: str = "auto", model: str | None = None
-) -> tuple[object, ChatSetup]:
+) -> tuple[PreTrainedTokenizerBase, ChatSetup]:
     """``model_dir``'s tokenizer set up by ``prepare`` for ``model.chat_template`` (a config value:
     built-in name or jinja file, or None) and ``model.tool_prompt``; with what was chosen. ``model``
     names the model in messages (the user's ``model.path``; default ``model_dir``)."""

@@ -1,26 +1,33 @@
-"""What a job's plan builds: the model directory, envs, engines, weight syncs and the backend.
+"""What a job's plan builds: the model directory, envs, engines, weight syncs and the compute.
 
 Owns turning a resolved plan (``agentrl.config.plan``) into objects, in one place for every job:
 ``model_dir`` (the built-in model or a checked local directory), ``EnvFactory`` (the run's envs,
 one built at once to fail fast), ``make_engine`` (the engine ``engine.kind`` names: the in-process
 LocalEngine, or an SGLangEngine attached to ``engine.urls`` / launching ``engine.num_servers``),
 ``make_sync`` (the WeightSync of ``engine.weight_sync``), ``with_teacher`` (the trainer's
-distillation fields from ``algo.teacher`` resolved and checked) and ``start_backend``
-(``distributed: local`` -> a LocalBackend of the pieces above and a Trainer; ``ray`` -> a
-RayBackend, whose actors build their engines from the same config). Does not check or fill config fields (the plan did)
-and does not implement engines, syncs, envs or backends.
+distillation fields from ``algo.teacher`` resolved and checked) and ``start_compute``
+(``distributed: local`` -> a LocalCompute of the pieces above and a Trainer; ``ray`` -> a
+RayCompute, whose actors build their engines from the same config). Does not check or fill config fields (the plan did)
+and does not implement engines, syncs, envs or compute objects.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.config.plan import Plan
 from agentrl.config.schema import RunConfig
-from agentrl.jobs.local_backend import LocalBackend
+from agentrl.jobs.local_compute import LocalCompute
 from agentrl.sandbox.base import env_isolation_line
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.engine.base import Engine
+    from agentrl.episodes.manager import EpisodeManager
 
 
 def model_dir(cfg: RunConfig) -> Path:
@@ -134,27 +141,27 @@ def with_teacher(cfg: RunConfig, model_path: Path) -> RunConfig:
     )
 
 
-def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Path | None = None):
-    """The run's backend, its trainer (with its distillation teacher: ``with_teacher``) loaded from
-    ``resume`` (a checkpoint, or None) before the in-process engine is built; returns (backend, the
+def start_compute(plan: Plan, model_path: Path, make_env, tokenizer, resume: Path | None = None):
+    """The run's compute, its trainer (with its distillation teacher: ``with_teacher``) loaded from
+    ``resume`` (a checkpoint, or None) before the in-process engine is built; returns (compute, the
     checkpoint's extra state or {}). On failure nothing it started is left running."""
     cfg = with_teacher(plan.cfg, model_path)
     if cfg.distributed == "ray":
-        from agentrl.distributed import RayBackend
+        from agentrl.distributed import RayCompute
 
         if cfg.agent.kind != "builtin":
             from agentrl.errors import ConfigError
 
             raise ConfigError(
                 f"agent.kind={cfg.agent.kind!r} runs with distributed=local only (the Ray "
-                "backend's episode actors run the built-in loop)"
+                "mode's episode actors run the built-in loop)"
             )
 
-        backend = RayBackend.start(cfg, model_path, critic=plan.preset.critic)
+        compute = RayCompute.start(cfg, model_path, critic=plan.preset.critic)
         try:
-            return backend, backend.trainer.load(resume) if resume else {}
+            return compute, compute.trainer.load(resume) if resume else {}
         except BaseException:
-            backend.close()
+            compute.close()
             raise
     from agentrl.trainer import Trainer
     from agentrl.weights.drain import with_partial_rollouts
@@ -167,7 +174,7 @@ def start_backend(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
         trainer.close()
         raise
     episodes = episode_manager(cfg, engine, make_env, tokenizer)
-    return LocalBackend(engine=engine, trainer=trainer, episodes=episodes), extra
+    return LocalCompute(engine=engine, trainer=trainer, episodes=episodes), extra
 
 
 def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -> Any:
@@ -180,7 +187,9 @@ def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -
     return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens, gate=EpisodeGate()))
 
 
-def episode_manager(cfg: RunConfig, engine: Any, make_env: Any, tokenizer: Any) -> Any:
+def episode_manager(
+    cfg: RunConfig, engine: Engine, make_env: Callable[[], Any], tokenizer: PreTrainedTokenizerBase
+) -> EpisodeManager:
     """The run's EpisodeManager: the built-in turn loop, or (``agent.kind: proxy``) outside agent
     programs sampling through a recording OpenAI-compatible endpoint (``agentrl.agents``)."""
     from agentrl.episodes.manager import EpisodeManager

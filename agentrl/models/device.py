@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError
 
@@ -97,7 +97,10 @@ def _wants_cuda(cfg: Any, found: Accelerators | None) -> bool:
     return (found or probe()).cuda
 
 
-def resolve_device(cfg: Any, found: Accelerators | None = None) -> Any:
+C = TypeVar("C")  # the run config type (agentrl.config.schema.RunConfig is on a higher layer)
+
+
+def resolve_device(cfg: C, found: Accelerators | None = None) -> C:
     """A copy of run config ``cfg`` with ``model.device``/``model.dtype`` concrete (``choose``), the
     trainer's ``device: auto`` set to the model's device kind and its ``param_dtype: auto`` to the
     model's dtype. ``found``: what this machine has (default: ``probe()``). Idempotent."""

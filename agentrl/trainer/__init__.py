@@ -7,7 +7,8 @@ Public API::
 Modules: ``config`` (TrainerConfig), ``packing`` (samples -> micro-batches), ``attention`` (the
 varlen_sdpa backend for packed rows), ``models`` (loading, FSDP2 sharding, per-token forwards),
 ``dist`` (process group, rank slices, collectives), ``checkpoint`` (HF export, save/load),
-``trainer`` (the Trainer). Losses live in ``agentrl.algos``; advantages are computed by the run loop.
+``trainer`` (the Trainer), ``protocol`` (TrainerProtocol: what a run asks of a trainer, local or Ray).
+Losses live in ``agentrl.algos``; advantages are computed by the run loop.
 Names are loaded lazily so that ``agentrl.config.schema`` can import TrainerConfig without torch.
 """
 

@@ -13,7 +13,7 @@ node's newest copy. Staging needs no pause; only the load does.
 A stager is any object with ``node`` (its node id: one stager per node writes) and
 ``stage_weights(state_dict_or_ref, version, parent, keep) -> str`` (blocking; returns the written
 directory). ``ObjectStoreSync`` takes them as ``stagers=`` or from the engine's ``weight_stagers``
-attribute (``agentrl.distributed.backend`` sets it on the driver's SGLangEngine). Does not place
+attribute (``agentrl.distributed.compute`` sets it on the driver's SGLangEngine). Does not place
 actors or gather weights from the trainer; ``disk`` stays the path for a declared shared filesystem.
 """
 

@@ -19,7 +19,7 @@ from ray_local import RUN_ARGS, assert_no_leak, ray_or_skip, ray_pids  # also re
 from agentrl.config.plan import resolve
 from agentrl.config.schema import load_config
 from agentrl.distributed import RayConfig
-from agentrl.distributed.backend import check_weight_sync
+from agentrl.distributed.compute import check_weight_sync
 from agentrl.distributed.recovery import Supervisor, is_node_loss, lost_nodes
 from agentrl.errors import ConfigError, EngineError, NodeLostError
 from agentrl.weights.distributed import rendezvous_address
@@ -87,7 +87,7 @@ def test_supervisor_restarts_only_after_a_loss_and_at_most_restarts_times():
 
 
 def test_disk_sync_across_nodes_needs_a_declared_shared_filesystem(monkeypatch):
-    from agentrl.distributed.backend import check
+    from agentrl.distributed.compute import check
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     check_weight_sync("disk", RayConfig(), [])  # a local instance: one machine, one filesystem
@@ -180,7 +180,7 @@ class StagerHandle:
 @pytest.mark.ray
 class TestSimulatedCluster:
     def test_strict_spread_puts_ranks_and_engines_on_different_nodes(self, three_nodes, tiny_model_dir):
-        from agentrl.distributed import RayBackend
+        from agentrl.distributed import RayCompute
         from agentrl.episodes.manager import make_specs
 
         ray, c, workers = three_nodes
@@ -189,30 +189,30 @@ class TestSimulatedCluster:
         )
         t0 = time.perf_counter()
         cfg = resolve(load_config([], RUN_ARGS), "run").cfg  # auto device/dtype resolved, as a run does
-        backend = RayBackend.start(cfg, tiny_model_dir, rc=rc)
+        compute = RayCompute.start(cfg, tiny_model_dir, rc=rc)
         print(f"\n2 ranks + 2 engines + 2 workers over 2 worker nodes: {time.perf_counter() - t0:.1f}s")
         try:
             ids = {w.node_id for w in workers}
-            nodes = backend.nodes
-            reported = {n: ray.get(a.placement.remote())["node"] for n, a in backend.named.items()}
+            nodes = compute.nodes
+            reported = {n: ray.get(a.placement.remote())["node"] for n, a in compute.named.items()}
             assert reported == nodes and set(nodes.values()) == ids, nodes  # both worker nodes, never the head
             assert nodes["trainer-rank-0"] != nodes["trainer-rank-1"]
             assert nodes["engine-0"] != nodes["engine-1"]
             assert nodes["rollout-worker-0"] == nodes["engine-0"]  # a worker shares its engine's bundle
 
             async def go():
-                await backend.engine.start()
-                return await backend.episodes.collect(make_specs(2, 2, seed=4))
+                await compute.engine.start()
+                return await compute.episodes.collect(make_specs(2, 2, seed=4))
 
             out = asyncio.run(go())
             assert len(out) == 4 and all(t.trainable for t in out), [t.outcome_detail for t in out]
         finally:
-            backend.close()
+            compute.close()
 
     def test_object_store_sync_writes_one_copy_per_node_and_loads_that_path(
         self, three_nodes, tiny_model_dir, tmp_path
     ):
-        from agentrl.distributed.backend import ship_by_value
+        from agentrl.distributed.compute import ship_by_value
 
         ray, c, workers = three_nodes
         ship_by_value(Stager)  # this test module is not importable on the workers
@@ -246,7 +246,7 @@ class TestSimulatedCluster:
                 ray.kill(a)
 
     def test_the_heartbeat_names_a_dead_actor_and_ignores_a_busy_one(self, three_nodes):
-        from agentrl.distributed.backend import ship_by_value
+        from agentrl.distributed.compute import ship_by_value
         from agentrl.distributed.recovery import watch
 
         ray, c, workers = three_nodes
@@ -335,13 +335,13 @@ def test_a_node_removed_mid_run_is_noticed_and_the_run_resumes_exactly_once(tiny
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
             rows = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
-            if any(json.loads(r).get("step", 0) >= 2 for r in rows) and runner.backend is not None:
-                node_id = runner.backend.nodes[victim]
+            if any(json.loads(r).get("step", 0) >= 2 for r in rows) and runner.compute is not None:
+                node_id = runner.compute.nodes[victim]
                 removed.update(
                     node=node_id,
                     at=time.time(),
                     step=max(json.loads(r)["step"] for r in rows),
-                    actors=sorted(n for n, v in runner.backend.nodes.items() if v == node_id),
+                    actors=sorted(n for n, v in runner.compute.nodes.items() if v == node_id),
                 )
                 c.remove_node(_node_of(workers, node_id))
                 return
@@ -387,7 +387,7 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
     from test_ray_sglang import _sglang_or_skip
 
     _sglang_or_skip()
-    from agentrl.distributed import RayBackend
+    from agentrl.distributed import RayCompute
     from agentrl.engine.base import SamplingParams
     from agentrl.weights.factory import make_weight_sync
 
@@ -410,36 +410,36 @@ def test_object_store_sync_loads_new_weights_into_sglang_actors_on_two_nodes(sgl
         rc = RayConfig(
             address=c.address, num_engines=2, workers_per_engine=1, placement="split", pg_strategy="STRICT_SPREAD"
         )
-        backend = RayBackend.start(cfg, sglang_model_dir, rc=rc)
+        compute = RayCompute.start(cfg, sglang_model_dir, rc=rc)
         try:
-            assert backend.nodes["engine-0"] != backend.nodes["engine-1"]
-            assert {s.node for s in backend.engine.weight_stagers} == {
-                backend.nodes["engine-0"],
-                backend.nodes["engine-1"],
+            assert compute.nodes["engine-0"] != compute.nodes["engine-1"]
+            assert {s.node for s in compute.engine.weight_stagers} == {
+                compute.nodes["engine-0"],
+                compute.nodes["engine-1"],
             }
 
             async def go():
-                await backend.engine.start()
-                sync = make_weight_sync("object_store", backend.engine)
+                await compute.engine.start()
+                sync = make_weight_sync("object_store", compute.engine)
                 try:
-                    sd = {k: v + 0.0 for k, v in (await asyncio.to_thread(backend.trainer.full_state_dict)).items()}
+                    sd = {k: v + 0.0 for k, v in (await asyncio.to_thread(compute.trainer.full_state_dict)).items()}
                     stats = await sync.push(sd, 3)
                     gens = [
-                        await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4), session=s)
+                        await compute.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4), session=s)
                         for s in ("a", "b", "c", "d")
                     ]
                 finally:
                     await sync.close()
-                    await backend.engine.close()
+                    await compute.engine.close()
                 return stats, gens
 
             stats, gens = asyncio.run(go())
             print(f"\nobject_store push to 2 nodes: {stats.seconds:.2f}s {stats.phases}")
             assert stats.phases["nodes"] == 2.0
-            assert {g.info["server"] for g in gens} == set(backend.engine.urls)  # both servers answered
+            assert {g.info["server"] for g in gens} == set(compute.engine.urls)  # both servers answered
             assert all(set(g.versions) == {3} for g in gens), [g.versions for g in gens]
         finally:
-            backend.close()
+            compute.close()
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -58,7 +58,7 @@ def test_plan_split_separates_trainer_and_rollout_with_gpus():
 
 
 def test_ray_mode_rejects_what_it_cannot_run():
-    from agentrl.distributed.backend import check
+    from agentrl.distributed.compute import check
 
     with pytest.raises(
         ConfigError, match="engine.num_servers: 2"
@@ -94,47 +94,47 @@ def _pg_of(info: dict) -> str:
 @pytest.mark.ray
 class TestOnLocalRay:
     def test_colocated_actors_on_one_group_run_episodes_and_take_weights(self, ray_session, tiny_model_dir):
-        from agentrl.distributed import RayBackend
+        from agentrl.distributed import RayCompute
         from agentrl.episodes.manager import make_specs
 
         ray = ray_session
         cfg = _cfg()
         rc = RayConfig(trainer_ranks=1, num_engines=1, workers_per_engine=2, placement="colocate")
-        backend = RayBackend.start(cfg, tiny_model_dir, rc=rc)
-        print(f"backend start: {backend.timings}")
+        compute = RayCompute.start(cfg, tiny_model_dir, rc=rc)
+        print(f"compute start: {compute.timings}")
         try:
-            pg_hex = backend.cluster.groups[0].id.hex()
-            where = ray.get([a.placement.remote() for a in backend.actors])
+            pg_hex = compute.cluster.groups[0].id.hex()
+            where = ray.get([a.placement.remote() for a in compute.actors])
             assert [_pg_of(w) for w in where] == [pg_hex] * 4, where  # rank, engine, 2 workers
             assert len({w["pid"] for w in where}) == 4  # separate processes
 
             async def go():
-                await backend.engine.start()
-                first = await backend.episodes.collect(make_specs(3, 4, seed=1))
-                sd = await asyncio.to_thread(backend.trainer.full_state_dict)
+                await compute.engine.start()
+                first = await compute.episodes.collect(make_specs(3, 4, seed=1))
+                sd = await asyncio.to_thread(compute.trainer.full_state_dict)
                 sd = {k: v + 0.0 for k, v in sd.items()}
-                await backend.engine.update_weights(sd, 7)
-                second = await backend.episodes.collect(make_specs(1, 4, seed=1, start=10))
+                await compute.engine.update_weights(sd, 7)
+                second = await compute.episodes.collect(make_specs(1, 4, seed=1, start=10))
                 return first, second
 
             first, second = asyncio.run(go())
             assert len(first) == 12 and all(t.trainable for t in first), [t.outcome_detail for t in first]
             assert all(t.num_sampled > 0 and set(t.versions[t.prompt_len :]) == {0} for t in first)
             assert all(set(t.versions[t.prompt_len :]) == {7} for t in second)  # the pushed version served
-            assert backend.episodes.metrics.episodes == 16
+            assert compute.episodes.metrics.episodes == 16
 
             # A dead worker or engine ends its episodes as typed infra failures; the batch completes.
-            ray.kill(backend.episodes.workers[0])
-            third = asyncio.run(backend.episodes.collect(make_specs(4, 2, seed=2)))
+            ray.kill(compute.episodes.workers[0])
+            third = asyncio.run(compute.episodes.collect(make_specs(4, 2, seed=2)))
             lost = [t for t in third if not t.trainable]
             assert lost and all(t.outcome == "engine_error" and "rollout worker 0" in t.outcome_detail for t in lost)
             assert len(third) == 8 and len(lost) < 8  # groups routed to worker 1 still ran
-            ray.kill(backend.engine.actors[0])
-            fourth = asyncio.run(backend.episodes.collect(make_specs(4, 2, seed=3)))
+            ray.kill(compute.engine.actors[0])
+            fourth = asyncio.run(compute.episodes.collect(make_specs(4, 2, seed=3)))
             assert len(fourth) == 8 and all(t.outcome == "engine_error" for t in fourth), [t.outcome for t in fourth]
             assert any("engine actor 0" in t.outcome_detail for t in fourth)
         finally:
-            backend.close()
+            compute.close()
         assert ray.util.placement_group_table()[pg_hex]["state"] == "REMOVED"
 
     @pytest.mark.slow
@@ -142,7 +142,7 @@ class TestOnLocalRay:
         """The non-Ray version of this check is tests/trainer/test_trainer_dist.py (torchrun)."""
         from trainer_dist import STEPS, config, run
 
-        from agentrl.distributed import RayBackend
+        from agentrl.distributed import RayCompute
         from agentrl.trainer import Trainer
         from agentrl.warmstart.tiny_model import build_model
 
@@ -151,19 +151,19 @@ class TestOnLocalRay:
         cfg = _cfg()
         cfg.trainer = config()
         rc = RayConfig(trainer_ranks=2, placement="split")
-        backend = RayBackend.start(cfg, model_dir, critic=True, rc=rc)
+        compute = RayCompute.start(cfg, model_dir, critic=True, rc=rc)
         try:
-            groups = [g.id.hex() for g in backend.cluster.groups]
-            ranks = ray.get([r.placement.remote() for r in backend.trainer.ranks])
+            groups = [g.id.hex() for g in compute.cluster.groups]
+            ranks = ray.get([r.placement.remote() for r in compute.trainer.ranks])
             assert [_pg_of(w) for w in ranks] == [groups[0]] * 2
-            engine = ray.get(backend.engine.actors[0].placement.remote())
+            engine = ray.get(compute.engine.actors[0].placement.remote())
             assert _pg_of(engine) == groups[1] != groups[0]
-            assert backend.trainer.world == 2
-            two = run(backend.trainer)
-            p2 = backend.trainer.full_state_dict()
-            backend.trainer.save(tmp_path / "ck", extra={"written_by": 2})
+            assert compute.trainer.world == 2
+            two = run(compute.trainer)
+            p2 = compute.trainer.full_state_dict()
+            compute.trainer.save(tmp_path / "ck", extra={"written_by": 2})
         finally:
-            backend.close()
+            compute.close()
 
         with Trainer(model_dir, config(), critic=True) as t:
             one = run(t)
@@ -180,11 +180,11 @@ class TestOnLocalRay:
             assert u.load(tmp_path / "ck") == {"written_by": 2} and u.version == STEPS
 
     def test_a_failing_actor_fails_the_start_and_nothing_is_left(self, ray_session, tmp_path):
-        from agentrl.distributed import RayBackend
+        from agentrl.distributed import RayCompute
 
         ray = ray_session
         with pytest.raises(Exception, match="no-such-model"):
-            RayBackend.start(_cfg(), tmp_path / "no-such-model", rc=RayConfig(trainer_ranks=2))
+            RayCompute.start(_cfg(), tmp_path / "no-such-model", rc=RayConfig(trainer_ranks=2))
         assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
         deadline = time.monotonic() + 60  # Ray's resource view catches up with removals asynchronously
         while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
@@ -192,11 +192,11 @@ class TestOnLocalRay:
         assert ray.available_resources().get("CPU") == 2.0, ray.available_resources()  # all CPUs came back
 
     def test_an_impossible_layout_is_a_clear_error(self, ray_session, tiny_model_dir):
-        from agentrl.distributed import RayBackend
+        from agentrl.distributed import RayCompute
 
         rc = RayConfig(trainer_ranks=1, trainer_cpus=64, startup_timeout_s=3)
         with pytest.raises(ConfigError, match=r"bundles \[\[\{'CPU': 64.75\}\]\] \(colocate\) could not be placed"):
-            RayBackend.start(_cfg(), tiny_model_dir, rc=rc)
+            RayCompute.start(_cfg(), tiny_model_dir, rc=rc)
         assert not ray_session.util.placement_group_table() or all(
             g["state"] == "REMOVED" for g in ray_session.util.placement_group_table().values()
         )
@@ -216,7 +216,7 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
     import sys
 
     ray = ray_or_skip()
-    from agentrl.distributed import RayBackend
+    from agentrl.distributed import RayCompute
     from agentrl.episodes.manager import make_specs
 
     cli = shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
@@ -255,27 +255,27 @@ def test_the_same_config_joins_a_running_cluster_via_RAY_ADDRESS(tiny_model_dir,
                 time.sleep(0.5)
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
         monkeypatch.chdir(tmp_path)  # the workers cannot import this test's module from the cwd either
-        backend = None
+        compute = None
         deadline = time.monotonic() + 120
-        while backend is None:
+        while compute is None:
             try:
-                backend = RayBackend.start(_cfg(), tiny_model_dir, rc=RayConfig())
+                compute = RayCompute.start(_cfg(), tiny_model_dir, rc=RayConfig())
             except ConnectionError:
                 if head.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"ray head did not come up: {(tmp_path / 'head.log').read_text()[-3000:]}")
                 time.sleep(2)
         try:
-            assert backend.cluster.address == f"127.0.0.1:{port}" and backend.cluster.owns_connection
+            assert compute.cluster.address == f"127.0.0.1:{port}" and compute.cluster.owns_connection
             assert ray.get_runtime_context().gcs_address.endswith(f":{port}")
 
             async def go():
-                await backend.engine.start()
-                return await backend.episodes.collect(make_specs(2, 2))
+                await compute.engine.start()
+                return await compute.episodes.collect(make_specs(2, 2))
 
             trajs = asyncio.run(go())
             assert len(trajs) == 4 and all(t.trainable for t in trajs), [t.outcome_detail for t in trajs]
         finally:
-            backend.close()
+            compute.close()
         assert not ray.is_initialized()  # the driver left ...
         assert head.poll() is None  # ... and the cluster is still up
     finally:

@@ -94,7 +94,7 @@ def test_the_reaper_kills_watched_groups_when_their_owner_is_sigkilled():
 
 
 def test_ray_mode_takes_sglang_and_names_a_server_count_it_ignores():
-    from agentrl.distributed.backend import check
+    from agentrl.distributed.compute import check
 
     check(load_config([], ["engine.kind=sglang"]), RayConfig())
     check(load_config([], ["engine.kind=sglang", 'engine.urls=["http://127.0.0.1:1"]']), RayConfig())
@@ -126,37 +126,37 @@ def _cfg(*sets: str):
 def test_the_actor_owns_its_server_serves_workers_over_http_and_a_killed_actor_leaves_no_server(sglang_model_dir):
     ray = ray_or_skip()
     _sglang_or_skip()
-    from agentrl.distributed import RayBackend
+    from agentrl.distributed import RayCompute
     from agentrl.engine.base import SamplingParams
     from agentrl.episodes.manager import make_specs
 
     before = ray_pids()
     rc = RayConfig(num_cpus=2, num_engines=1, workers_per_engine=1, placement="colocate")
-    backend = RayBackend.start(_cfg(), sglang_model_dir, rc=rc)
+    compute = RayCompute.start(_cfg(), sglang_model_dir, rc=rc)
     server = reaper = None
     try:
-        actor = backend.engine_actors[0]
+        actor = compute.engine_actors[0]
         info, where = ray.get([actor.info.remote(), actor.placement.remote()])
         server, reaper = info["pid"], info["reaper_pid"]
-        print(f"\nbackend start: {backend.timings}; engine actor {info}")
+        print(f"\nbackend start: {compute.timings}; engine actor {info}")
         # the server belongs to the actor: its child, in a session of its own; not the driver's
         assert info["actor_pid"] == where["pid"] != os.getpid()
-        assert where["placement_group"] == backend.cluster.groups[0].id.hex()
+        assert where["placement_group"] == compute.cluster.groups[0].id.hex()
         assert _parent_and_session(server) == (info["actor_pid"], server)
-        assert backend.engine.urls == [info["url"]]
+        assert compute.engine.urls == [info["url"]]
 
         async def go():
-            await backend.engine.start()
+            await compute.engine.start()
             try:
-                trajs = await backend.episodes.collect(make_specs(2, 4, seed=1))
-                gen = await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))  # the driver's view
-                counts = await asyncio.to_thread(ray.get, backend.episodes.workers[0].engine_counts.remote())
+                trajs = await compute.episodes.collect(make_specs(2, 4, seed=1))
+                gen = await compute.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))  # the driver's view
+                counts = await asyncio.to_thread(ray.get, compute.episodes.workers[0].engine_counts.remote())
                 # the server crashes: the driver's engine has its actor restart it, same URL
                 os.killpg(server, signal.SIGKILL)
-                again = await backend.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
-                after = await backend.episodes.collect(make_specs(1, 4, seed=2))
+                again = await compute.engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+                after = await compute.episodes.collect(make_specs(1, 4, seed=2))
             finally:
-                await backend.engine.close()
+                await compute.engine.close()
             return trajs, gen, counts, again, after
 
         trajs, gen, counts, again, after = asyncio.run(go())
@@ -165,9 +165,9 @@ def test_the_actor_owns_its_server_serves_workers_over_http_and_a_killed_actor_l
         assert list(counts) == [info["url"]] and counts[info["url"]]["ok"] >= 8, counts  # straight to its server
 
         new = ray.get(actor.info.remote())
-        print(f"after the crash: {new}; driver counters {backend.engine.router.totals()}")
+        print(f"after the crash: {new}; driver counters {compute.engine.router.totals()}")
         assert new["restarts"] == 1 and new["url"] == info["url"] and new["pid"] != server
-        assert backend.engine.router.totals()["restarts"] == 1 and again.info["server"] == info["url"]
+        assert compute.engine.router.totals()["restarts"] == 1 and again.info["server"] == info["url"]
         assert _gone(server) and _parent_and_session(new["pid"]) == (info["actor_pid"], new["pid"])
         assert all(t.trainable for t in after), [t.outcome_detail for t in after]  # workers reach it again
         server = new["pid"]
@@ -176,7 +176,7 @@ def test_the_actor_owns_its_server_serves_workers_over_http_and_a_killed_actor_l
         assert _wait_gone([server]) == set(), f"server group {server} outlived its killed actor"
         assert _wait_gone([reaper]) == set()
     finally:
-        backend.close()
+        compute.close()
         if server is not None and not _gone(server):
             os.killpg(server, signal.SIGKILL)
             pytest.fail(f"server {server} was still running after close()")
@@ -196,7 +196,7 @@ def test_a_failed_start_stops_the_servers_already_launched(sglang_model_dir, tmp
 
     ray = ray_or_skip()
     _sglang_or_skip()
-    from agentrl.distributed import RayBackend
+    from agentrl.distributed import RayCompute
 
     model = shutil.copytree(sglang_model_dir, tmp_path / "model")
     seen: set[int] = set()
@@ -215,7 +215,7 @@ def test_a_failed_start_stops_the_servers_already_launched(sglang_model_dir, tmp
     t.start()
     try:
         with pytest.raises(Exception, match="not_an_arg"):
-            RayBackend.start(_cfg("env.kwargs={not_an_arg: 1}"), model, rc=RayConfig(num_cpus=2))
+            RayCompute.start(_cfg("env.kwargs={not_an_arg: 1}"), model, rc=RayConfig(num_cpus=2))
     finally:
         stop.set()
         t.join()
@@ -246,7 +246,7 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
 
         async def _sync_weights(self) -> float:
             s = await super()._sync_weights()
-            b = self.backend
+            b = self.compute
             infos = await asyncio.to_thread(ray.get, [a.info.remote() for a in b.engine_actors])
             where = await asyncio.to_thread(ray.get, [a.placement.remote() for a in b.engine_actors])
             counts = await asyncio.to_thread(ray.get, [w.engine_counts.remote() for w in b.episodes.workers])
@@ -325,12 +325,12 @@ def test_agentrl_run_on_ray_with_sglang_engine_actors(sglang_model_dir, tmp_path
 @pytest.mark.timeout(900)
 def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_dir, tmp_path):
     """``engine.urls`` under Ray: no engine actors; workers and driver attach to the running server,
-    weights pushed from the driver reach it, and closing the backend leaves the server (not ours) up."""
+    weights pushed from the driver reach it, and closing the compute leaves the server (not ours) up."""
     ray = ray_or_skip()
     _sglang_or_skip()
     from conftest import start_sglang_or_skip
 
-    from agentrl.distributed import RayBackend
+    from agentrl.distributed import RayCompute
     from agentrl.episodes.manager import make_specs
     from agentrl.weights.factory import make_weight_sync
 
@@ -338,34 +338,34 @@ def test_engine_urls_attach_driver_and_workers_to_external_servers(sglang_model_
     before = ray_pids()
     try:
         cfg = _cfg(f'engine.urls=["{server.url}"]')
-        backend = RayBackend.start(cfg, sglang_model_dir, rc=RayConfig(num_cpus=2, workers_per_engine=2))
+        compute = RayCompute.start(cfg, sglang_model_dir, rc=RayConfig(num_cpus=2, workers_per_engine=2))
         try:
-            assert backend.engine_actors == [] and backend.engine.urls == [server.url]
-            assert len(backend.episodes.workers) == 2 and len(backend.actors) == 3  # 1 rank + 2 workers
+            assert compute.engine_actors == [] and compute.engine.urls == [server.url]
+            assert len(compute.episodes.workers) == 2 and len(compute.actors) == 3  # 1 rank + 2 workers
 
             async def go():
-                await backend.engine.start()
-                sync = make_weight_sync("disk", backend.engine, dir=tmp_path / "weights", model_path=sglang_model_dir)
+                await compute.engine.start()
+                sync = make_weight_sync("disk", compute.engine, dir=tmp_path / "weights", model_path=sglang_model_dir)
                 try:
-                    first = await backend.episodes.collect(make_specs(4, 2, seed=1))
-                    state = await asyncio.to_thread(backend.trainer.full_state_dict)
+                    first = await compute.episodes.collect(make_specs(4, 2, seed=1))
+                    state = await asyncio.to_thread(compute.trainer.full_state_dict)
                     await sync.push({k: v + 0.0 for k, v in state.items()}, 3)
-                    second = await backend.episodes.collect(make_specs(2, 2, seed=1, start=10))
+                    second = await compute.episodes.collect(make_specs(2, 2, seed=1, start=10))
                 finally:
                     await sync.close()
-                    await backend.engine.close()
+                    await compute.engine.close()
                 return first, second
 
             first, second = asyncio.run(go())
             assert all(t.trainable for t in first + second), [t.outcome_detail for t in first + second]
             assert all({v for v in t.versions if v != -1} == {0} for t in first)
             assert all({v for v in t.versions if v != -1} == {3} for t in second)  # the pushed weights served
-            counts = ray.get([w.engine_counts.remote() for w in backend.episodes.workers])
+            counts = ray.get([w.engine_counts.remote() for w in compute.episodes.workers])
             assert all(list(c) == [server.url] for c in counts)
             assert sum(c[server.url]["ok"] for c in counts) == 12, counts
         finally:
-            backend.close()
-        assert server.alive() and server.healthy(), "closing the backend must not stop an attached server"
+            compute.close()
+        assert server.alive() and server.healthy(), "closing the compute must not stop an attached server"
 
         async def late_client():  # a worker's engine starting after a push must not relabel the server
             import httpx
@@ -394,10 +394,10 @@ DRIVER = textwrap.dedent("""
     sys.path[:0] = [{here!r}, {tests!r}]
     import ray
     from test_ray_sglang import _cfg
-    from agentrl.distributed import RayBackend
+    from agentrl.distributed import RayCompute
     from agentrl.distributed.config import RayConfig
-    backend = RayBackend.start(_cfg(), {model!r}, rc=RayConfig(num_cpus=2))
-    print(json.dumps(ray.get(backend.engine_actors[0].ready.remote())), flush=True)
+    compute = RayCompute.start(_cfg(), {model!r}, rc=RayConfig(num_cpus=2))
+    print(json.dumps(ray.get(compute.engine_actors[0].ready.remote())), flush=True)
     sys.stdin.read()  # until the test kills this driver
 """)
 

@@ -4,7 +4,7 @@ Owns the run's control state (``stop_reason``, the attempt's stop event and main
 heartbeat found ``lost``, the :class:`~agentrl.distributed.recovery.Supervisor`) and what acts on it:
 ``run`` (the attempts under the Supervisor, torch's thread count restored afterwards; an attempt
 that the heartbeat cancelled ends as the error it found, so a lost Ray node restarts the run),
-``watch`` (the backend's heartbeat: a lost node or actor cancels the attempt) and ``request_stop``
+``watch`` (the compute's heartbeat: a lost node or actor cancels the attempt) and ``request_stop``
 (a graceful stop: checkpoint and return at the end of the current step; a second request cancels at
 once). Does not run steps or restore state for a restarted attempt (``agentrl.jobs.run.loop``:
 ``Runner._restart_state``) or build pieces (``agentrl.jobs.run.parts``).
@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # typing only: the Supervisor is made in run()
-    from agentrl.distributed.recovery import Supervisor
+from agentrl.distributed.recovery import Supervisor
 
 
 class Heartbeat(Protocol):
-    """What ``watch`` needs of the backend (LocalBackend, RayBackend): returns or raises when lost."""
+    """What ``watch`` needs of the compute (LocalCompute, RayCompute): returns or raises when lost."""
 
     async def watch(self) -> None: ...
 
@@ -62,8 +61,6 @@ class Control:
         """``attempt(n)`` under a Supervisor until one returns (a lost node restarts it, ``n`` > 0)."""
         import torch
 
-        from agentrl.distributed.recovery import Supervisor
-
         before = torch.get_num_threads()
         self.supervisor = Supervisor(self.restarts, note=print)
         try:
@@ -78,7 +75,9 @@ class Control:
         except asyncio.CancelledError:
             if self.lost is None:
                 raise
-            asyncio.current_task().uncancel()  # cancelled by the heartbeat, not by the caller
+            me = asyncio.current_task()
+            assert me is not None  # awaited in a task
+            me.uncancel()  # cancelled by the heartbeat, not by the caller
             raise self.lost from None
 
     def restarted(self) -> None:
@@ -94,13 +93,14 @@ class Control:
         """The run's recoveries after lost nodes, as the summary writes them."""
         return [r.as_dict() for r in self.supervisor.recoveries] if self.supervisor is not None else []
 
-    def watch(self, backend: Heartbeat) -> asyncio.Task:
-        """The backend's heartbeat: a lost node or actor cancels this attempt, which ends as that error."""
+    def watch(self, compute: Heartbeat) -> asyncio.Task:
+        """The compute's heartbeat: a lost node or actor cancels this attempt, which ends as that error."""
         main = asyncio.current_task()
+        assert main is not None, "watch() is called from the attempt's task"
 
         async def beat() -> None:
             try:
-                await backend.watch()
+                await compute.watch()
             except Exception as e:
                 self.lost = e
                 main.cancel()

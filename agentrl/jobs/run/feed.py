@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from agentrl.batches.prompt_stream import PromptStream
     from agentrl.batches.replay import ReplaySource
     from agentrl.config.schema import RunConfig
-    from agentrl.episodes.manager import EpisodeManager
+    from agentrl.episodes.source import EpisodeSource
     from agentrl.trajectory import Trajectory
 
 #: A batch: its groups and the prompt position of each (None for a group with no position).
@@ -37,7 +37,7 @@ Batch = tuple[list[list["Trajectory"]], list]
 class Feed:
     """Batches for one attempt of a run. ``stream``, ``restored`` (finished groups: (position,
     group)) and ``restored_counts`` come from the checkpoint resumed (``agentrl.jobs.run.parts``);
-    ``version``: the trainer's policy version now; ``manager``: the backend's episodes; ``stop``:
+    ``version``: the trainer's policy version now; ``manager``: the compute's episodes; ``stop``:
     the attempt's stop event; ``replay``: ``train.replay``'s source, or None (the producer runs)."""
 
     def __init__(
@@ -48,7 +48,7 @@ class Feed:
         restored: list[tuple[int | None, list[Trajectory]]],
         restored_counts: dict[str, int],
         version: int,
-        manager: EpisodeManager,
+        manager: EpisodeSource,
         stop: asyncio.Event,
         replay: ReplaySource | None,
     ) -> None:
@@ -93,9 +93,8 @@ class Feed:
                 1, G, seed=self.cfg.rollout.seed, start=position, attempt=self.stream.drops.get(position, 0)
             )
             # run_segments: a proxy-mode episode whose agent rewrote its history yields several trajectories
-            run = getattr(manager, "run_segments", None)
-            done = await asyncio.gather(*(run(s) if run else manager.run_episode(s) for s in specs))
-            group = [t for ts in done for t in (ts if isinstance(ts, list) else [ts])]
+            done = await asyncio.gather(*(manager.run_segments(s) for s in specs))
+            group = [t for ts in done for t in ts]
             await queue.put(index, group, position)
             self.in_flight.pop(index, None)
 

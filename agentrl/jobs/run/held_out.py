@@ -32,6 +32,8 @@ from agentrl.jobs.infra_stop import stop_if_all_failed
 from agentrl.trajectory import Outcome, Trajectory
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from agentrl.agents.runner import ProxyRunner
     from agentrl.config.schema import RunConfig
     from agentrl.engine.base import Engine
@@ -103,7 +105,7 @@ class HeldOutEval:
         *,
         engine: Engine,
         make_env: Callable[..., Any],
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         proxy: ProxyRunner | None,
         progress: Callable[[str], None] | None = None,
     ) -> None:

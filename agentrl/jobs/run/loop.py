@@ -3,7 +3,7 @@
 Owns :class:`Runner`: the loop and the few fields it declares (the plan, ``step``, the episodes
 trained on, the KL controller, the first eval's row, the warnings) and the parts it builds from the
 plan and drives. Setup builds the attempt's :class:`~agentrl.jobs.run.parts.Parts` (engine,
-trainer, backend, weight sync, agent proxy), opens the sinks of its
+trainer, compute, weight sync, agent proxy), opens the sinks of its
 :class:`~agentrl.jobs.run.outputs.Outputs` and builds the :class:`~agentrl.jobs.run.feed.Feed` and
 the :class:`~agentrl.jobs.run.held_out.HeldOutEval` on them; then the first held-out eval, the
 producer started, and per step the next batch -> shaped samples and credit -> ``train_step`` ->
@@ -15,11 +15,11 @@ are the :class:`~agentrl.jobs.run.control.Control`'s; a restarted attempt (a los
 every per-attempt part again and resumes from the newest checkpoint (``_restart_state``). No part
 refers back to the Runner: each gets what it needs as arguments. The config is the run's plan
 (``agentrl.config.plan``) and every piece comes from ``agentrl.jobs.build``; the loop talks to one
-backend object, a ``LocalBackend`` (``distributed: local``) or a ``RayBackend`` (``ray``), the same
+compute object, a ``LocalCompute`` (``distributed: local``) or a ``RayCompute`` (``ray``), the same
 way.
 
 Read-only properties forwarding to the owning part, for callers and tests: ``trainer``, ``engine``,
-``backend`` (the Parts', None before setup), ``queue`` (the Feed's, None before it is built),
+``compute`` (the Parts', None before setup), ``queue`` (the Feed's, None before it is built),
 ``history`` (the Outputs'), ``paused`` (the Outputs'), ``stop_reason`` (the Control's); and
 ``request_stop`` (the Control's). Subclasses may override ``_setup`` (after ``super()._setup()``
 the parts may be replaced, e.g. ``self.parts.engine``), ``evaluate`` and ``_sync_weights``.
@@ -33,7 +33,7 @@ import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.batches.ledger import rewind
 from agentrl.batches.rewards import KLController
@@ -56,6 +56,13 @@ from agentrl.observe.run_log import rollout_extra
 from agentrl.sandbox.slots import queue_summary, take_queue_waits
 from agentrl.trainer.trainer import StepInterrupted
 from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.batches.staleness import StalenessQueue
+    from agentrl.distributed.protocol import Compute
+    from agentrl.engine.base import Engine
+    from agentrl.trainer.packing import TrainSample
+    from agentrl.trainer.protocol import TrainerProtocol
 
 
 class Runner:
@@ -85,19 +92,19 @@ class Runner:
 
     # -- forwarded to the owning part -------------------------------------------------------------
     @property
-    def trainer(self) -> Any:
+    def trainer(self) -> TrainerProtocol | None:
         return self.parts.trainer if self.parts is not None else None
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine | None:
         return self.parts.engine if self.parts is not None else None
 
     @property
-    def backend(self) -> Any:
-        return self.parts.backend if self.parts is not None else None
+    def compute(self) -> Compute | None:
+        return self.parts.compute if self.parts is not None else None
 
     @property
-    def queue(self) -> Any:
+    def queue(self) -> StalenessQueue | None:
         return self.feed.queue if self.feed is not None else None
 
     @property
@@ -150,7 +157,7 @@ class Runner:
                 config=to_dict(self.cfg), resume_step=self.step if resumed.checkpoint is not None else None
             )
         except BaseException:  # actors and process groups must not outlive a failed setup
-            parts.backend.close()
+            parts.compute.close()
             raise
         ckpt = resumed.checkpoint
         self.warnings = warnings + ([f"resumed from {ckpt} at step {self.step}"] if ckpt else [])
@@ -202,7 +209,7 @@ class Runner:
         assert parts is not None
         await parts.start()  # so does this
         cfg, outputs, resumed = self.cfg, self.outputs, parts.resumed
-        manager = parts.backend.episodes
+        manager = parts.compute.episodes
         self.feed = feed = Feed(
             cfg,
             stream=resumed.stream,
@@ -228,10 +235,10 @@ class Runner:
             display.note(parts.isolation)
         take_queue_waits()  # the first step's queue times are its own
         t_start, first_step = time.perf_counter(), self.step
-        watch = self.control.watch(parts.backend)
+        watch = self.control.watch(parts.compute)
         try:
             done, first_eval = await unless_stopped(self.evaluate(first=True), stop)
-            self.first_eval = first_eval if done else {}
+            self.first_eval = first_eval if done and first_eval is not None else {}
             if done:
                 outputs.log(self.step, {"eval": self.first_eval}, display)
                 outputs.monitor(display)  # an eval's infrastructure failures, before any training
@@ -352,7 +359,9 @@ def _distillation_metrics(tm: dict[str, float]) -> tuple[dict[str, float], dict[
     return opd, ({"teacher_s": tm.pop("teacher_s")} if "teacher_s" in tm else {})
 
 
-async def _train_interruptibly(trainer: Any, samples: list, stop: asyncio.Event) -> dict[str, float]:
+async def _train_interruptibly(
+    trainer: TrainerProtocol, samples: list[TrainSample], stop: asyncio.Event
+) -> dict[str, float]:
     """``trainer.train_step`` in a thread; a stop requested meanwhile interrupts it at its next
     micro-batch (StepInterrupted: nothing trained), so a stop never waits for a whole step."""
     interrupt = threading.Event()
@@ -363,7 +372,7 @@ async def _train_interruptibly(trainer: Any, samples: list, stop: asyncio.Event)
     return await work
 
 
-def _as_samples(trajs: list[Trajectory]):
+def _as_samples(trajs: list[Trajectory]) -> list[TrainSample]:
     from agentrl.trainer import TrainSample
 
     return [

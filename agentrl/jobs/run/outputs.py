@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agentrl.agents.runner import ProxyRunner
     from agentrl.config.schema import RunConfig
     from agentrl.observe.sinks import MultiSink
+    from agentrl.trainer.protocol import TrainerProtocol
 
 
 class Outputs:
@@ -95,7 +96,13 @@ class Outputs:
         return bool(pausing)
 
     def checkpoint(
-        self, step: int, trainer: Any, exactly_once: tuple[dict[str, Any], list], *, kl: float, final: bool = False
+        self,
+        step: int,
+        trainer: TrainerProtocol,
+        exactly_once: tuple[dict[str, Any], list],
+        *,
+        kl: float,
+        final: bool = False,
     ) -> Path:
         """Save ``trainer`` with the run's exactly-once state (``Feed.exactly_once()``: the stream with
         the groups in flight requeued, the finished-but-untrained groups kept) and the KL controller's

@@ -1,12 +1,12 @@
 """Building, starting and releasing the pieces of one attempt of ``agentrl run``: :class:`Parts`.
 
 Owns: ``Parts.build`` (the run directory and its ``config.yaml``, model directory, tokenizer, training
-and eval env factories, the backend with its trainer loaded from the newest verified checkpoint on
+and eval env factories, the compute with its trainer loaded from the newest verified checkpoint on
 ``--resume``, what that checkpoint resumes (:class:`Resumed`: step, KL coefficient, prompt stream,
 finished groups; the logs after it rewound), the replay source, the weight sync), ``start`` (the
 engine started and, after a resume, given the checkpoint's weights), ``sync_weights`` (the trainer's
 weights pushed to the engine; the last push's stats), ``release`` (the weight sync, the agent proxy's
-endpoint, the engine, the backend: the last started first) and :func:`latest_checkpoint`. Each step
+endpoint, the engine, the compute: the last started first) and :func:`latest_checkpoint`. Each step
 that fails closes what the steps before it started. Does not build the pieces themselves
 (``agentrl.jobs.build``), open the metric sinks (``agentrl.jobs.run.outputs``) or run the loop
 (``agentrl.jobs.run.loop``).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,16 +27,17 @@ from agentrl.batches.prompt_stream import PromptStream
 from agentrl.batches.staleness import load_ready
 from agentrl.config.schema import save_config
 from agentrl.engine.counters import EngineCounters
-from agentrl.jobs.build import chat_tokenizer, env_factory, eval_env_factory, make_sync, model_dir, start_backend
+from agentrl.jobs.build import chat_tokenizer, env_factory, eval_env_factory, make_sync, model_dir, start_compute
 from agentrl.trainer.integrity import pick_resume
 from agentrl.weights.drain import weight_update_gate
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from agentrl.batches.replay import ReplaySource
     from agentrl.config.plan import Plan
-    from agentrl.distributed.backend import RayBackend
+    from agentrl.distributed.protocol import Compute
     from agentrl.jobs.build import EnvFactory
-    from agentrl.jobs.local_backend import LocalBackend
     from agentrl.trajectory import Trajectory
     from agentrl.weights.base import SyncStats, WeightSync
 
@@ -67,11 +69,11 @@ class Parts:
         plan: Plan,
         *,
         model_path: Path,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         chat_line: str,
         make_env: EnvFactory,
-        make_eval_env: Any,
-        backend: LocalBackend | RayBackend,
+        make_eval_env: Callable[[], Any],
+        compute: Compute,
         weight_sync: WeightSync,
         replay: ReplaySource | None,
         resumed: Resumed,
@@ -80,8 +82,8 @@ class Parts:
         self.model_path, self.tokenizer, self.chat_line = model_path, tokenizer, chat_line
         self.make_env, self.make_eval_env = make_env, make_eval_env
         self.isolation: str | None = make_env.isolation
-        self.backend = backend
-        self.trainer, self.engine = backend.trainer, backend.engine
+        self.compute = compute
+        self.trainer, self.engine = compute.trainer, compute.engine
         self.weight_sync, self.replay, self.resumed = weight_sync, replay, resumed
         self.last_sync: SyncStats | None = None  # the last weight push's stats
         self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
@@ -101,7 +103,7 @@ class Parts:
         make_env = env_factory(cfg)
         make_eval_env = eval_env_factory(plan)
         resume = latest_checkpoint(run_dir) if cfg.train.resume else None
-        backend, extra = start_backend(plan, model_path, make_env, tokenizer, resume)
+        compute, extra = start_compute(plan, model_path, make_env, tokenizer, resume)
         try:
             resumed = Resumed(
                 checkpoint=resume,
@@ -121,9 +123,9 @@ class Parts:
                 from agentrl.batches.replay import ReplaySource
 
                 replay = ReplaySource(cfg.train.replay, cfg.train.steps)
-            weight_sync = make_sync(plan, backend.engine, model_path)
+            weight_sync = make_sync(plan, compute.engine, model_path)
         except BaseException:  # actors and process groups must not outlive a failed setup
-            backend.close()
+            compute.close()
             raise
         return cls(
             plan,
@@ -132,7 +134,7 @@ class Parts:
             chat_line=chat_line,
             make_env=make_env,
             make_eval_env=make_eval_env,
-            backend=backend,
+            compute=compute,
             weight_sync=weight_sync,
             replay=replay,
             resumed=resumed,
@@ -141,11 +143,11 @@ class Parts:
     @property
     def proxy(self) -> ProxyRunner | None:
         """The training episodes' agent runner in proxy mode (``agent.kind: proxy``), or None."""
-        return proxy_runner_of(self.backend.episodes)
+        return proxy_runner_of(self.compute.episodes)
 
     async def start(self) -> None:
         """Start the engine (after a resume, serving the checkpoint's weights and version); on
-        failure release the weight sync, engine and backend ``build`` left."""
+        failure release the weight sync, engine and compute ``build`` left."""
         cfg = self.cfg
         if cfg.engine.cpu_threads:  # after setup: an SFT warm start built there had every core
             import torch
@@ -158,7 +160,7 @@ class Parts:
         except BaseException:  # launched servers, actors and process groups must not outlive a failed start
             await self.weight_sync.close()
             await self.engine.close()
-            self.backend.close()
+            self.compute.close()
             raise
 
     async def sync_weights(self) -> float:
@@ -166,7 +168,7 @@ class Parts:
         t0 = time.perf_counter()
         state = await asyncio.to_thread(self.trainer.full_state_dict)
         async with weight_update_gate(
-            self.engine, self.backend.remote_gates()
+            self.engine, self.compute.remote_gates()
         ) as self.drain_s:  # 0.0 with partial rollouts
             self.last_sync = await self.weight_sync.push(state, self.trainer.version)
         return time.perf_counter() - t0
@@ -178,4 +180,4 @@ class Parts:
         if proxy is not None:  # its endpoint serves the engine: closed before it
             await proxy.close()
         await self.engine.close()
-        self.backend.close()  # the trainer's process group; Ray: the actors, placement groups, Ray itself
+        self.compute.close()  # the trainer's process group; Ray: the actors, placement groups, Ray itself

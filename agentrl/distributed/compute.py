@@ -1,6 +1,6 @@
 """``distributed: ray`` as one object: the actors of a run, built on their placement groups.
 
-Owns ``RayBackend.start(cfg, model_path)``: join/start Ray, place the layout of ``cfg.ray``, create
+Owns ``RayCompute.start(cfg, model_path)``: join/start Ray, place the layout of ``cfg.ray``, create
 the engine actors, rollout workers and trainer ranks there (trainer ranks rendezvous through rank
 0's node address), wrap them in the driver-side adapters (``engine``, ``episodes``, ``trainer``),
 and ``close()``, which stops every actor, removes the placement groups and disconnects - also
@@ -27,7 +27,7 @@ weights -> driver -> WeightSync): with the disk path every server must be able t
 engine actors are its stagers: each writes the weights on its own node).
 
 Does not own the training loop (``agentrl.jobs.run`` drives this object exactly as it drives the
-in-process ``LocalBackend``), choosing between the two (``agentrl.jobs.build.start_backend``) or
+in-process ``LocalCompute``), choosing between the two (``agentrl.jobs.build.start_compute``) or
 the behaviour of any actor.
 """
 
@@ -35,15 +35,21 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agentrl.distributed import recovery
 from agentrl.distributed.adapters import RayEngine, RayEpisodes, RayTrainer, get_all
 from agentrl.distributed.cluster import RayCluster, Slot, plan
 from agentrl.distributed.config import RayConfig
+from agentrl.distributed.protocol import Compute
+from agentrl.distributed.ray_actors import EngineActor, RolloutWorker, TrainerRank
+from agentrl.engine.base import Engine
 from agentrl.errors import ConfigError
+from agentrl.weights.drain import Gate, with_partial_rollouts
 
 
 def ship_by_value(entry_point: Any) -> bool:
@@ -51,6 +57,7 @@ def ship_by_value(entry_point: Any) -> bool:
     (that module is not importable on the workers, least of all on other nodes). Code from
     installed packages keeps travelling by reference. True if registered by value."""
     import ray
+    import ray.cloudpickle  # a submodule: named for the type checker (ray imports it itself)
 
     mod = sys.modules.get(getattr(entry_point, "__module__", None) or "")
     path = getattr(mod, "__file__", None) or ""
@@ -105,12 +112,16 @@ def check_weight_sync(weight_sync: str, rc: RayConfig, urls=()) -> None:
         )
 
 
-class RayBackend:
+class RayCompute(Compute):
     """See the module docstring. Attributes after ``start``: ``engine`` (RayEngine, or SGLangEngine
     for engine.kind=sglang; wrapped for ``rollout.partial_rollouts`` like the workers' engines),
     ``engine_actors`` (the SGLangEngineActors), ``episodes`` (RayEpisodes for the training env),
     ``trainer`` (RayTrainer), ``timings`` (seconds per phase). The same shape as
-    ``agentrl.jobs.local_backend.LocalBackend``."""
+    ``agentrl.jobs.local_compute.LocalCompute``."""
+
+    engine: Engine  # set by start
+    trainer: RayTrainer
+    episodes: RayEpisodes
 
     def __init__(self, rc: RayConfig) -> None:
         self.rc = rc
@@ -118,16 +129,14 @@ class RayBackend:
         self.actors: list[Any] = []
         self.engine_actors: list[Any] = []  # SGLangEngineActors (stopped before the kill)
         self.actor_servers: list[Any] = []  # their driver-side handles (SGLangEngine(servers=...))
-        self.engine: Any = None  # RayEngine (engine.kind=local) or SGLangEngine
-        self.episodes: RayEpisodes | None = None
-        self.trainer: RayTrainer | None = None
+        self._trainer: RayTrainer | None = None  # ``trainer`` once start placed it: what close() releases
         self.timings: dict[str, float] = {}
         self.partial_rollouts = True
         self.named: dict[str, Any] = {}  # "trainer-rank-0", "engine-0", "rollout-worker-0"... -> actor
         self.nodes: dict[str, str] = {}  # the same names -> the Ray node id each actor runs on
 
     @classmethod
-    def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> RayBackend:
+    def start(cls, cfg, model_path: str | Path, *, critic: bool = False, rc: RayConfig | None = None) -> RayCompute:
         """``rc``: the Ray settings (default ``cfg.ray``)."""
         rc = rc or cfg.ray
         check(cfg, rc)
@@ -139,7 +148,7 @@ class RayBackend:
             raise
         return self
 
-    def remote_gates(self) -> list:
+    def remote_gates(self) -> Sequence[Gate]:
         """The rollout workers' gates when weight updates must drain them (``partial_rollouts: false``):
         their generations do not pass the driver's ``engine``. Empty with partial rollouts."""
         return [] if self.partial_rollouts else self.episodes.gates()
@@ -159,8 +168,6 @@ class RayBackend:
 
     def _local_engines(self, cfg, model_path: str, slots: list[Slot]) -> tuple[list, list]:
         """EngineActors (LocalEngine); the driver's RayEngine over all, worker k's over engine k // wpe."""
-        from agentrl.distributed.ray_actors import EngineActor
-
         mc = cfg.rollout.max_context
         engines = [
             self._spawn(
@@ -210,8 +217,11 @@ class RayBackend:
         infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
         servers = [ActorServer(e, i, model_path, self.rc.startup_timeout_s) for e, i in zip(engines, infos)]
         self.actor_servers = servers
-        self.engine = SGLangEngine(servers=servers, max_context=mc)
-        self.engine.weight_stagers = servers  # engine.weight_sync=object_store: each node writes its own copy
+        # ignores: ActorServer is a duck-typed SGLangServer and weight_stagers an attribute SGLangEngine does
+        # not declare (agentrl.weights.object_store reads it); agentrl/engine/ has no server Protocol yet
+        engine = SGLangEngine(servers=servers, max_context=mc)  # pyright: ignore[reportArgumentType]
+        engine.weight_stagers = servers  # pyright: ignore[reportAttributeAccessIssue]  (object_store: per node)
+        self.engine = engine
         return (
             [partial(SGLangClient, [i["url"]], actors=(e,), max_context=mc, retries=6) for e, i in zip(engines, infos)],
             [e.ready.remote() for e in engines],
@@ -220,7 +230,6 @@ class RayBackend:
     def _start(self, cfg, model_path: str, critic: bool) -> None:
         import ray
 
-        from agentrl.distributed.ray_actors import RolloutWorker, TrainerRank
         from agentrl.envs.registry import spec
         from agentrl.episodes.tokenizer import template_text
 
@@ -270,7 +279,7 @@ class RayBackend:
         for server, info in zip(self.actor_servers, done[len(setups) : len(setups) + len(ready)]):
             server.follow(info)  # a server launched again on a fresh port (its port was taken) moved
         t3 = time.perf_counter()
-        engines = self.engine_actors or getattr(self.engine, "actors", [])
+        engines = self.engine_actors or (self.engine.actors if isinstance(self.engine, RayEngine) else [])
         self.named = {
             **{f"trainer-rank-{i}": r for i, r in enumerate(ranks)},
             **{f"engine-{j}": e for j, e in enumerate(engines)},
@@ -279,11 +288,9 @@ class RayBackend:
         where = get_all([a.placement.remote() for a in self.named.values()], deadline, "locating the actors")
         self.nodes = {name: w["node"] for name, w in zip(self.named, where)}
 
-        from agentrl.weights.drain import with_partial_rollouts
-
         self.partial_rollouts = cfg.rollout.partial_rollouts
         self.engine = with_partial_rollouts(self.engine, self.partial_rollouts)
-        self.trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
+        self.trainer = self._trainer = RayTrainer(ranks, timeout_s=cfg.trainer.dist_timeout_s)
         self.episodes = RayEpisodes(workers, env_id=cfg.env.id)
         self.timings = {"connect_s": t1 - t0, "place_s": t2 - t1, "actors_s": t3 - t2, "total_s": t3 - t0}
 
@@ -291,9 +298,7 @@ class RayBackend:
         """The run's heartbeat (``agentrl.distributed.recovery.watch``): never returns; raises
         NodeLostError naming the node and actors within ``ray.heartbeat_s`` of Ray marking a node
         dead or of an actor dying. The run loop races its steps against it."""
-        from agentrl.distributed.recovery import watch
-
-        await watch(self.named, self.nodes, interval_s=self.rc.heartbeat_s)
+        await recovery.watch(self.named, self.nodes, interval_s=self.rc.heartbeat_s)
 
     def close(self) -> None:
         """Stop the trainer ranks' groups and the SGLang servers, kill every actor, remove the
@@ -302,8 +307,8 @@ class RayBackend:
         actor's watchdog.)"""
         import ray
 
-        if self.trainer is not None:
-            self.trainer.close()
+        if self._trainer is not None:
+            self._trainer.close()
         if ray.is_initialized() and self.engine_actors:
             try:
                 ray.get([a.stop.remote() for a in self.engine_actors], timeout=60)

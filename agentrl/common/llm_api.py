@@ -318,7 +318,7 @@ class ApiClient:
         async with self._limit():
             try:
                 return await asyncio.wait_for(litellm.acompletion(**call), self.timeout_s + 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TimeoutError(f"no answer within {self.timeout_s:g} s") from None
 
 

@@ -101,7 +101,7 @@ async def watch(
         for name, actor in actors.items():
             try:
                 await asyncio.wait_for(asyncio.wrap_future(actor.placement.remote().future()), probe)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue  # busy (a sync actor inside a long call): not known dead
             except Exception as e:
                 if is_node_loss(e):

@@ -360,7 +360,7 @@ class ToolEnv(AgentEnv):
             return CallResult(call, await _run_time_limited(guarded, self.tool_timeout_s))
         except ToolCallError as e:
             return CallResult(call, f"Error: {e}", e.kind if e.kind in STAT_KEYS else "bad_arguments")
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             msg = f"tool {call.name!r} did not finish within {self.tool_timeout_s:g} s"
             if self.on_tool_timeout == "end":
                 raise ToolTimeoutError(msg) from None

@@ -134,7 +134,7 @@ async def _settle(proto: _Protocol) -> None:
             continue
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

@@ -117,7 +117,7 @@ class AgentConn:
             body = b""
             try:
                 body = await asyncio.wait_for(reader.read(4096), 2.0)
-            except (asyncio.TimeoutError, OSError):
+            except (TimeoutError, OSError):
                 pass
             writer.close()
             raise SandboxError(

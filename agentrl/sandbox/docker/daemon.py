@@ -239,7 +239,7 @@ class Daemon:
             return (await self.call(self.client.api.inspect_container, cid, timeout=10.0)).get("State")
         except docker.errors.NotFound:
             return None
-        except (docker.errors.DockerException, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, docker.errors.DockerException, OSError) as e:
             raise SandboxError(f"cannot inspect container {cid[:12]}: {e}") from e
 
     async def remove(self, cid: str) -> None:

@@ -69,7 +69,7 @@ async def start_box(
         cid = (await daemon.call(daemon.client.api.create_container, **spec, timeout=START_TIMEOUT_S))["Id"]
     except docker.errors.ImageNotFound as e:
         raise SandboxError(f"sandbox image {image!r} not found; build it with `agentrl sandbox build`") from e
-    except (docker.errors.DockerException, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, docker.errors.DockerException, OSError) as e:
         raise SandboxError(f"cannot create a sandbox container from {image!r}: {e}") from e
     conn = None
     try:

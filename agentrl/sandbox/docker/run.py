@@ -63,7 +63,7 @@ async def execute(
         reply, data = await asyncio.wait_for(
             box.conn.call(req, payload, max_payload=2 * cap + max_total), host_deadline
         )
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise SandboxError(
             f"sandbox container {box.short}: no answer from its executor within the "
             f"{timeout_s:g} s deadline + {host_deadline - timeout_s:.1f} s; container destroyed"

@@ -333,7 +333,7 @@ class DockerSession(SandboxSession):
                 try:
                     reply, _ = await asyncio.wait_for(box.conn.call({"op": "reset"}, b"", max_payload=0), 10.0)
                     clean = reply.get("clean") is True
-                except (asyncio.TimeoutError, EOFError, ConnectionError, ProtocolError, OSError):
+                except (TimeoutError, EOFError, ConnectionError, ProtocolError, OSError):
                     pass
             self._drop(reusable=clean)
 

@@ -256,7 +256,7 @@ class Executor:
             proc = await self.spawn(request, proto, stdin=False)
             try:
                 await asyncio.wait_for(asyncio.shield(proto.exited), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             finally:
                 proc.kill()

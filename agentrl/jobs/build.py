@@ -86,7 +86,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
     """The rollout engine ``cfg.engine.kind`` names, not started yet."""
     if cfg.engine.kind == "sglang":
         return _sglang_engine(cfg, model_path)
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     return LocalEngine.from_pretrained(
         str(model_path),
@@ -99,7 +99,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
 
 
 def _sglang_engine(cfg: RunConfig, model_path: Path):
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     if cfg.engine.urls:
         return SGLangEngine(urls=cfg.engine.urls, max_context=cfg.rollout.max_context)

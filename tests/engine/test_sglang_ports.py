@@ -13,10 +13,10 @@ import threading
 
 import pytest
 
-import agentrl.engine.sglang_server as launcher
+import agentrl.engine.sglang.server as launcher
 from agentrl.common.ports import free_port, listener_is_ours
-from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang_server import SGLangServer
+from agentrl.engine.sglang.engine import SGLangEngine
+from agentrl.engine.sglang.server import SGLangServer
 from agentrl.errors import EngineError
 
 STAND_IN = """

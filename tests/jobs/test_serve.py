@@ -325,7 +325,7 @@ async def test_tool_calls_and_stop_strings_unit_with_fake_engine(tiny_tokenizer)
 async def test_sglang_backend_serves_v1_and_follows(tmp_path, sglang_model_dir):
     from openai import OpenAI
 
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

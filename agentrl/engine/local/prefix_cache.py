@@ -19,7 +19,7 @@ cache off. A weight update makes every entry stale: :meth:`PrefixCache.clear` dr
 starts a new epoch, and a store computed under an older epoch (a request in flight across the
 update) is ignored.
 
-Does not run the model or lay out K/V for a forward pass (see :mod:`agentrl.engine.local_prefill`),
+Does not run the model or lay out K/V for a forward pass (see :mod:`agentrl.engine.local.prefill`),
 decide which requests wait for another's prefill (``defer_followers`` there), keep a radix tree
 (a shared entry is one whole prompt; a match is a linear scan over the shared entries, which the
 token budget keeps few), or lock: only the engine's worker thread calls it.

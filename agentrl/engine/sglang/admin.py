@@ -1,11 +1,11 @@
-"""Admin calls of :class:`agentrl.engine.sglang.SGLangEngine` to its servers.
+"""Admin calls of :class:`agentrl.engine.sglang.engine.SGLangEngine` to its servers.
 
 Owns, as a mixin of that engine (it uses the engine's state: ``router.backends``, ``_client``,
 ``_running``, ``_paused``, ``_version``, ``request_timeout_s`` and ``start``): POST/GET to one server
 with errors mapped to EngineError, ``post_all`` (one call on every server, recovering a server found
 dead), pushing the policy version label, ``pause``/``resume``/``flush_cache`` around weight updates,
 and ``server_stats`` for metrics. Does not send ``/generate`` requests or restart servers (the
-engine and :mod:`agentrl.engine.sglang_supervision` do), or decide when to pause (the weight syncs).
+engine and :mod:`agentrl.engine.sglang.supervision` do), or decide when to pause (the weight syncs).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import asyncio
 import httpx
 
 from agentrl.engine.router import Backend
-from agentrl.engine.sglang_wire import ENGINE_COUNTERS, load_stats
+from agentrl.engine.sglang.wire import ENGINE_COUNTERS, load_stats
 from agentrl.errors import EngineError
 
 
@@ -110,7 +110,7 @@ class Admin:
 
     async def server_stats(self) -> dict[str, float]:
         """Numbers for metrics: the server side from SGLang's ``/v1/loads`` (keys documented in
-        :func:`agentrl.engine.sglang_wire.load_stats`: KV-cache use, running/waiting requests, cache
+        :func:`agentrl.engine.sglang.wire.load_stats`: KV-cache use, running/waiting requests, cache
         hit rate, throughput), plus ``engine/servers``, ``engine/inflight`` (requests this engine
         awaits) and the counters since start ``engine/resends``, ``engine/restarts``,
         ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors``."""

@@ -3,11 +3,11 @@
 Owns a worker thread that runs the model (so the event loop stays free for thousands of episodes)
 and, every iteration: applies pending weight updates, admits waiting requests up to
 ``max_batch_size`` (one left-padded prefill per group of prompts), runs ONE decode step for every
-sequence in flight over a batched K/V cache (:mod:`agentrl.engine.kv_batch`), samples, and retires
+sequence in flight over a batched K/V cache (:mod:`agentrl.engine.local.kv_batch`), samples, and retires
 finished sequences. Requests join and leave at every step, so a short request never waits for the
 longest one in flight. Results go back to the caller's event loop with ``call_soon_threadsafe``.
-The request records and that hand-off are :mod:`agentrl.engine.local_requests`; the sampling of
-one token per row is :mod:`agentrl.engine.local_sampling`.
+The request records and that hand-off are :mod:`agentrl.engine.local.requests`; the sampling of
+one token per row is :mod:`agentrl.engine.local.sampling`.
 
 Conventions (the same as SGLang's ``return_logprob``):
 
@@ -27,9 +27,9 @@ Conventions (the same as SGLang's ``return_logprob``):
 - ``update_weights`` copies tensors into the model in place between two decode steps. Sequences in
   flight keep the K/V their prefix got from the old weights (as SGLang does without a cache flush);
   every token is stamped with the version of the weights that sampled it.
-- ``session`` (one per episode) keys a prefix cache (:mod:`agentrl.engine.prefix_cache`): a finished
+- ``session`` (one per episode) keys a prefix cache (:mod:`agentrl.engine.local.prefix_cache`): a finished
   request leaves its K/V there and the session's next one prefills only the tokens after the prefix
-  they share (:mod:`agentrl.engine.local_prefill`): O(T), not O(T^2), prefill for T turns, the same
+  they share (:mod:`agentrl.engine.local.prefill`): O(T), not O(T^2), prefill for T turns, the same
   tokens and logprobs up to float rounding. Prompts are shared across sessions too: a prefilled
   prompt's K/V stay in the cache for any request that starts the same way (GRPO siblings, the system
   prompt and tool block every task repeats), and requests admitted together that share a long
@@ -52,13 +52,13 @@ from typing import Any
 
 import torch
 
-from agentrl.engine import local_requests
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
-from agentrl.engine.kv_batch import KVBatch, additive_mask
-from agentrl.engine.local_prefill import PrefillBatch, build_prefill, defer_followers, plan_groups, sharing_pays
-from agentrl.engine.local_requests import LocalRequest, WeightUpdate, check_update, deliver, notify
-from agentrl.engine.local_sampling import filter_top_k_top_p, sample_tokens
-from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache
+from agentrl.engine.local import requests as local_requests
+from agentrl.engine.local.kv_batch import KVBatch, additive_mask
+from agentrl.engine.local.prefill import PrefillBatch, build_prefill, defer_followers, plan_groups, sharing_pays
+from agentrl.engine.local.prefix_cache import CachedPrefix, PrefixCache
+from agentrl.engine.local.requests import LocalRequest, WeightUpdate, check_update, deliver, notify
+from agentrl.engine.local.sampling import filter_top_k_top_p, sample_tokens
 from agentrl.errors import EngineError
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")

@@ -4,14 +4,14 @@ Owns: attaching to running servers by URL or supervising :class:`SGLangServer` p
 a dead one), one shared ``httpx.AsyncClient`` sized for thousands of requests in flight, routing
 (:mod:`agentrl.engine.router`: least-loaded, sticky per session), ``/generate`` requests and the
 mapping of their answers to :class:`Generation`, crash recovery (the :class:`Supervision` mixin in
-:mod:`agentrl.engine.sglang_supervision`), and admin calls to every server (the :class:`Admin`
-mixin in :mod:`agentrl.engine.sglang_admin`: pause/resume/flush around weight updates, server stats
-for metrics). Does not: launch flags (the launcher, ``agentrl.engine.sglang_server``), choose or
+:mod:`agentrl.engine.sglang.supervision`), and admin calls to every server (the :class:`Admin`
+mixin in :mod:`agentrl.engine.sglang.admin`: pause/resume/flush around weight updates, server stats
+for metrics). Does not: launch flags (the launcher, ``agentrl.engine.sglang.server``), choose or
 run weight-sync paths (``agentrl.weights`` drives this engine through ``pause``/``post_all``/
-``resume``; the seam's own ``update_weights`` goes through disk, ``agentrl.engine.sglang_disk``),
+``resume``; the seam's own ``update_weights`` goes through disk, ``agentrl.engine.sglang.disk``),
 render chat.
 
-Conventions (match :class:`agentrl.engine.local.LocalEngine` where SGLang allows):
+Conventions (match :class:`agentrl.engine.local.engine.LocalEngine` where SGLang allows):
 
 - Ids and logprobs are SGLang's ``output_ids`` / ``meta_info.output_token_logprobs``, never
   re-tokenized. A matched stop id is kept in ``token_ids`` (SGLang keeps it; checked per answer).
@@ -53,11 +53,11 @@ import httpx
 
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.router import Backend, Router
-from agentrl.engine.sglang_admin import Admin
-from agentrl.engine.sglang_disk import load_from_disk
-from agentrl.engine.sglang_server import SGLangServer
-from agentrl.engine.sglang_supervision import Supervision
-from agentrl.engine.sglang_wire import model_limits, sampling_params, to_generation
+from agentrl.engine.sglang.admin import Admin
+from agentrl.engine.sglang.disk import load_from_disk
+from agentrl.engine.sglang.server import SGLangServer
+from agentrl.engine.sglang.supervision import Supervision
+from agentrl.engine.sglang.wire import model_limits, sampling_params, to_generation
 from agentrl.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -313,6 +313,6 @@ class SGLangEngine(Supervision, Admin, Engine):
             return data, b, resent
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Through a checkpoint on disk (:func:`agentrl.engine.sglang_disk.load_from_disk`); the weight
+        """Through a checkpoint on disk (:func:`agentrl.engine.sglang.disk.load_from_disk`); the weight
         syncs in ``agentrl.weights`` drive this engine for the other paths."""
         await load_from_disk(self, state_dict, version)

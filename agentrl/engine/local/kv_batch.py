@@ -8,7 +8,7 @@ buffers. Columns a row does not use are padding, recorded in ``valid`` and maske
 hole) without touching the other rows, so continuous batching costs O(rows that change) per step,
 not O(batch). Also builds the additive attention masks the model is given.
 
-Does not run the model or sample (see :mod:`agentrl.engine.local`), and does not page memory: the
+Does not run the model or sample (see :mod:`agentrl.engine.local.engine`), and does not page memory: the
 attended window is as wide as the longest row in flight, and shorter rows pay for its padding.
 Buffers grow by doubling while the batch is busy and are freed when it empties.
 """

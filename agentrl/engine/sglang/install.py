@@ -8,9 +8,9 @@ it, every command's output streamed line by line and kept in a log file whose pa
 then one import of ``sglang`` to prove the install works.
 
 Stdlib only (``agentrl.common.paths`` and ``agentrl.errors`` are too), so a checkout can run it before
-agentrl's dependencies are installed: ``python3 -m agentrl.engine.sglang_install`` from the repository
+agentrl's dependencies are installed: ``python3 -m agentrl.engine.sglang.install`` from the repository
 root (what ``.ci/install_sglang.sh`` does). Does not retry (CI's ``.ci/run`` does), launch servers
-(``agentrl.engine.sglang_server``) or delete a virtualenv.
+(``agentrl.engine.sglang.server``) or delete a virtualenv.
 """
 
 from __future__ import annotations
@@ -178,12 +178,12 @@ def install(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python3 -m agentrl.engine.sglang_install [--python PY] [--quiet]``: :func:`install`, for a
+    """``python3 -m agentrl.engine.sglang.install [--python PY] [--quiet]``: :func:`install`, for a
     checkout whose dependencies are not installed yet (CI); exit 1 with one ``error:`` line on failure."""
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python3 -m agentrl.engine.sglang_install",
+        prog="python3 -m agentrl.engine.sglang.install",
         description="Install the pinned SGLang into $AGENTRL_CACHE/sglang-venv (what `agentrl setup sglang` does).",
     )
     p.add_argument("--python", help="interpreter that creates the virtualenv (default: this one)")

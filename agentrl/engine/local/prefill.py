@@ -2,7 +2,7 @@
 
 Owns how admitted requests are grouped into prefill forwards (:func:`plan_groups`) and the tensors
 of one such forward (:func:`build_prefill`): each row's prompt may start with ``cached`` tokens whose
-K/V the prefix cache holds (:mod:`agentrl.engine.prefix_cache`); only the rest are fed to the model,
+K/V the prefix cache holds (:mod:`agentrl.engine.local.prefix_cache`); only the rest are fed to the model,
 at their true positions, attending to the cached K/V through :class:`PastCache` (a duck-typed HF
 cache that prepends them). A group feeds every row the same number ``P`` of query tokens (the most
 new tokens of any row): a row with fewer new tokens re-feeds its last cached ones (their K/V are
@@ -12,15 +12,15 @@ tokens this is the plain left-padded prefill from empty.
 Layout of one row over the ``Q + P`` columns the forward leaves in the cache (``Q``: the most cached
 tokens any row reuses): ``[pad | reused cached K/V | pad]`` then ``[pad | query tokens]``, where a
 row that reuses anything has no query padding, so its valid columns are contiguous and end at the
-last one, as :class:`agentrl.engine.kv_batch.KVBatch` wants.
+last one, as :class:`agentrl.engine.local.kv_batch.KVBatch` wants.
 
 Which requests prefill now and which wait a round for another's (:func:`defer_followers`): requests
 admitted together often share long prefixes the cache does not hold yet (GRPO siblings their whole
 prompt, every task its system prompt and tool block); one of them prefills first, its prompt's K/V
-are shared (:meth:`agentrl.engine.prefix_cache.PrefixCache.share`), and the others reuse them.
+are shared (:meth:`agentrl.engine.local.prefix_cache.PrefixCache.share`), and the others reuse them.
 Which prompts are worth sharing (:func:`sharing_pays`): a new kind, or one others wait for.
 
-Does not run the model, sample or pick what to reuse (see :mod:`agentrl.engine.local`).
+Does not run the model, sample or pick what to reuse (see :mod:`agentrl.engine.local.engine`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrl.engine.kv_batch import additive_mask
-from agentrl.engine.prefix_cache import CachedPrefix, common_prefix
+from agentrl.engine.local.kv_batch import additive_mask
+from agentrl.engine.local.prefix_cache import CachedPrefix, common_prefix
 
 #: a request waits for another's prefill only to reuse at least this many more tokens
 MIN_SHARED_TOKENS = 32

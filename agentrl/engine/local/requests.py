@@ -6,7 +6,7 @@ passes before it is queued (:func:`check_update`: EngineError naming the bad val
 stop strings are decoded with (:func:`load_stop_tokenizer`), and :func:`deliver` / :func:`notify`,
 which hand a result or a streamed token to the caller's event loop from the worker thread.
 
-Does not run the model, sample or schedule (see :mod:`agentrl.engine.local`).
+Does not run the model, sample or schedule (see :mod:`agentrl.engine.local.engine`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Crash recovery and health checks of :class:`agentrl.engine.sglang.SGLangEngine`'s servers.
+"""Crash recovery and health checks of :class:`agentrl.engine.sglang.engine.SGLangEngine`'s servers.
 
 Owns, as a mixin of that engine (it uses the engine's state: ``router.backends``, ``_servers``,
 ``_client``, ``_tasks``, weights and version fields, ``restart_dead``, ``MAX_RESTARTS``,
@@ -17,7 +17,7 @@ import logging
 import httpx
 
 from agentrl.engine.router import Backend
-from agentrl.engine.sglang_server import SGLangServer
+from agentrl.engine.sglang.server import SGLangServer
 
 log = logging.getLogger("agentrl.engine.sglang")
 

@@ -3,7 +3,7 @@
 Owns: SamplingParams -> ``/generate`` ``sampling_params``; a ``/generate`` answer -> Generation
 (ids and logprobs exactly as sent, finish reason, per-token versions from ``weight_versions``
 spans, with the consistency checks); ``/v1/loads`` answers -> the ``engine/*`` stats; the model
-limits read from a local HF dir. Does not send requests (``agentrl.engine.sglang``).
+limits read from a local HF dir. Does not send requests (``agentrl.engine.sglang.engine``).
 """
 
 from __future__ import annotations

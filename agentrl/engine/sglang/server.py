@@ -1,17 +1,17 @@
 """Launching and supervising one ``sglang.launch_server`` process.
 
 Owns: where SGLang's Python lives (it pins its own torch, so it sits in its own virtualenv; the pinned
-version and the install are ``agentrl.engine.sglang_install``'s), the launch flags (the CPU flags in ONE
+version and the install are ``agentrl.engine.sglang.install``'s), the launch flags (the CPU flags in ONE
 place, and what SGLang must read otherwise in a model's config.json: :func:`config_overrides`), picking a
 free port (and starting again on a fresh one, a bounded number of times, when another program took it
 before the server bound it: ``agentrl.common.ports``), waiting until the server - this one, not another
 program on its port - answers ``/health``, killing (its whole process group) and restarting, and the
 server's log file (its tail goes into every error; agentrl's own notes are lines starting ``===``).
-Does not send generation requests or route between servers (``agentrl.engine.sglang``).
+Does not send generation requests or route between servers (``agentrl.engine.sglang.engine``).
 
 Where SGLang is looked for, first hit wins:
 ``$AGENTRL_SGLANG_PYTHON`` (a python executable), ``$AGENTRL_CACHE/sglang-venv/bin/python`` (what
-``agentrl setup sglang`` makes: ``agentrl.engine.sglang_install``), then this interpreter if it can import
+``agentrl setup sglang`` makes: ``agentrl.engine.sglang.install``), then this interpreter if it can import
 ``sglang``.
 """
 
@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 
 from agentrl.common.ports import addr_in_use, free_port, listener_is_ours
-from agentrl.engine.sglang_install import SGLANG_VERSION as SGLANG_VERSION  # the pin, re-exported: it lives there
-from agentrl.engine.sglang_install import venv_python
+from agentrl.engine.sglang.install import SGLANG_VERSION as SGLANG_VERSION  # the pin, re-exported: it lives there
+from agentrl.engine.sglang.install import venv_python
 from agentrl.errors import EngineError
 
 log = logging.getLogger("agentrl.engine.sglang")

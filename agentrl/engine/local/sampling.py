@@ -2,7 +2,7 @@
 
 Owns :func:`sample_tokens` (temperature, top-k / top-p, greedy rows, seeded rows) and
 :func:`filter_top_k_top_p`. Pure functions of tensors and generators: they neither run the model
-nor know about requests (see :mod:`agentrl.engine.local`).
+nor know about requests (see :mod:`agentrl.engine.local.engine`).
 
 Conventions (the same as SGLang's ``return_logprob``): the logprob of a sampled token is that of the
 distribution after temperature scaling and *before* top-k/top-p filtering; at temperature 0 (greedy)

@@ -198,7 +198,7 @@ def test_failed_restart_fails_fast(tmp_path):
 
     server = SGLangServer(tmp_path, python="/bin/false", startup_timeout_s=30, log_path=tmp_path / "log")
     eng = SGLangEngine(servers=[server], retries=3, backoff_s=0.01)
-    eng.HEALTH_INTERVAL_S = 3600.0  # keep the health checks out of this test
+    eng.supervisor.HEALTH_INTERVAL_S = 3600.0  # keep the health checks out of this test
 
     async def go():
         try:

@@ -3,13 +3,16 @@
 Owns: attaching to running servers by URL or supervising :class:`SGLangServer` processes (restarting
 a dead one), one shared ``httpx.AsyncClient`` sized for thousands of requests in flight, routing
 (:mod:`agentrl.engine.router`: least-loaded, sticky per session), ``/generate`` requests and the
-mapping of their answers to :class:`Generation`, crash recovery (the :class:`Supervision` mixin in
-:mod:`agentrl.engine.sglang.supervision`), and admin calls to every server (the :class:`Admin`
-mixin in :mod:`agentrl.engine.sglang.admin`: pause/resume/flush around weight updates, server stats
-for metrics). Does not: launch flags (the launcher, ``agentrl.engine.sglang.server``), choose or
-run weight-sync paths (``agentrl.weights`` drives this engine through ``pause``/``post_all``/
-``resume``; the seam's own ``update_weights`` goes through disk, ``agentrl.engine.sglang.disk``),
-render chat.
+mapping of their answers to :class:`Generation`, pause/resume/flush around weight updates and
+server stats for metrics. It holds its parts and drives them: a :class:`Supervisor`
+(:mod:`agentrl.engine.sglang.supervision`: crash recovery, health checks, a call on every server)
+and an :class:`Admin` (:mod:`agentrl.engine.sglang.admin`: calls to one server besides
+``/generate``); they share the :class:`Served` record (policy version, weights on disk) the engine
+sets and do not know the engine (the supervisor is handed the ``/health`` probe as a function: the
+engine's ``_probe``, which ``agentrl.distributed``'s client overrides). Does not: launch flags (the launcher,
+``agentrl.engine.sglang.server``), choose or run weight-sync paths (``agentrl.weights`` drives this
+engine through ``pause``/``post_all``/``resume``; the seam's own ``update_weights`` goes through
+disk, ``agentrl.engine.sglang.disk``), render chat.
 
 Conventions (match :class:`agentrl.engine.local.engine.LocalEngine` where SGLang allows):
 
@@ -32,7 +35,7 @@ Failures: a request never delivered (connection refused) is retried ``retries`` 
 exponential backoff. A request delivered and then lost (the connection died: the server crashed) is
 re-sent exactly once, after the server is restarted (supervised) or to another healthy server
 (attached); a second loss, a non-200 answer or a timeout raise EngineError naming the server.
-Health checks every ``HEALTH_INTERVAL_S`` restart a supervised server that died while idle (and
+Health checks every ``Supervisor.HEALTH_INTERVAL_S`` restart a supervised server that died while idle (and
 retry a failed restart; requests do not wait on one) and bring an attached server back when its
 ``/health`` answers. A restarted server reloads ``weights_path`` (:meth:`note_weights`) when set,
 else it serves its original weights and keeps that version label, so stamps stay honest. A
@@ -56,8 +59,8 @@ from agentrl.engine.router import Backend, Router
 from agentrl.engine.sglang.admin import Admin
 from agentrl.engine.sglang.disk import load_from_disk
 from agentrl.engine.sglang.server import SGLangServer
-from agentrl.engine.sglang.supervision import Supervision
-from agentrl.engine.sglang.wire import model_limits, sampling_params, to_generation
+from agentrl.engine.sglang.supervision import Served, Supervisor
+from agentrl.engine.sglang.wire import ENGINE_COUNTERS, load_stats, model_limits, sampling_params, to_generation
 from agentrl.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -65,15 +68,11 @@ log = logging.getLogger(__name__)
 _ENGINE_KWARGS = ("max_connections", "request_timeout_s", "retries", "backoff_s", "restart_dead", "max_context")
 
 
-class SGLangEngine(Supervision, Admin, Engine):
+class SGLangEngine(Engine):
     """Drives one or many SGLang servers. ``urls``: attach to running servers; ``servers``: supervise
     these :class:`SGLangServer` objects (restarted when they die if ``restart_dead``; not stopped
-    by :meth:`close` unless the engine launched them with :meth:`launch`)."""
-
-    #: seconds between health checks of the servers (restarts a supervised server that died idle)
-    HEALTH_INTERVAL_S = 5.0
-    #: a supervised server restarted this many times is left dead (its requests then fail)
-    MAX_RESTARTS = 5
+    by :meth:`close` unless the engine launched them with :meth:`launch`). Its parts: ``router``,
+    ``admin`` (:class:`Admin`), ``supervisor`` (:class:`Supervisor`) and ``served`` (:class:`Served`)."""
 
     def __init__(
         self,
@@ -94,18 +93,17 @@ class SGLangEngine(Supervision, Admin, Engine):
                 f"bad SGLangEngine limits: max_connections={max_connections}, "
                 f"request_timeout_s={request_timeout_s}, retries={retries}, backoff_s={backoff_s}"
             )
-        self._servers = {i: s for i, s in enumerate(servers)}
         self.router = Router([s.url for s in servers] if servers else list(urls))
         self.max_connections, self.request_timeout_s = max_connections, request_timeout_s
-        self.retries, self.backoff_s, self.restart_dead = retries, backoff_s, restart_dead
+        self.retries, self.backoff_s = retries, backoff_s
+        self.served = Served()
+        self.admin = Admin(request_timeout_s)
+        # _probe stays the engine's so that a client of servers launched elsewhere can override it
+        self.supervisor = Supervisor(
+            self.router, dict(enumerate(servers)), self.admin, self.served, restart_dead=restart_dead, probe=self._probe
+        )
         self._max_context = max_context
         self._vocab: int | None = None
-        self._version = 0
-        self._base_version = 0  # what a server serves right after (re)starting from its model path
-        #: a full checkpoint of the served weights on disk (set by weight syncs through
-        #: :meth:`note_weights`); a restarted server reloads it instead of serving stale weights
-        self.weights_path: str | None = None
-        self.weights_version: int | None = None
         self._owned = False
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,8 +112,6 @@ class SGLangEngine(Supervision, Admin, Engine):
         self._closed = False
         self._started = False
         self._start_lock: asyncio.Lock | None = None
-        self._monitor: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
         #: requests that were re-sent after a loss (each at most once)
         self.resends = 0
 
@@ -151,21 +147,31 @@ class SGLangEngine(Supervision, Admin, Engine):
 
     @property
     def policy_version(self) -> int:  # type: ignore[override]
-        return self._version
+        return self.served.policy
 
     def set_policy_version(self, v: int) -> None:
         """Stamp tokens sampled from now on with ``v``; servers learn it at the next :meth:`resume`."""
-        self._version = int(v)
+        self.served.policy = int(v)
 
     def note_weights(self, path: str | Path, version: int) -> None:
         """Record that ``path`` (an HF dir loadable by ``/update_weights_from_disk``) holds the weights
         of ``version``: a server restarted after a crash loads it before taking requests."""
-        self.weights_path, self.weights_version = str(path), int(version)
+        self.served.weights_path, self.served.weights_version = str(path), int(version)
+
+    @property
+    def weights_path(self) -> str | None:
+        """The checkpoint a restarted server reloads (:meth:`note_weights`), if any."""
+        return self.served.weights_path
+
+    @property
+    def weights_version(self) -> int | None:
+        return self.served.weights_version
 
     @property
     def max_context(self) -> int | None:
-        if self._max_context is None and self._servers:
-            self._max_context, self._vocab = model_limits(self._servers[0].model_path)
+        servers = self.supervisor.servers
+        if self._max_context is None and servers:
+            self._max_context, self._vocab = model_limits(servers[0].model_path)
         return self._max_context
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -187,39 +193,39 @@ class SGLangEngine(Supervision, Admin, Engine):
                 ),
                 timeout=httpx.Timeout(self.request_timeout_s, connect=10.0, pool=self.request_timeout_s),
             )
+            self.admin.client = self._client
             self._running = asyncio.Event()
             if not self._paused:
                 self._running.set()
             for b in self.router.backends:  # fresh locks for this loop
                 b.lock = asyncio.Lock()
-                self._follow_server(b)
+                self.supervisor.follow(b)
             await self._learn_limits()
-            self._base_version = self._version
+            self.served.base = self.served.policy
             await asyncio.gather(*(self._push_version(b) for b in self.router.backends), return_exceptions=True)
-            self._monitor = asyncio.create_task(self._watch())
+            self.supervisor.watch()
             self._started = True
 
     async def close(self) -> None:
         self._closed = True
         if self._running is not None:
             self._running.set()  # wake requests waiting on a pause; they then fail as closed
-        for t in [self._monitor, *self._tasks]:
-            if t is not None:
-                t.cancel()
+        self.supervisor.close()
         if self._client is not None:
             await self._client.aclose()
         if self._owned:
-            await asyncio.gather(*(asyncio.to_thread(s.stop) for s in self._servers.values()))
+            await asyncio.gather(*(asyncio.to_thread(s.stop) for s in self.supervisor.servers.values()))
 
     async def _learn_limits(self) -> None:
         """max_context and vocab size: given, else the model's config.json, else the server's limits."""
         mc, vocab = self._max_context, None
-        path = self._servers[0].model_path if self._servers else None
+        servers = self.supervisor.servers
+        path = servers[0].model_path if servers else None
         info = None
         if path is None:
             for b in self.router.backends:
                 try:
-                    info = await self._get_json(b, "/server_info", timeout_s=10.0)
+                    info = await self.admin.get_json(b, "/server_info", timeout_s=10.0)
                     path = info.get("model_path")
                     break
                 except EngineError as e:
@@ -242,7 +248,7 @@ class SGLangEngine(Supervision, Admin, Engine):
             n = min(n, self._max_context - len(prompt))
         payload = {"input_ids": prompt, "sampling_params": sampling_params(params, n), "return_logprob": True}
         data, backend, resent = await self._send_generate(payload, session)
-        gen = to_generation(data, backend.url, self._version)
+        gen = to_generation(data, backend.url, self.served.policy)
         gen.info["resent"] = resent
         return gen
 
@@ -274,7 +280,7 @@ class SGLangEngine(Supervision, Admin, Engine):
                     raise EngineError(
                         f"SGLang server {b.url} unreachable after {connect_failures} tries: {type(e).__name__}: {e}"
                     ) from e
-                if not await self._recover(b, epoch):
+                if not await self.supervisor.recover(b, epoch):
                     exclude.add(b)
                 await asyncio.sleep(self.backoff_s * 2 ** (connect_failures - 1))
                 continue
@@ -292,7 +298,7 @@ class SGLangEngine(Supervision, Admin, Engine):
                     ) from e
                 resent = True
                 self.resends += 1
-                if not await self._recover(b, epoch):
+                if not await self.supervisor.recover(b, epoch):
                     exclude.add(b)
                 continue
             except RuntimeError as e:  # httpx after aclose()
@@ -316,3 +322,64 @@ class SGLangEngine(Supervision, Admin, Engine):
         """Through a checkpoint on disk (:func:`agentrl.engine.sglang.disk.load_from_disk`); the weight
         syncs in ``agentrl.weights`` drive this engine for the other paths."""
         await load_from_disk(self, state_dict, version)
+
+    # --- admin: weight updates and metrics ----------------------------------------------------
+    async def post_all(self, path: str, payload: dict, *, timeout_s: float | None = None) -> list[dict]:
+        """POST ``payload`` to ``path`` on every server (:meth:`Supervisor.post_all`: a server found
+        dead is recovered and asked once more); the answers in server order."""
+        await self.start()
+        return await self.supervisor.post_all(path, payload, timeout_s=timeout_s)
+
+    async def _probe(self, b: Backend, timeout_s: float = 5.0) -> bool:
+        return await self.admin.probe(b, timeout_s)
+
+    async def _push_version(self, b: Backend, version: int | None = None) -> None:
+        """Tell ``b`` the version it serves: ``version``, else the policy version unless ``b`` was
+        restarted without the current weights (it keeps stamping with the version it really serves)."""
+        if version is None and b.serves_stale:
+            return
+        await self.admin.push_label(b, self.served.policy if version is None else version)
+
+    async def pause(self) -> None:
+        """Stop generating on every server: new requests wait in the engine, running ones are
+        retracted into the servers' queues (their HTTP requests stay open) until :meth:`resume`."""
+        await self.start()
+        self._paused = True
+        assert self._running is not None
+        self._running.clear()
+        await self.post_all("/pause_generation", {"mode": "retract"})
+
+    async def resume(self) -> None:
+        """Tell every server the current policy version, then continue generation."""
+        await self.start()
+        errors = await asyncio.gather(*(self._push_version(b) for b in self.router.backends), return_exceptions=True)
+        bad = [e for e in errors if isinstance(e, BaseException)]
+        await self.post_all("/continue_generation", {})
+        self._paused = False
+        assert self._running is not None
+        self._running.set()
+        if bad:
+            raise EngineError("; ".join(str(e) for e in bad))
+
+    async def flush_cache(self) -> None:
+        """Drop every server's prefix cache (SGLang refuses while requests run: pause first)."""
+        await self.post_all("/flush_cache", {})
+
+    async def server_stats(self) -> dict[str, float]:
+        """Numbers for metrics: the server side from SGLang's ``/v1/loads`` (keys documented in
+        :func:`agentrl.engine.sglang.wire.load_stats`: KV-cache use, running/waiting requests, cache
+        hit rate, throughput), plus ``engine/servers``, ``engine/inflight`` (requests this engine
+        awaits) and the counters since start ``engine/resends``, ``engine/restarts``,
+        ``engine/connect_errors``, ``engine/lost``, ``engine/http_errors``."""
+        await self.start()
+        loads = await asyncio.gather(
+            *(self.admin.get_json(b, "/v1/loads", 10.0) for b in self.router.backends), return_exceptions=True
+        )
+        out = load_stats(loads)
+        out["engine/servers"] = float(len(self.router.backends))
+        out["engine/inflight"] = float(sum(b.inflight for b in self.router.backends))
+        out["engine/resends"] = float(self.resends)
+        totals = self.router.totals()
+        for k in ENGINE_COUNTERS:
+            out["engine/" + k] = float(totals[k])
+        return out

@@ -25,6 +25,7 @@ LAYERS = [
     {"envs", "engine"},
     {"weights"},
     {"episodes"},
+    {"serving"},
     {"agents"},
     {"batches"},
     {"observe"},

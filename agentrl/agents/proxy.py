@@ -248,7 +248,7 @@ def refusal(body: Any) -> str | None:
 
 
 class EpisodeGate:
-    """The serve app's gate (``agentrl.jobs.serve_api.Gate``) on the recording endpoint: the
+    """The serve app's gate (``agentrl.serving.api.Gate``) on the recording endpoint: the
     request's episode, set by :class:`KeyedApp`, decides."""
 
     def authorize(self) -> str | None:

@@ -181,8 +181,8 @@ def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -
     """The serve app (OpenAI chat, Anthropic Messages, OpenAI Responses) over ``engine``, gated by
     the episode a request's key names: what the agent proxy records through."""
     from agentrl.agents.proxy import EpisodeGate
-    from agentrl.jobs.serve_api import OpenAIAPI
-    from agentrl.jobs.serve_app import build_app
+    from agentrl.serving.api import OpenAIAPI
+    from agentrl.serving.app import build_app
 
     return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens, gate=EpisodeGate()))
 

@@ -61,8 +61,8 @@ def scripted_server(tokenizer, reply, name: str = "scripted"):
     """The serve app over a FakeEngine: ``reply(prompt_text, call_index) -> text`` is what the
     "model" writes after the prompt (``<|im_end|>`` is appended). Yields (base url, engine, prompts seen)."""
     from agentrl.engine.fake import FakeEngine
-    from agentrl.jobs.serve_api import OpenAIAPI
-    from agentrl.jobs.serve_app import HTTPServer, build_app
+    from agentrl.serving.api import OpenAIAPI
+    from agentrl.serving.app import HTTPServer, build_app
 
     prompts: list[str] = []
 

@@ -8,8 +8,8 @@ character and any tail that could still grow into a stop string or a held marker
 :class:`Job` (one choice to sample); and the chunk shapes of ``chat.completion.chunk`` /
 ``text_completion`` streams (:func:`chunk`, :func:`message_deltas`, :func:`replay`).
 
-Does not: validate requests or parse tool calls (:mod:`agentrl.jobs.serve_api`,
-:mod:`agentrl.jobs.serve_reply`), or speak HTTP (:mod:`agentrl.jobs.serve_app`).
+Does not: validate requests or parse tool calls (:mod:`agentrl.serving.api`,
+:mod:`agentrl.serving.reply`), or speak HTTP (:mod:`agentrl.serving.app`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from agentrl.engine.base import Generation, SamplingParams
 from agentrl.errors import EngineError
-from agentrl.jobs.serve_errors import APIError
-from agentrl.jobs.serve_reply import ReplyPlan, build_message
+from agentrl.serving.errors import APIError
+from agentrl.serving.reply import ReplyPlan, build_message
 from agentrl.tools.calls import OPEN
 
 
@@ -156,7 +156,7 @@ async def stream_choices(
     plan: ReplyPlan | None,
 ) -> AsyncIterator[dict]:
     """Chunks of ``jobs`` as their tokens are sampled (chat when ``plan`` is given, else text), by
-    ``api`` (an :class:`~agentrl.jobs.serve_api.OpenAIAPI`): usage last with ``include_usage``."""
+    ``api`` (an :class:`~agentrl.serving.api.OpenAIAPI`): usage last with ``include_usage``."""
     chat = plan is not None
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     queue: asyncio.Queue = asyncio.Queue()

@@ -30,10 +30,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
-from agentrl.jobs.dialects.reply import Reply, ToolCall, reply_events
-from agentrl.jobs.dialects.request import chat_request, chat_tools
-from agentrl.jobs.serve_errors import APIError
-from agentrl.jobs.serve_fields import num
+from agentrl.serving.dialects.reply import Reply, ToolCall, reply_events
+from agentrl.serving.dialects.request import chat_request, chat_tools
+from agentrl.serving.errors import APIError
+from agentrl.serving.fields import num
 
 #: responses an `agentrl serve` process keeps for ``previous_response_id`` (the oldest go first)
 KEPT = 4096

@@ -1,7 +1,7 @@
 """What a chat reply of `agentrl serve` must be: ``tool_choice``, ``parallel_tool_calls`` and
 ``response_format``, and the assistant message built from the reply's text.
 
-Owns: validating those fields (an :class:`~agentrl.jobs.serve_errors.APIError` naming the field),
+Owns: validating those fields (an :class:`~agentrl.serving.errors.APIError` naming the field),
 resolving them to a :class:`ReplyPlan` — the tools the chat template is shown, whether
 ``<tool_call>`` blocks are parsed, text forced at the start of the reply, the check a finished
 reply must pass — and :func:`build_message`: content, tool calls with unique ``call_<random>`` ids
@@ -25,7 +25,7 @@ field; a reply that breaks the request's contract is never returned.
   with ``{`` when the reply cannot be a tool call); ``"json_schema"``: it must also validate against
   ``json_schema.schema`` (an invalid schema is a 400). A reply that calls tools is not held to it.
 
-Does not: run the engine or speak HTTP (:mod:`agentrl.jobs.serve_api`, :mod:`agentrl.jobs.serve_app`).
+Does not: run the engine or speak HTTP (:mod:`agentrl.serving.api`, :mod:`agentrl.serving.app`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.jobs.serve_errors import APIError
+from agentrl.serving.errors import APIError
 from agentrl.tools.calls import OPEN, parse_hermes
 
 #: samples of one choice before a constrained request (tool_choice, response_format) fails with 422

@@ -1,8 +1,8 @@
 """The error a request to `agentrl serve` is answered with: :class:`APIError` (HTTP status + an
 OpenAI-style ``{"error": {...}}`` body naming the field at fault).
 
-Owns only that record, shared by the request handling (:mod:`agentrl.jobs.serve_api`,
-:mod:`agentrl.jobs.serve_reply`) and the HTTP app (:mod:`agentrl.jobs.serve_app`). Does not decide
+Owns only that record, shared by the request handling (:mod:`agentrl.serving.api`,
+:mod:`agentrl.serving.reply`) and the HTTP app (:mod:`agentrl.serving.app`). Does not decide
 which requests are bad.
 """
 

@@ -1,9 +1,9 @@
 """The HTTP side of `agentrl serve`'s local backend: a FastAPI app served by uvicorn.
 
 Owns: the routes (``/health``, ``/v1/health`` and every ``/v1/...`` path, handed to
-:class:`agentrl.jobs.serve_api.OpenAIAPI`), reading request bodies (size limit, JSON), answering
+:class:`agentrl.serving.api.OpenAIAPI`), reading request bodies (size limit, JSON), answering
 errors as error bodies in the shape of the path's dialect (OpenAI's, or Anthropic's on
-``/v1/messages``: an :class:`~agentrl.jobs.serve_errors.APIError`, an unknown path or method, a
+``/v1/messages``: an :class:`~agentrl.serving.errors.APIError`, an unknown path or method, a
 bug: 500 naming it), streams as server-sent events (sse-starlette: ``data: {chunk}`` lines, then
 ``data: [DONE]``; the other dialects' streams name each event ``event: {type}`` and end without
 ``[DONE]``, as their APIs do; a client that goes away cancels its generation), and
@@ -13,7 +13,7 @@ runs on) on a socket bound up front (port 0 picks a free one; a busy port fails 
 Why FastAPI/uvicorn rather than the standard library: streaming needs chunked responses, keep-alive
 and disconnect handling that a hand-written ``http.server`` handler would have to re-implement.
 
-Does not: validate request fields or run the engine (:mod:`agentrl.jobs.serve_api`), load models
+Does not: validate request fields or run the engine (:mod:`agentrl.serving.api`), load models
 or follow checkpoints (:mod:`agentrl.jobs.serve`).
 """
 
@@ -31,13 +31,13 @@ from starlette.exceptions import HTTPException
 
 from agentrl.common.ports import listening_socket
 from agentrl.errors import ConfigError
-from agentrl.jobs.serve_errors import APIError
+from agentrl.serving.errors import APIError
 
 MAX_BODY = 32 << 20
 
 
 def build_app(api, *, health: Callable[[], dict] | None = None) -> FastAPI:
-    """The FastAPI app answering ``api`` (an :class:`~agentrl.jobs.serve_api.OpenAIAPI`)."""
+    """The FastAPI app answering ``api`` (an :class:`~agentrl.serving.api.OpenAIAPI`)."""
     app = FastAPI(title="agentrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     health = health or api.meta
 

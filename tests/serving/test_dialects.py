@@ -2,7 +2,7 @@
 `anthropic` and `openai` clients, unmodified: tools, multi-turn with tool results, streaming,
 ``previous_response_id``, stop reasons, and errors in each dialect's shape naming the field.
 
-Two servers, as in test_serve_conformance: the serve app over a scripted engine
+Two servers, as in test_conformance: the serve app over a scripted engine
 (tests/scripted_chat.py; its replies call tools, so the tool paths run deterministically, and it
 logs what it sampled), and the real local backend on the tiny model, where each dialect must render
 exactly the prompt the chat endpoint renders and answer with exactly the ids it samples.
@@ -33,8 +33,8 @@ ASK = "What is 6 * 7?"
 @pytest.fixture(scope="module")
 def scripted(tiny_tokenizer):
     """(base URL, engine) of the serve app over the scripted engine."""
-    from agentrl.jobs.serve_api import OpenAIAPI
-    from agentrl.jobs.serve_app import build_app
+    from agentrl.serving.api import OpenAIAPI
+    from agentrl.serving.app import build_app
 
     engine = ScriptedChatEngine(tiny_tokenizer)
     with served(build_app(OpenAIAPI(engine, tiny_tokenizer, "scripted"))) as url:
@@ -245,7 +245,7 @@ def test_tiny_model_answers_each_dialect_as_the_chat_endpoint(tiny_model_dir):
 
 
 def test_the_response_store_keeps_the_newest():
-    from agentrl.jobs.dialects import ResponseStore
+    from agentrl.serving.dialects import ResponseStore
 
     store = ResponseStore(limit=2)
     for k in ("a", "b", "c"):

@@ -22,10 +22,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agentrl.jobs.dialects.reply import Reply, ToolCall, reply_events
-from agentrl.jobs.dialects.request import chat_request, chat_tools
-from agentrl.jobs.serve_errors import APIError
-from agentrl.jobs.serve_fields import num
+from agentrl.serving.dialects.reply import Reply, ToolCall, reply_events
+from agentrl.serving.dialects.request import chat_request, chat_tools
+from agentrl.serving.errors import APIError
+from agentrl.serving.fields import num
 
 _STOP = {"tool_calls": "tool_use", "length": "max_tokens"}
 _ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error"}

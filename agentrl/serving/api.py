@@ -4,13 +4,13 @@ Owns: routing, validating ``/v1/models``, ``/v1/chat/completions`` and ``/v1/com
 (a bad value is an :class:`APIError` naming the field and the value: HTTP 4xx), rendering chats
 with the model's own chat template (:mod:`agentrl.episodes.chat`), running the engine, and building
 the responses — whole, or streamed token by token — with text, ``usage``, tool calls (Hermes
-``<tool_call>`` blocks, shaped by ``tool_choice`` as :mod:`agentrl.jobs.serve_reply` says),
+``<tool_call>`` blocks, shaped by ``tool_choice`` as :mod:`agentrl.serving.reply` says),
 OpenAI-style logprobs on request, and — always — an ``agentrl`` field per choice with the exact
 sampled ``token_ids``, their behaviour ``logprobs``, the ``prompt_token_ids`` and the policy
 version that sampled them (for debugging RL).
 
 The chat handling (:meth:`OpenAIAPI.chat`) is the one request-handling core: the other dialects
-(``/v1/messages``, ``/v1/responses``: :mod:`agentrl.jobs.dialects`) are adapters that translate
+(``/v1/messages``, ``/v1/responses``: :mod:`agentrl.serving.dialects`) are adapters that translate
 their request to a chat body, call it, and translate its answer back. A server that embeds the app
 (the recording proxy) hands in a :class:`Gate`: its per-request checks and its own store of
 Responses.
@@ -30,7 +30,7 @@ Semantics worth knowing:
 - Only the sampled token's logprob exists: ``top_logprobs`` > 0 (chat) or ``logprobs`` > 0
   (completions) is refused with 400; penalties and ``logit_bias`` are refused, not ignored.
 
-Does not: speak HTTP (:mod:`agentrl.jobs.serve_app`), load models or follow checkpoints.
+Does not: speak HTTP (:mod:`agentrl.serving.app`), load models or follow checkpoints.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from typing import Any, Protocol
 from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.episodes.chat import ChatRenderer, render
 from agentrl.errors import EngineError, TemplateError
-from agentrl.jobs.dialects import AnthropicMessages, OpenAIResponses, Reply, ResponseStore
-from agentrl.jobs.serve_errors import APIError
-from agentrl.jobs.serve_fields import (
+from agentrl.serving.dialects import AnthropicMessages, OpenAIResponses, Reply, ResponseStore
+from agentrl.serving.errors import APIError
+from agentrl.serving.fields import (
     MAX_N,
     check_refused,
     cut_at_stop,
@@ -58,8 +58,8 @@ from agentrl.jobs.serve_fields import (
     stop_token_ids,
     template_message,
 )
-from agentrl.jobs.serve_reply import MAX_ATTEMPTS, ReplyPlan, build_message, plan_reply
-from agentrl.jobs.serve_stream import Job, replay, stream_choices
+from agentrl.serving.reply import MAX_ATTEMPTS, ReplyPlan, build_message, plan_reply
+from agentrl.serving.stream import Job, replay, stream_choices
 
 __all__ = ["APIError", "DIALECTS", "Gate", "OpenAIAPI", "MAX_N"]
 

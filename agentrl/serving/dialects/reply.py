@@ -1,15 +1,15 @@
 """The chat core's answer as a dialect sees it: one :class:`Reply` and the events of a stream.
 
-Every dialect (:mod:`agentrl.jobs.dialects`) is served by the one chat core,
-:meth:`agentrl.jobs.serve_api.OpenAIAPI.chat`, which answers OpenAI chat bodies with a
+Every dialect (:mod:`agentrl.serving.dialects`) is served by the one chat core,
+:meth:`agentrl.serving.api.OpenAIAPI.chat`, which answers OpenAI chat bodies with a
 ``chat.completion`` dict or a stream of ``chat.completion.chunk`` dicts. This module reads both
 back into dialect-neutral terms: :class:`Reply` (the reply's text, its tool calls, why it ended,
 the token counts and the ``agentrl`` record of the sampled ids) and, for a stream,
 :func:`reply_events` (``("text", delta)``, ``("call", call)``, ``("end", None)``,
 ``("error", APIError)``), filling a :class:`Reply` as the events pass.
 
-Does not: know any dialect's shapes (:mod:`agentrl.jobs.dialects.anthropic`,
-:mod:`agentrl.jobs.dialects.responses`) or sample (the chat core does).
+Does not: know any dialect's shapes (:mod:`agentrl.serving.dialects.anthropic`,
+:mod:`agentrl.serving.dialects.responses`) or sample (the chat core does).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.jobs.serve_errors import APIError
+from agentrl.serving.errors import APIError
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Owns: :func:`chat_request` (the chat body's start: messages, the model when named, streaming with
 the usage chunk the dialects' final events need) and :func:`chat_tools` (a dialect's ``tools`` list
 as chat tools, a bad entry named). Does not: read any dialect's own fields
-(:mod:`agentrl.jobs.dialects.anthropic`, :mod:`agentrl.jobs.dialects.responses`).
+(:mod:`agentrl.serving.dialects.anthropic`, :mod:`agentrl.serving.dialects.responses`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.jobs.serve_errors import APIError
+from agentrl.serving.errors import APIError
 
 
 def chat_request(body: dict, messages: list[dict]) -> dict:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from agentrl.jobs.serve_errors import APIError
-from agentrl.jobs.serve_reply import build_message, call_id, plan_reply
-from agentrl.jobs.serve_stream import TextDeltas
+from agentrl.serving.errors import APIError
+from agentrl.serving.reply import build_message, call_id, plan_reply
+from agentrl.serving.stream import TextDeltas
 
 TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object", "properties": {}}}}]
 

@@ -3,15 +3,15 @@
 Owns: numbers in range (``num``), ``stop`` strings and ``stop_token_ids``, fields refused rather
 than ignored (penalties, ``logit_bias``, ``echo``, ``best_of``, ``suffix``), ``stream_options``,
 cutting text at a stop string, and turning an OpenAI message into what chat templates expect
-(``template_message``). Every bad value is an :class:`~agentrl.jobs.serve_errors.APIError` naming
-the field. Does not: decide tool use or the reply's format (:mod:`agentrl.jobs.serve_reply`).
+(``template_message``). Every bad value is an :class:`~agentrl.serving.errors.APIError` naming
+the field. Does not: decide tool use or the reply's format (:mod:`agentrl.serving.reply`).
 """
 
 from __future__ import annotations
 
 import json
 
-from agentrl.jobs.serve_errors import APIError
+from agentrl.serving.errors import APIError
 
 #: most choices (``n``) one request may ask for
 MAX_N = 16

@@ -29,7 +29,6 @@ import asyncio
 import json
 import secrets
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from agentrl.agents.config import AgentConfig
@@ -69,16 +68,12 @@ def proxy_runner_of(manager: Any) -> ProxyRunner | None:
 
 
 class ProxyRunner:
-    """Runs episodes through an outside agent program (``agent.kind: proxy``).
+    """Runs episodes through an outside agent program (``agent.kind: proxy``), whose completions go
+    through ``endpoint`` (the run's recording endpoint, shared with its :meth:`sibling`)."""
 
-    ``make_app(engine, tokenizer, model_name)`` builds the OpenAI-compatible ASGI app over an engine
-    (the serve app, handed in by the job that wires the run)."""
-
-    def __init__(
-        self, cfg: AgentConfig, make_app: Callable[[Any, Any, str], Any], *, endpoint: ProxyEndpoint | None = None
-    ) -> None:
+    def __init__(self, cfg: AgentConfig, endpoint: ProxyEndpoint) -> None:
         self.cfg = cfg
-        self.endpoint = endpoint or ProxyEndpoint(make_app, cfg.model_name)
+        self.endpoint = endpoint
         self.counts: Counter = Counter()
         self._taken: Counter = Counter()
         self._fn = load_callable(cfg.callable) if cfg.callable else None
@@ -86,7 +81,7 @@ class ProxyRunner:
     def sibling(self) -> ProxyRunner:
         """A runner of the same agent program through the same endpoint, with its own counters (the
         held-out eval's: its episodes are not counted with the training ones)."""
-        other = ProxyRunner(self.cfg, self.endpoint.make_app, endpoint=self.endpoint)
+        other = ProxyRunner(self.cfg, self.endpoint)
         other._fn = self._fn
         return other
 

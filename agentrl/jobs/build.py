@@ -177,16 +177,6 @@ def start_compute(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
     return LocalCompute(engine=engine, trainer=trainer, episodes=episodes), extra
 
 
-def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -> Any:
-    """The serve app (OpenAI chat, Anthropic Messages, OpenAI Responses) over ``engine``, gated by
-    the episode a request's key names: what the agent proxy records through."""
-    from agentrl.agents.proxy import EpisodeGate
-    from agentrl.serving.api import OpenAIAPI
-    from agentrl.serving.app import build_app
-
-    return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens, gate=EpisodeGate()))
-
-
 def episode_manager(
     cfg: RunConfig, engine: Engine, make_env: Callable[[], Any], tokenizer: PreTrainedTokenizerBase
 ) -> EpisodeManager:
@@ -196,8 +186,8 @@ def episode_manager(
 
     runner = None
     if cfg.agent.kind == "proxy":
+        from agentrl.agents.proxy import ProxyEndpoint
         from agentrl.agents.runner import ProxyRunner
 
-        max_tokens = cfg.rollout.max_new_tokens
-        runner = ProxyRunner(cfg.agent, lambda e, tok, name: _openai_app(e, tok, name, max_tokens))
+        runner = ProxyRunner(cfg.agent, ProxyEndpoint(cfg.agent.model_name, max_tokens=cfg.rollout.max_new_tokens))
     return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, runner=runner)

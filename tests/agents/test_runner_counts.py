@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.program import ProgramResult, run_callable
-from agentrl.agents.proxy import Budget, EpisodeLink
+from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
 from agentrl.agents.runner import COUNTERS, ProxyRunner, proxy_runner_of
 from agentrl.trajectory import Outcome, Trajectory
 
@@ -26,7 +26,7 @@ class FakeEnv:
 
 def _runner(**kw):
     cfg = AgentConfig(kind="proxy", command="true", **kw)
-    return ProxyRunner(cfg, make_app=lambda engine, tokenizer, name: None)
+    return ProxyRunner(cfg, ProxyEndpoint(cfg.model_name, max_tokens=64))
 
 
 def _link(last_text, finish="stop"):

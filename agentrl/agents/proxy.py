@@ -25,7 +25,7 @@ The request handling itself (validation, dialects, chat template, tool-call pars
 the serve app's (:mod:`agentrl.serving`, one layer below this package), built here over the
 :class:`RecordingEngine` with an :class:`EpisodeGate`.
 
-Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.runner`).
+Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.strategy`).
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def episode_manager(
     runner = None
     if cfg.agent.kind == "proxy":
         from agentrl.agents.proxy import ProxyEndpoint
-        from agentrl.agents.runner import ProxyRunner
+        from agentrl.agents.strategy import ProxyRunner
 
         runner = ProxyRunner(cfg.agent, ProxyEndpoint(cfg.agent.model_name, max_tokens=cfg.rollout.max_new_tokens))
     return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, runner=runner)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents.runner import proxy_runner_of
+from agentrl.agents.strategy import proxy_runner_of
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
 from agentrl.engine.counters import EngineCounters

@@ -34,7 +34,7 @@ from agentrl.trajectory import Outcome, Trajectory
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentrl.agents.runner import ProxyRunner
+    from agentrl.agents.strategy import ProxyRunner
     from agentrl.config.schema import RunConfig
     from agentrl.engine.base import Engine
 

@@ -25,7 +25,7 @@ from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import TrajectoryLog
 
 if TYPE_CHECKING:
-    from agentrl.agents.runner import ProxyRunner
+    from agentrl.agents.strategy import ProxyRunner
     from agentrl.config.schema import RunConfig
     from agentrl.observe.sinks import MultiSink
     from agentrl.trainer.protocol import TrainerProtocol

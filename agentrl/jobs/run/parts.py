@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.agents.runner import ProxyRunner, proxy_runner_of
+from agentrl.agents.strategy import ProxyRunner, proxy_runner_of
 from agentrl.batches.ledger import rewind
 from agentrl.batches.prompt_stream import PromptStream
 from agentrl.batches.staleness import load_ready

@@ -8,7 +8,7 @@ import pytest
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.program import ProgramResult, run_callable
 from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
-from agentrl.agents.runner import COUNTERS, ProxyRunner, proxy_runner_of
+from agentrl.agents.strategy import COUNTERS, ProxyRunner, proxy_runner_of
 from agentrl.trajectory import Outcome, Trajectory
 
 

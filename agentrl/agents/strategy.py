@@ -1,6 +1,6 @@
 """Proxy-mode episodes: the strategy the episode manager runs instead of its built-in turn loop.
 
-Owns: :class:`ProxyRunner`, which per episode resets the env (the task), links a fresh API key to a
+Owns: :class:`ProxyStrategy`, which per episode resets the env (the task), links a fresh API key to a
 recorder on the run's :class:`~agentrl.agents.proxy.ProxyEndpoint`, runs the agent program, then
 types the outcome and reward:
 
@@ -16,7 +16,7 @@ types the outcome and reward:
   calling tools -> ``truncated_turns``, reward 0, as the built-in loop at its turn limit).
 
 Its counters (:data:`COUNTERS`) are the run's ``agent/...`` metrics: per training step
-(``take_step``), in total (``totals``) and, for a held-out eval, those of a ``sibling`` runner.
+(``take_step``), in total (``totals``) and, for a held-out eval, those of a ``sibling`` strategy.
 
 The recorder's segments go to the manager through ``state``: ``state["ep"]`` the last (the
 episode's trajectory), ``state["earlier"]`` the ones an agent's history rewrite closed.
@@ -46,7 +46,7 @@ async def _env_call(env: Any, name: str, *args: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(getattr(env, name), *args, **kw)
 
 
-#: The runner's counters (see :meth:`ProxyRunner.totals`), in the order metrics show them.
+#: The strategy's counters (see :meth:`ProxyStrategy.totals`), in the order metrics show them.
 COUNTERS = (
     "episodes",
     "requests",
@@ -60,14 +60,14 @@ COUNTERS = (
 )
 
 
-def proxy_runner_of(manager: Any) -> ProxyRunner | None:
-    """The ProxyRunner an episode manager runs its episodes with, or None (the built-in loop, or a
+def proxy_strategy_of(manager: Any) -> ProxyStrategy | None:
+    """The ProxyStrategy an episode manager runs its episodes with, or None (the built-in loop, or a
     manager of another kind, such as the Ray backend's)."""
-    runner = getattr(manager, "runner", None)
-    return runner if isinstance(runner, ProxyRunner) else None
+    strategy = getattr(manager, "strategy", None)
+    return strategy if isinstance(strategy, ProxyStrategy) else None
 
 
-class ProxyRunner:
+class ProxyStrategy:
     """Runs episodes through an outside agent program (``agent.kind: proxy``), whose completions go
     through ``endpoint`` (the run's recording endpoint, shared with its :meth:`sibling`)."""
 
@@ -78,15 +78,15 @@ class ProxyRunner:
         self._taken: Counter = Counter()
         self._fn = load_callable(cfg.callable) if cfg.callable else None
 
-    def sibling(self) -> ProxyRunner:
-        """A runner of the same agent program through the same endpoint, with its own counters (the
+    def sibling(self) -> ProxyStrategy:
+        """A strategy of the same agent program through the same endpoint, with its own counters (the
         held-out eval's: its episodes are not counted with the training ones)."""
-        other = ProxyRunner(self.cfg, self.endpoint)
+        other = ProxyStrategy(self.cfg, self.endpoint)
         other._fn = self._fn
         return other
 
     def totals(self) -> dict[str, int]:
-        """The counters since this runner was built: ``episodes``, ``requests`` (completions served),
+        """The counters since this strategy was built: ``episodes``, ``requests`` (completions served),
         ``split_trajectories`` (segments closed by a history rewrite), ``delta_prompts`` (prompts built
         from render deltas), ``program_crashes`` (non-zero exit, raised, or no request made),
         ``program_timeouts`` (past ``agent.timeout_s``), ``budget_stops`` (ended by ``max_turns`` or
@@ -102,7 +102,7 @@ class ProxyRunner:
         return step
 
     async def close(self) -> None:
-        """Stop the endpoint (idempotent; every runner sharing it loses it)."""
+        """Stop the endpoint (idempotent; every strategy sharing it loses it)."""
         await self.endpoint.close()
 
     async def run(self, manager: Any, spec: Any, traj: Trajectory, state: dict) -> None:

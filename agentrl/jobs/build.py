@@ -184,10 +184,10 @@ def episode_manager(
     programs sampling through a recording OpenAI-compatible endpoint (``agentrl.agents``)."""
     from agentrl.episodes.manager import EpisodeManager
 
-    runner = None
+    strategy = None
     if cfg.agent.kind == "proxy":
         from agentrl.agents.proxy import ProxyEndpoint
-        from agentrl.agents.strategy import ProxyRunner
+        from agentrl.agents.strategy import ProxyStrategy
 
-        runner = ProxyRunner(cfg.agent, ProxyEndpoint(cfg.agent.model_name, max_tokens=cfg.rollout.max_new_tokens))
-    return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, runner=runner)
+        strategy = ProxyStrategy(cfg.agent, ProxyEndpoint(cfg.agent.model_name, max_tokens=cfg.rollout.max_new_tokens))
+    return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, strategy=strategy)

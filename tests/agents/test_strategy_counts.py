@@ -1,5 +1,5 @@
-"""ProxyRunner's outcomes and counters, without a model: how an episode ends from what the agent
-program and the env did, the per-step increase of the counters, and an eval runner's own counts."""
+"""ProxyStrategy's outcomes and counters, without a model: how an episode ends from what the agent
+program and the env did, the per-step increase of the counters, and an eval strategy's own counts."""
 
 import asyncio
 
@@ -8,7 +8,7 @@ import pytest
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.program import ProgramResult, run_callable
 from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
-from agentrl.agents.strategy import COUNTERS, ProxyRunner, proxy_runner_of
+from agentrl.agents.strategy import COUNTERS, ProxyStrategy, proxy_strategy_of
 from agentrl.trajectory import Outcome, Trajectory
 
 
@@ -24,9 +24,9 @@ class FakeEnv:
         return "", 1.0 if done else 0.0, done, False, {}
 
 
-def _runner(**kw):
+def _strategy(**kw):
     cfg = AgentConfig(kind="proxy", command="true", **kw)
-    return ProxyRunner(cfg, ProxyEndpoint(cfg.model_name, max_tokens=64))
+    return ProxyStrategy(cfg, ProxyEndpoint(cfg.model_name, max_tokens=64))
 
 
 def _link(last_text, finish="stop"):
@@ -37,15 +37,15 @@ def _link(last_text, finish="stop"):
     return link
 
 
-def _finish(runner, link, res, env=None, score_truncated=False):
+def _finish(strategy, link, res, env=None, score_truncated=False):
     traj = Trajectory(episode_id="ep", group_id="g", env_id="e", prompt_len=2)
-    asyncio.run(runner._finish(traj, env or FakeEnv(), link, res, score_truncated))
+    asyncio.run(strategy._finish(traj, env or FakeEnv(), link, res, score_truncated))
     return traj
 
 
 def test_env_reward_when_the_env_ends_the_episode():
-    runner = _runner(reward="env")
-    traj = _finish(runner, _link("so the ANSWER is 4"), ProgramResult())
+    strategy = _strategy(reward="env")
+    traj = _finish(strategy, _link("so the ANSWER is 4"), ProgramResult())
     assert (traj.outcome, traj.reward) == (Outcome.OK, 1.0)
 
 
@@ -55,25 +55,25 @@ def test_the_envs_reward_components_are_kept_when_it_scores_the_episode():
             obs, r, done, trunc, info = super().step(action)
             return obs, r, done, trunc, {**info, "reward_components": {"correct": r, "format": 0.5}}
 
-    traj = _finish(_runner(reward="env"), _link("so the ANSWER is 4"), ProgramResult(), Parts())
+    traj = _finish(_strategy(reward="env"), _link("so the ANSWER is 4"), ProgramResult(), Parts())
     assert traj.info["reward_components"] == {"correct": 1.0, "format": 0.5}
     # the env did not end the episode: reward 0 and no components
-    traj = _finish(_runner(reward="env"), _link("no answer"), ProgramResult(), Parts())
+    traj = _finish(_strategy(reward="env"), _link("no answer"), ProgramResult(), Parts())
     assert traj.reward == 0.0 and "reward_components" not in traj.info
 
 
 def test_a_program_that_stops_while_the_model_calls_tools_is_truncated_not_an_infra_failure():
-    runner = _runner(reward="env")
-    traj = _finish(runner, _link('<tool_call>{"name": "python"}</tool_call>'), ProgramResult())
+    strategy = _strategy(reward="env")
+    traj = _finish(strategy, _link('<tool_call>{"name": "python"}</tool_call>'), ProgramResult())
     assert traj.outcome == Outcome.TRUNCATED_TURNS and traj.outcome.trainable and traj.reward == 0.0
-    assert runner.totals()["unfinished"] == 1 and runner.totals()["no_reward"] == 0
+    assert strategy.totals()["unfinished"] == 1 and strategy.totals()["no_reward"] == 0
 
 
 @pytest.mark.parametrize("score_truncated, reward", [(False, 0.0), (True, 1.0)])
 def test_a_cut_last_reply_is_scored_by_the_env_only_with_score_truncated(score_truncated, reward):
     env = FakeEnv()
     traj = _finish(
-        _runner(reward="env"), _link("the ANSWER is", finish="length"), ProgramResult(), env, score_truncated
+        _strategy(reward="env"), _link("the ANSWER is", finish="length"), ProgramResult(), env, score_truncated
     )
     assert (traj.outcome, traj.reward) == (Outcome.TRUNCATED_LENGTH, reward)
     assert env.steps == (["the ANSWER is"] if score_truncated else [])
@@ -94,38 +94,38 @@ def test_a_cut_last_reply_is_scored_by_the_env_only_with_score_truncated(score_t
     ],
 )
 def test_each_ending_is_typed_and_counted(res, link_stop, outcome, counter):
-    runner = _runner(reward="program")
+    strategy = _strategy(reward="program")
     link = _link("x")
     link.stopped = link_stop
-    traj = _finish(runner, link, res)
+    traj = _finish(strategy, link, res)
     assert traj.outcome == outcome and traj.reward == 0.0
-    assert {k: v for k, v in runner.totals().items() if v} == {counter: 1}
+    assert {k: v for k, v in strategy.totals().items() if v} == {counter: 1}
 
 
 def test_take_step_gives_the_increase_since_the_last_step_and_totals_keep_counting():
-    runner = _runner()
-    runner.counts.update({"episodes": 4, "requests": 9})
-    assert runner.take_step() == {**dict.fromkeys(COUNTERS, 0), "episodes": 4, "requests": 9}
-    runner.counts.update({"episodes": 2, "split_trajectories": 1})
-    step = runner.take_step()
+    strategy = _strategy()
+    strategy.counts.update({"episodes": 4, "requests": 9})
+    assert strategy.take_step() == {**dict.fromkeys(COUNTERS, 0), "episodes": 4, "requests": 9}
+    strategy.counts.update({"episodes": 2, "split_trajectories": 1})
+    step = strategy.take_step()
     assert (step["episodes"], step["requests"], step["split_trajectories"]) == (2, 0, 1)
-    assert runner.take_step() == dict.fromkeys(COUNTERS, 0)
-    assert runner.totals()["episodes"] == 6 and runner.totals()["requests"] == 9
+    assert strategy.take_step() == dict.fromkeys(COUNTERS, 0)
+    assert strategy.totals()["episodes"] == 6 and strategy.totals()["requests"] == 9
 
 
 def test_a_sibling_shares_program_and_endpoint_but_not_counters():
-    runner = _runner()
-    runner.counts["episodes"] = 3
-    eval_runner = runner.sibling()
-    assert eval_runner.endpoint is runner.endpoint and eval_runner.cfg is runner.cfg
-    assert eval_runner.totals()["episodes"] == 0
+    strategy = _strategy()
+    strategy.counts["episodes"] = 3
+    eval_strategy = strategy.sibling()
+    assert eval_strategy.endpoint is strategy.endpoint and eval_strategy.cfg is strategy.cfg
+    assert eval_strategy.totals()["episodes"] == 0
 
 
-def test_proxy_runner_of_finds_only_a_proxy_runner():
-    runner = _runner()
-    assert proxy_runner_of(type("M", (), {"runner": runner})()) is runner
-    assert proxy_runner_of(type("M", (), {"runner": None})()) is None
-    assert proxy_runner_of(object()) is None  # e.g. the Ray backend's episode workers
+def test_proxy_strategy_of_finds_only_a_proxy_strategy():
+    strategy = _strategy()
+    assert proxy_strategy_of(type("M", (), {"strategy": strategy})()) is strategy
+    assert proxy_strategy_of(type("M", (), {"strategy": None})()) is None
+    assert proxy_strategy_of(object()) is None  # e.g. the Ray backend's episode workers
 
 
 async def _raises_cancelled(task, *, base_url, api_key):

@@ -113,7 +113,7 @@ def run_static(model, reqs, batch_size: int, pad_id: int) -> dict:
 
 def bench_static(args, model, reqs) -> dict:
     """P4: LocalEngine vs HF generate static batching, interleaved."""
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     pad_id = model.config.pad_token_id
     # eos_token_ids=(): never stop early, so both systems produce exactly the requested tokens.
@@ -162,8 +162,8 @@ def bench_static(args, model, reqs) -> dict:
 
 def bench_sglang(args, path: Path, model, reqs) -> dict:
     """SGLangEngine (a real server on ``path``) vs LocalEngine on the same requests, interleaved."""
-    from agentrl.engine.local import LocalEngine
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.local.engine import LocalEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     t = time.perf_counter()
     # the launcher's CPU flags include --sleep-on-idle (an idle scheduler would busy-poll a core)

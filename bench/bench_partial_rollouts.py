@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.local import LocalEngine
+from agentrl.engine.local.engine import LocalEngine
 from agentrl.weights.drain import weight_update_gate, with_partial_rollouts
 from agentrl.weights.inprocess import InProcessSync
 

@@ -50,7 +50,7 @@ def episodes(args) -> tuple[list[list[int]], list[list[list[int]]]]:
 async def run_arm(model, args, cache_tokens: int) -> dict:
     """All episodes, turn by turn (every episode's turn t in flight together)."""
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     firsts, obs = episodes(args)
     eng = LocalEngine(model, max_batch_size=64, max_context=8192, prefix_cache_tokens=cache_tokens, seed=args.seed)

@@ -97,7 +97,7 @@ async def main_async(args) -> dict:
     from agentrl.config.schema import load_config
     from agentrl.distributed import RayCompute, RayConfig
     from agentrl.distributed.cluster import RayCluster
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
     from agentrl.episodes.manager import EpisodeManager, make_specs
     from agentrl.trainer import Trainer
     from agentrl.warmstart.tiny_model import build_model

@@ -88,7 +88,7 @@ def main() -> None:
     if args.steps < 2:
         ap.error(f"--steps must be >= 2 (step 1 is warm-up), got {args.steps}")
 
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
     from agentrl.warmstart.default_model import BASE
     from agentrl.warmstart.tiny_model import build_model
 

@@ -54,7 +54,7 @@ def perturbed(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
 
 
 async def bench_inprocess(model_dir: Path, state: dict, repeats: int) -> list[float]:
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     eng = LocalEngine.from_pretrained(str(model_dir))
     await eng.start()
@@ -68,7 +68,7 @@ async def bench_inprocess(model_dir: Path, state: dict, repeats: int) -> list[fl
 async def bench_sglang(model_dir: Path, state: dict, repeats: int, bucket_bytes: int, tmp: Path) -> dict:
     import httpx
 
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     eng = SGLangEngine.launch(str(model_dir), max_total_tokens=4096)
     syncs = {
@@ -148,7 +148,7 @@ def main() -> None:
         args.repeats = 2
     args.out = args.out or str(Path(__file__).parent / "results" / f"weight_sync{'-quick' if args.quick else ''}.json")
 
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
     from agentrl.warmstart.default_model import BASE
     from agentrl.warmstart.tiny_model import build_model
 

@@ -224,7 +224,7 @@ def start_success(model: str, args) -> dict:
     the same eval-split tasks and sampling seeds) on the start model."""
     from transformers import AutoTokenizer
 
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
     from agentrl.envs.registry import make
     from agentrl.episodes.config import RolloutConfig
     from agentrl.episodes.manager import EpisodeManager

@@ -73,7 +73,7 @@ def sglang_model_dir(tmp_path_factory):
 
 def sglang_or_skip() -> None:
     """Skip (or fail, where AGENTRL_REQUIRE names sglang) when SGLang is not installed here."""
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -83,7 +83,7 @@ def sglang_or_skip() -> None:
 def start_sglang_or_skip(model_dir, **kwargs):
     """Start an SGLang server on ``model_dir``; skip only when SGLang is not installed. A start that fails is
     agentrl's launcher failing (its flags, its supervision): the test fails with the launcher's error."""
-    from agentrl.engine.sglang_server import SGLangServer
+    from agentrl.engine.sglang.server import SGLangServer
 
     sglang_or_skip()
     server = SGLangServer(model_dir, **kwargs)
@@ -101,7 +101,7 @@ SGLANG_CANARY = "sk-canary-" + "7" * 24
 
 @pytest.fixture(scope="session")
 def sglang_server(sglang_model_dir):
-    """One live SGLang server (started with the CPU flags pinned in agentrl.engine.sglang_server) shared by
+    """One live SGLang server (started with the CPU flags pinned in agentrl.engine.sglang.server) shared by
     the session's tests. Tests that change its weights must restore them (or use their own server)."""
     from unittest import mock
 

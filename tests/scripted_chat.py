@@ -45,7 +45,7 @@ class ScriptedChatEngine(FakeEngine):
 @contextlib.contextmanager
 def served(app):
     """Serve ``app`` on 127.0.0.1 (a free port) from a loop in its own thread -> the base URL (no /v1)."""
-    from agentrl.jobs.serve_app import HTTPServer
+    from agentrl.serving.app import HTTPServer
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

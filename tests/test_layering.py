@@ -3,7 +3,8 @@ every package ``__init__`` only re-exports, and every module imports on its own.
 
 Layers, lowest first (a module may import its own package and any package on a lower layer, at module
 level or inside a function alike): ``LAYERS`` below. The order is the data path read bottom-up: the
-sandbox runs what tools ask, envs use tools, episodes drive an engine against envs, finished groups wait
+sandbox runs what tools ask, envs use tools, episodes drive an engine against envs, the serving app answers
+OpenAI-style requests over an engine, agents record outside programs through it, finished groups wait
 in batches, the trainer learns from them, weights flow back to the engine, and jobs wire it all.
 """
 
@@ -25,6 +26,7 @@ LAYERS = [
     {"envs", "engine"},
     {"weights"},
     {"episodes"},
+    {"serving"},
     {"agents"},
     {"batches"},
     {"observe"},

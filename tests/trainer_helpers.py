@@ -47,7 +47,7 @@ def assert_engine_reproduces_trainer(model_dir: str, cfg: TrainerConfig) -> None
     engine then samples with the trainer's distribution, so the trainer's recomputed logprobs of
     that sample match the engine's (the mismatch the next step reports is ~0)."""
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     samples = make_samples(2)
     with Trainer(model_dir, cfg) as t:

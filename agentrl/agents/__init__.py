@@ -4,6 +4,6 @@
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.proxy import ProxyEndpoint, RecordingEngine
 from agentrl.agents.recorder import Recorder, Segment
-from agentrl.agents.runner import ProxyRunner
+from agentrl.agents.strategy import ProxyStrategy
 
-__all__ = ["AgentConfig", "ProxyEndpoint", "ProxyRunner", "RecordingEngine", "Recorder", "Segment"]
+__all__ = ["AgentConfig", "ProxyEndpoint", "ProxyStrategy", "RecordingEngine", "Recorder", "Segment"]

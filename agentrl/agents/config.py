@@ -1,7 +1,7 @@
 """The ``agent:`` section of the run config: who runs an episode's agent loop.
 
 Owns the AgentConfig dataclass (every field documented with ``doc()``) and its checks, kept beside
-its user (:mod:`agentrl.agents.runner`) so that the agents package needs nothing from the config
+its user (:mod:`agentrl.agents.strategy`) so that the agents package needs nothing from the config
 tree; the tree (``agentrl.config.schema``) re-exports it. Does not run programs or serve requests.
 """
 

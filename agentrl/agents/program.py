@@ -4,7 +4,7 @@ Owns: starting the program with the endpoint URL, its per-episode API key, the t
 path; the wall-clock limit (a command's whole process group is killed past it); and reading its
 result (the result file's JSON object, else the last JSON-object line of stdout, or a callable's
 return value) into a :class:`ProgramResult`. Does not record completions or decide outcomes
-(:mod:`agentrl.agents.runner`).
+(:mod:`agentrl.agents.strategy`).
 """
 
 from __future__ import annotations

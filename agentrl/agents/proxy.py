@@ -22,11 +22,10 @@ method): sampled turns are never re-tokenized. Otherwise the app's own rendering
 the prompt; the recorder continues the segment if those ids extend it, else splits.
 
 The request handling itself (validation, dialects, chat template, tool-call parsing, streaming) is
-the serve app's; it is handed in as ``make_app(engine, tokenizer, model_name)`` by the job that
-wires the run (``agentrl.jobs.build``, which gives the app an :class:`EpisodeGate`), which keeps
-this package below the jobs layer.
+the serve app's (:mod:`agentrl.serving`, one layer below this package), built here over the
+:class:`RecordingEngine` with an :class:`EpisodeGate`.
 
-Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.runner`).
+Does not: run agent programs or decide outcomes (:mod:`agentrl.agents.strategy`).
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from agentrl.engine.base import Engine, Generation, SamplingParams
 from agentrl.engine.wrapper import EngineWrapper
 from agentrl.episodes.chat import ChatRenderer
 from agentrl.errors import ConfigError, EngineError, TemplateError
+from agentrl.serving.api import OpenAIAPI
 from agentrl.tools.calls import parse_hermes
 
 
@@ -248,7 +248,7 @@ def refusal(body: Any) -> str | None:
 
 
 class EpisodeGate:
-    """The serve app's gate (``agentrl.jobs.serve_api.Gate``) on the recording endpoint: the
+    """The serve app's gate (``agentrl.serving.api.Gate``) on the recording endpoint: the
     request's episode, set by :class:`KeyedApp`, decides."""
 
     def authorize(self) -> str | None:
@@ -302,10 +302,12 @@ class KeyedApp:
 
 
 class ProxyEndpoint:
-    """The run's recording endpoint: started once on the running loop, then shared by its episodes."""
+    """The run's recording endpoint: started once on the running loop, then shared by its episodes.
+    ``model_name``: the name the app answers to; ``max_tokens``: a request's default ``max_tokens``
+    (``rollout.max_new_tokens``)."""
 
-    def __init__(self, make_app: Callable[[Engine, Any, str], Any], model_name: str) -> None:
-        self.make_app, self.model_name = make_app, model_name
+    def __init__(self, model_name: str, *, max_tokens: int) -> None:
+        self.model_name, self.max_tokens = model_name, max_tokens
         self.links: dict[str, EpisodeLink] = {}
         self.url: str | None = None
         self._server = None
@@ -322,7 +324,17 @@ class ProxyEndpoint:
                 return self.url  # type: ignore[return-value]
             import uvicorn
 
-            app = KeyedApp(self.make_app(RecordingEngine(engine), tokenizer, self.model_name), self.links)
+            # here, not at the top: FastAPI (as uvicorn) loads only when an endpoint starts
+            from agentrl.serving.app import build_app
+
+            api = OpenAIAPI(
+                RecordingEngine(engine),
+                tokenizer,
+                self.model_name,
+                default_max_tokens=self.max_tokens,
+                gate=EpisodeGate(),
+            )
+            app = KeyedApp(build_app(api), self.links)
             sock = listening_socket("127.0.0.1", 0)  # the OS picks a port, already ours: no race for it
             port = sock.getsockname()[1]
             self._server = uvicorn.Server(

@@ -8,7 +8,7 @@ closes it and starts a new one), and the message-level check (:func:`covered`) t
 build an extending prompt from render deltas instead of re-tokenizing sampled turns.
 
 Does not: render chats, sample, speak HTTP or decide outcomes and rewards (:mod:`agentrl.agents.proxy`,
-:mod:`agentrl.agents.runner`).
+:mod:`agentrl.agents.strategy`).
 """
 
 from __future__ import annotations

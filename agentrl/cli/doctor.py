@@ -127,8 +127,8 @@ def check_sglang(cfg: Any) -> list[Check]:
             except Exception as e:  # noqa: BLE001
                 out.append(Check("sglang server", "warn", f"{u}: not answering ({type(e).__name__})"))
         return out
-    from agentrl.engine.sglang_install import SGLANG_VERSION, VERSION_PROBE
-    from agentrl.engine.sglang_server import sglang_python, unavailable_reason
+    from agentrl.engine.sglang.install import SGLANG_VERSION, VERSION_PROBE
+    from agentrl.engine.sglang.server import sglang_python, unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -88,7 +88,7 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
     if backend not in BACKENDS:
         raise AgentRLError(f"--backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        from agentrl.engine.sglang_server import unavailable_reason
+        from agentrl.engine.sglang.server import unavailable_reason
 
         backend = "local" if unavailable_reason() else "sglang"
     target = resolve_target(path, follow=follow)

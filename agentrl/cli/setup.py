@@ -2,7 +2,7 @@
 
 Owns: the typer sub-app mounted by ``agentrl.cli.main`` as ``agentrl setup``; today one command,
 ``agentrl setup sglang`` (the pinned SGLang in its own virtualenv). A thin shell: the work is in
-``agentrl.engine.sglang_install``, which CI also runs (``.ci/install_sglang.sh``).
+``agentrl.engine.sglang.install``, which CI also runs (``.ci/install_sglang.sh``).
 
 Does not: retry a failed download (run it again: a finished install is a no-op) or remove anything.
 """
@@ -37,7 +37,7 @@ def sglang_cmd(
     """Install the SGLang release agentrl is tested against into $AGENTRL_CACHE/sglang-venv (default
     ~/.cache/agentrl/sglang-venv), with its own torch, leaving this environment's alone; a no-op when it is there.
     The `sglang` engine finds it there."""
-    from agentrl.engine.sglang_install import install
+    from agentrl.engine.sglang.install import install
 
     def say(line: str) -> None:
         console.print(escape(line), highlight=False, soft_wrap=True)

@@ -10,7 +10,7 @@ ways out, used by every server agentrl starts:
 * a server that must be told a number (``sglang.launch_server --port``, ``ray start --port``) gets
   :func:`free_port`, and its launcher starts it again on a fresh one when it reports the address
   taken (:func:`addr_in_use` reads its log or error), a bounded number of times, saying so
-  (``agentrl.engine.sglang_server``).
+  (``agentrl.engine.sglang.server``).
 
 Also :func:`listener_is_ours`: whether the socket listening on a port belongs to a given process
 session, so a launcher never mistakes another program's server on "its" port for its own.

@@ -191,7 +191,7 @@ class RayCompute(Compute):
         talks to server k // wpe (to every external server). Returns the worker engine factories
         and the refs that finish when the servers are ready."""
         from agentrl.distributed.sglang_engines import ActorServer, SGLangClient, SGLangEngineActor
-        from agentrl.engine.sglang import SGLangEngine
+        from agentrl.engine.sglang.engine import SGLangEngine
 
         mc = cfg.rollout.max_context
         if cfg.engine.urls:

@@ -57,7 +57,7 @@ class EngineActor(_Placed):
     ) -> None:
         import torch
 
-        from agentrl.engine.local import LocalEngine
+        from agentrl.engine.local.engine import LocalEngine
 
         self.engine = LocalEngine.from_pretrained(
             model_path,

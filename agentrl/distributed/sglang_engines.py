@@ -13,7 +13,7 @@ Owns three small pieces:
   ``SGLangEngine(servers=[ActorServer, ...])``: it supervises the actors' servers exactly as it
   supervises its own (health checks, restart of a dead server - executed by its actor, on the same
   port unless another program took it - reload of the newest weights, version labels,
-  pause/resume, weight pushes). Routing, retries and recovery stay in ``agentrl.engine.sglang``.
+  pause/resume, weight pushes). Routing, retries and recovery stay in ``agentrl.engine.sglang.engine``.
 - ``SGLangClient``: the rollout workers' engine, an ``SGLangEngine`` attached to the server URLs
   that only generates: it never pushes a ``weight_version`` label (the driver's engine owns those;
   a worker starting late would otherwise relabel a server with its own stale version). Its tokens
@@ -36,8 +36,8 @@ from typing import Any
 
 from agentrl.common.reaper import Reaper
 from agentrl.distributed.ray_actors import _Placed
-from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang_server import SGLangServer
+from agentrl.engine.sglang.engine import SGLangEngine
+from agentrl.engine.sglang.server import SGLangServer
 
 
 class SGLangEngineActor(_Placed):

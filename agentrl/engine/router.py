@@ -3,7 +3,7 @@
 Owns the per-server bookkeeping the choice needs (:class:`Backend`: URL, in-flight count, health,
 a restart epoch and lock, counters for tests and metrics) and the session -> server map, a bounded
 LRU so that an episode's turns reach the server whose prefix cache holds the episode so far.
-Does not talk HTTP, probe health, or start and restart servers (``agentrl.engine.sglang`` does).
+Does not talk HTTP, probe health, or start and restart servers (``agentrl.engine.sglang.engine`` does).
 """
 
 from __future__ import annotations

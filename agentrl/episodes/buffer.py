@@ -4,7 +4,7 @@ Owns :class:`EpisodeBuffer` (the ids, loss mask, logprobs, turn ids, versions, t
 messages of one episode as they grow: sampled tokens with mask 1, observation tokens with mask 0),
 :func:`write_tokens` (a finished buffer's tokens into its Trajectory) and
 :func:`segment_trajectories` (the Trajectories of the segments an episode closed before its last).
-Any object with the same attributes serves as a buffer (an :class:`EpisodeRunner`'s own recorder).
+Any object with the same attributes serves as a buffer (an :class:`EpisodeStrategy`'s own recorder).
 Does not render, sample or score (``agentrl.episodes.manager``).
 """
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # typing only: importing transformers is slow
 
 __all__ = [
     "EpisodeManager",
-    "EpisodeRunner",
+    "EpisodeStrategy",
     "EpisodeSpec",
     "add_reward_components",
     "make_specs",
@@ -105,7 +105,7 @@ def _cap(messages: list[dict], max_chars: int) -> list[dict]:
     return out
 
 
-class EpisodeRunner(Protocol):
+class EpisodeStrategy(Protocol):
     """A strategy that runs one episode instead of the built-in turn loop (e.g. an outside agent
     program through a recording endpoint: ``agentrl.agents``). It fills ``traj`` (task, outcome,
     reward) and leaves its token buffers in ``state["ep"]`` (``ids``, ``mask``, ``logprobs``,
@@ -122,7 +122,7 @@ class EpisodeManager(EpisodeSource):
     preferred over ``reset``/``step``); ``tokenizer`` is the model's HF tokenizer (its chat
     template renders prompts and observation deltas). The engine receives the episode's live id
     list as the prompt (no copy, so per-turn cost stays flat): engines must treat it as read-only
-    and copy what they keep past the call. ``runner`` (an :class:`EpisodeRunner`) runs each episode
+    and copy what they keep past the call. ``strategy`` (an :class:`EpisodeStrategy`) runs each episode
     instead of the built-in loop; its episodes may yield several trajectories (``run_segments``).
     """
 
@@ -133,10 +133,10 @@ class EpisodeManager(EpisodeSource):
         tokenizer: PreTrainedTokenizerBase,
         cfg: RolloutConfig | None = None,
         env_id: str = "",
-        runner: EpisodeRunner | None = None,
+        strategy: EpisodeStrategy | None = None,
     ) -> None:
         self.engine, self.env_factory, self.tokenizer = engine, env_factory, tokenizer
-        self.runner = runner
+        self.strategy = strategy
         self.cfg = cfg or RolloutConfig()
         self.env_id = env_id
         self.metrics = RolloutMetrics()
@@ -154,7 +154,7 @@ class EpisodeManager(EpisodeSource):
     async def stream(self, specs: Iterable[EpisodeSpec]) -> AsyncIterator[Trajectory]:
         """Run ``specs`` with at most ``cfg.max_concurrency`` in flight; yield each Trajectory as it
         finishes. Every spec yields exactly one Trajectory (failures included), unless cancelled
-        before it started; a runner's episode that split yields its earlier segments too."""
+        before it started; a strategy's episode that split yields its earlier segments too."""
         it = iter(specs)
         out: asyncio.Queue = asyncio.Queue()
         done = object()
@@ -197,11 +197,11 @@ class EpisodeManager(EpisodeSource):
 
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
         """Run one episode to its end; never raises (except CancelledError of the caller's task).
-        The episode's (last) trajectory: use ``run_segments`` when a runner may split episodes."""
+        The episode's (last) trajectory: use ``run_segments`` when a strategy may split episodes."""
         return (await self.run_segments(spec))[-1]
 
     async def run_segments(self, spec: EpisodeSpec) -> list[Trajectory]:
-        """``run_episode``, with the earlier segments of an episode the runner split before its
+        """``run_episode``, with the earlier segments of an episode the strategy split before its
         trajectory (the built-in loop never splits: one trajectory)."""
         await admission()  # backpressure: a saturated sandbox holds new episodes back
         t0 = time.perf_counter()
@@ -213,7 +213,7 @@ class EpisodeManager(EpisodeSource):
             sample_index=spec.sample_index,
         )
         state: dict[str, Any] = {}
-        run = self.runner.run(self, spec, traj, state) if self.runner is not None else self._run(spec, traj, state)
+        run = self.strategy.run(self, spec, traj, state) if self.strategy is not None else self._run(spec, traj, state)
         inner = asyncio.ensure_future(run)
         self._inflight.add(inner)
         try:

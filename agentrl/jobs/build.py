@@ -86,7 +86,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
     """The rollout engine ``cfg.engine.kind`` names, not started yet."""
     if cfg.engine.kind == "sglang":
         return _sglang_engine(cfg, model_path)
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     return LocalEngine.from_pretrained(
         str(model_path),
@@ -99,7 +99,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
 
 
 def _sglang_engine(cfg: RunConfig, model_path: Path):
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     if cfg.engine.urls:
         return SGLangEngine(urls=cfg.engine.urls, max_context=cfg.rollout.max_context)
@@ -177,16 +177,6 @@ def start_compute(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
     return LocalCompute(engine=engine, trainer=trainer, episodes=episodes), extra
 
 
-def _openai_app(engine: Any, tokenizer: Any, model_name: str, max_tokens: int) -> Any:
-    """The serve app (OpenAI chat, Anthropic Messages, OpenAI Responses) over ``engine``, gated by
-    the episode a request's key names: what the agent proxy records through."""
-    from agentrl.agents.proxy import EpisodeGate
-    from agentrl.jobs.serve_api import OpenAIAPI
-    from agentrl.jobs.serve_app import build_app
-
-    return build_app(OpenAIAPI(engine, tokenizer, model_name, default_max_tokens=max_tokens, gate=EpisodeGate()))
-
-
 def episode_manager(
     cfg: RunConfig, engine: Engine, make_env: Callable[[], Any], tokenizer: PreTrainedTokenizerBase
 ) -> EpisodeManager:
@@ -194,10 +184,10 @@ def episode_manager(
     programs sampling through a recording OpenAI-compatible endpoint (``agentrl.agents``)."""
     from agentrl.episodes.manager import EpisodeManager
 
-    runner = None
+    strategy = None
     if cfg.agent.kind == "proxy":
-        from agentrl.agents.runner import ProxyRunner
+        from agentrl.agents.proxy import ProxyEndpoint
+        from agentrl.agents.strategy import ProxyStrategy
 
-        max_tokens = cfg.rollout.max_new_tokens
-        runner = ProxyRunner(cfg.agent, lambda e, tok, name: _openai_app(e, tok, name, max_tokens))
-    return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, runner=runner)
+        strategy = ProxyStrategy(cfg.agent, ProxyEndpoint(cfg.agent.model_name, max_tokens=cfg.rollout.max_new_tokens))
+    return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, strategy=strategy)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents.runner import proxy_runner_of
+from agentrl.agents.strategy import proxy_strategy_of
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, save_config, to_dict
 from agentrl.engine.counters import EngineCounters
@@ -96,7 +96,7 @@ def run_rollout(
         proxy = None
         try:
             manager = episode_manager(cfg, engine, factory, tokenizer)
-            proxy = proxy_runner_of(manager)
+            proxy = proxy_strategy_of(manager)
             specs = make_specs(cfg.rollout.num_prompts, cfg.rollout.group_size, cfg.rollout.seed)
             trajs_path = out / "trajectories.jsonl"
             trajs_path.unlink(missing_ok=True)

@@ -7,13 +7,13 @@ following a run (:class:`CheckpointFollower` polls for newer complete checkpoint
 weights, so the policy under training is what answers); and the two backends:
 
 - ``local`` (:class:`LocalServer`): one asyncio loop (in a thread of its own) runs both the HTTP
-  server (FastAPI + uvicorn, :mod:`agentrl.jobs.serve_app`) and an in-process
-  :class:`~agentrl.engine.local.LocalEngine` (which batches concurrent requests); requests are
-  answered by :class:`agentrl.jobs.serve_api.OpenAIAPI` (OpenAI chat and completions, and through
-  :mod:`agentrl.jobs.dialects` Anthropic Messages and OpenAI Responses), streams token by token. Weight swaps go
+  server (FastAPI + uvicorn, :mod:`agentrl.serving.app`) and an in-process
+  :class:`~agentrl.engine.local.engine.LocalEngine` (which batches concurrent requests); requests are
+  answered by :class:`agentrl.serving.api.OpenAIAPI` (OpenAI chat and completions, and through
+  :mod:`agentrl.serving.dialects` Anthropic Messages and OpenAI Responses), streams token by token. Weight swaps go
   through ``LocalEngine.update_weights``.
 - ``sglang`` (:class:`SGLangService`): launches ``sglang.launch_server`` on the weights through
-  :mod:`agentrl.engine.sglang_server` (SGLang serves ``/v1`` itself), restarts it on the newest
+  :mod:`agentrl.engine.sglang.server` (SGLang serves ``/v1`` itself), restarts it on the newest
   weights if it dies, and swaps weights with ``/update_weights_from_disk``.
 
 Does not: authenticate (bind it to localhost), batch across servers, or write anything into the
@@ -269,9 +269,9 @@ class LocalServer:
     def start(self) -> LocalServer:
         import torch
 
-        from agentrl.engine.local import LocalEngine
+        from agentrl.engine.local.engine import LocalEngine
         from agentrl.episodes.tokenizer import load_chat_tokenizer
-        from agentrl.jobs.serve_api import OpenAIAPI
+        from agentrl.serving.api import OpenAIAPI
 
         t = self.target
         try:
@@ -302,7 +302,7 @@ class LocalServer:
         if self.follow:
             self.follower = CheckpointFollower(self.target, self._swap, poll_s=self.poll_s, log=self.log)
             self._follow_task = asyncio.run_coroutine_threadsafe(self.follower.run(), self.loop)
-        from agentrl.jobs.serve_app import HTTPServer, build_app
+        from agentrl.serving.app import HTTPServer, build_app
 
         try:
             self._http = HTTPServer(build_app(self.api), self.host, self.port, self.loop, verbose=self.verbose).start()
@@ -384,7 +384,7 @@ class SGLangService:
         log: Callable[[str], None] = print,
         **server_kwargs,
     ) -> None:
-        from agentrl.engine.sglang_server import SGLangServer, unavailable_reason
+        from agentrl.engine.sglang.server import SGLangServer, unavailable_reason
 
         reason = unavailable_reason()
         if reason:

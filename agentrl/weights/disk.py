@@ -3,7 +3,7 @@
 Owns :class:`DiskSync` (``engine.weight_sync=disk``, the ``auto`` choice for SGLang on CPU): where
 the directories go, how many are kept, and the push's phases. The directory format (safetensors +
 the model's config/tokenizer files, written atomically) is the engine's,
-``agentrl.engine.sglang_disk``. Works across machines that share the directory; the newest directory
+``agentrl.engine.sglang.disk``. Works across machines that share the directory; the newest directory
 is also what a restarted server reloads (``note_weights``). Does not decide when to push.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.sglang_disk import (
+from agentrl.engine.sglang.disk import (
     check_model_dir,
     default_weights_dir,
     load_weights_dir,

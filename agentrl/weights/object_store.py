@@ -7,7 +7,7 @@ driver); one *stager* per node (with ``distributed: ray``: an SGLang engine acto
 driver-side ``ActorServer``) fetches it - Ray moves the bytes node to node - and writes the HF
 weights directory (safetensors + the model's config/tokenizer files) under the same node-local path
 on its own disk; then every server loads that path with ``/update_weights_from_disk``, as in the disk
-path (the same directory format, ``agentrl.engine.sglang_disk``), so a restarted server reloads its
+path (the same directory format, ``agentrl.engine.sglang.disk``), so a restarted server reloads its
 node's newest copy. Staging needs no pause; only the load does.
 
 A stager is any object with ``node`` (its node id: one stager per node writes) and
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine.sglang_disk import load_weights_dir, prune_weights_dirs, write_weights_dir
+from agentrl.engine.sglang.disk import load_weights_dir, prune_weights_dirs, write_weights_dir
 from agentrl.errors import EngineError
 from agentrl.weights.base import ServerSync
 

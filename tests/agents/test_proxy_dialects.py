@@ -6,7 +6,7 @@ rewritten history starts a new segment; a key is checked (``x-api-key`` for Anth
 refused in the dialect's shape; a ``previous_response_id`` resolves only within its episode; and
 what the proxy cannot record faithfully is refused as in chat.
 
-The endpoint is the run's (``ProxyEndpoint`` over the app ``agentrl.jobs.build`` wires), the
+The endpoint is the run's (``ProxyEndpoint`` as ``agentrl.jobs.build`` builds it), the
 engine a scripted one (tests/scripted_chat.py) whose replies call a tool."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 from scripted_chat import TOOL_SCHEMA, ScriptedChatEngine
 
 from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
-from agentrl.jobs.build import _openai_app
 
 A_TOOLS = [{"name": "python", "description": "Run Python code.", "input_schema": TOOL_SCHEMA}]
 R_TOOLS = [{"type": "function", "name": "python", "description": "Run Python code.", "parameters": TOOL_SCHEMA}]
@@ -32,7 +31,7 @@ class Proxy:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.engine = ScriptedChatEngine(tokenizer)
-        self.endpoint = ProxyEndpoint(lambda e, tok, name: _openai_app(e, tok, name, 64), "policy")
+        self.endpoint = ProxyEndpoint("policy", max_tokens=64)
         self.url = ""
 
     def episode(self) -> tuple[str, EpisodeLink]:

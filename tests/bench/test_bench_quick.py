@@ -5,7 +5,7 @@ expected keys where ``--out`` says. Nothing here asserts on a timing: only that 
 the full benchmark runs end to end and reports what BENCHMARKS.md quotes.
 
 Scripts needing a component skip, saying why, when it cannot run here: SGLang
-(``agentrl.engine.sglang_server.unavailable_reason``) and Ray (the ``ray`` extra). Docker is never
+(``agentrl.engine.sglang.server.unavailable_reason``) and Ray (the ``ray`` extra). Docker is never
 required: the sandbox and soak scripts skip their docker parts themselves and say so in their table.
 The quick modes that take more than ~20 s on 2 cores are marked ``slow``. A script whose quick mode would run
 the path a test already runs (``covered_by``) only imports and parses its arguments here.
@@ -189,7 +189,7 @@ def _skip_reason(needs: tuple[str, ...]) -> tuple[str, str] | None:
     if "ray" in needs and importlib.util.find_spec("ray") is None:
         return "ray", "Ray is not installed (pip install -e '.[ray]')"
     if "sglang" in needs:
-        from agentrl.engine.sglang_server import unavailable_reason
+        from agentrl.engine.sglang.server import unavailable_reason
 
         reason = unavailable_reason()
         if reason:

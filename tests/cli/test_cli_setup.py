@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli.main import app
-from agentrl.engine import sglang_install as si
+from agentrl.engine.sglang import install as si
 
 runner = CliRunner()
 

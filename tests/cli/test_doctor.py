@@ -142,7 +142,7 @@ def test_configured_sglang_server_version():
 def test_local_sglang_names_the_setup_command(tmp_path, monkeypatch):
     """No SGLang: the row names `agentrl setup sglang`; a python whose sglang is not the pinned release: a warning
     naming both versions. A shell script stands in for the virtualenv's python (it prints a version)."""
-    from agentrl.engine.sglang_install import SGLANG_VERSION
+    from agentrl.engine.sglang.install import SGLANG_VERSION
 
     monkeypatch.delenv("AGENTRL_SGLANG_PYTHON", raising=False)
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))

@@ -106,7 +106,7 @@ def test_ray_mode_takes_sglang_and_names_a_server_count_it_ignores():
 
 # -- local Ray + real SGLang servers -----------------------------------------------------------------
 def _sglang_or_skip():
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -13,7 +13,7 @@ to these weights with ``/update_weights_from_disk`` for this module and switched
 
 Tolerances on |logprob(engine) - logprob(HF fp32)|: LocalEngine runs the same fp32 weights through
 a batched K/V cache, so only summation order differs (1e-3 is ~100x what is observed). The SGLang
-server here runs on CPU in fp32 (``agentrl.engine.sglang_server`` passes ``--dtype float32`` there;
+server here runs on CPU in fp32 (``agentrl.engine.sglang.server`` passes ``--dtype float32`` there;
 SGLang's own ``auto`` would serve this fp32 checkpoint in fp16, ~2e-2 off), so it too differs only
 in summation order and kernels. Measured on these weights (48 prompts of 50-1,500 tokens x 64 new
 tokens per temperature, against HF fp32 and against ``Trainer.logprobs``, both alike):
@@ -112,11 +112,11 @@ def _load_dir(url: str, path) -> None:
 async def engine(request, conf_dir):
     """A fresh engine of each kind on the conformance weights (per test: httpx clients belong to one loop)."""
     if request.param == "local":
-        from agentrl.engine.local import LocalEngine
+        from agentrl.engine.local.engine import LocalEngine
 
         eng = LocalEngine.from_pretrained(conf_dir)
     else:
-        from agentrl.engine.sglang import SGLangEngine
+        from agentrl.engine.sglang.engine import SGLangEngine
 
         eng = SGLangEngine(urls=[request.getfixturevalue("sglang_url")])
     eng.kind = request.param
@@ -159,7 +159,7 @@ def prompts(n: int, seed: int = 0, lo: int = 150, hi: int = 400) -> list[list[in
 def effective_stops(engine, params: SamplingParams) -> set[int]:
     """The ids that end a request. The Engine contract: ``stop_token_ids`` when given, else eos.
     SGLang's scheduler (``Req._check_token_based_finish``) always adds the model's eos ids, so for
-    SGLangEngine eos stops too (documented in agentrl/engine/sglang.py). Harmless for episodes: the
+    SGLangEngine eos stops too (documented in agentrl/engine/sglang/engine.py). Harmless for episodes: the
     episode manager's stop ids always contain eos."""
     if not params.stop_token_ids:
         return {EOS}

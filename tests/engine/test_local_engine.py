@@ -9,8 +9,8 @@ import torch
 from engine_helpers import build_tiny, load_sharp
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.kv_batch import KVBatch
-from agentrl.engine.local import LocalEngine
+from agentrl.engine.local.engine import LocalEngine
+from agentrl.engine.local.kv_batch import KVBatch
 from agentrl.errors import EngineError
 
 NO_STOP = (10**9,)  # an id the model can never sample: runs go exactly to max_new_tokens

@@ -13,9 +13,9 @@ import torch
 from engine_helpers import build_tiny, load_sharp
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.local import LocalEngine, cache_kwarg
-from agentrl.engine.local_prefill import build_prefill
-from agentrl.engine.prefix_cache import CachedPrefix
+from agentrl.engine.local.engine import LocalEngine, cache_kwarg
+from agentrl.engine.local.prefill import build_prefill
+from agentrl.engine.local.prefix_cache import CachedPrefix
 
 NO_STOP = (10**9,)  # never sampled: every request runs to max_new_tokens
 

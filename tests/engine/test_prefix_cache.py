@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from agentrl.engine.local_prefill import defer_followers, plan_groups, sharing_pays
-from agentrl.engine.prefix_cache import CachedPrefix, PrefixCache, common_prefix
+from agentrl.engine.local.prefill import defer_followers, plan_groups, sharing_pays
+from agentrl.engine.local.prefix_cache import CachedPrefix, PrefixCache, common_prefix
 
 
 def entry(ids) -> CachedPrefix:

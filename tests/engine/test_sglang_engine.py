@@ -20,8 +20,8 @@ from refused_port import refused_port
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.router import Router
-from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang_wire import load_stats, sampling_params, to_generation
+from agentrl.engine.sglang.engine import SGLangEngine
+from agentrl.engine.sglang.wire import load_stats, sampling_params, to_generation
 from agentrl.errors import EngineError
 
 STATS_KEYS = {
@@ -194,11 +194,11 @@ def test_failed_restart_fails_fast(tmp_path):
     """A supervised server that cannot restart (its python exits at once: a real process, no SGLang
     needed) is restarted once by the failing request, which then ends in EngineError; it is not
     restarted again for every retry."""
-    from agentrl.engine.sglang_server import SGLangServer
+    from agentrl.engine.sglang.server import SGLangServer
 
     server = SGLangServer(tmp_path, python="/bin/false", startup_timeout_s=30, log_path=tmp_path / "log")
     eng = SGLangEngine(servers=[server], retries=3, backoff_s=0.01)
-    eng.HEALTH_INTERVAL_S = 3600.0  # keep the health checks out of this test
+    eng.supervisor.HEALTH_INTERVAL_S = 3600.0  # keep the health checks out of this test
 
     async def go():
         try:

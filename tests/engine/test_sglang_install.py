@@ -1,4 +1,4 @@
-"""`agentrl setup sglang`'s install (agentrl.engine.sglang_install) against a fake runner: no virtualenv is made and
+"""`agentrl setup sglang`'s install (agentrl.engine.sglang.install) against a fake runner: no virtualenv is made and
 nothing is downloaded. The fake plays python -m venv, pip and the version probes, and records every command."""
 
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.engine import sglang_install as si
+from agentrl.engine.sglang import install as si
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def cache(tmp_path, monkeypatch):
 def test_where_it_installs_follows_agentrl_cache(cache):
     assert si.venv_dir() == cache / "sglang-venv"
     assert si.venv_python() == cache / "sglang-venv" / "bin" / "python"
-    from agentrl.engine.sglang_server import SGLANG_VERSION, sglang_python
+    from agentrl.engine.sglang.server import SGLANG_VERSION, sglang_python
 
     assert SGLANG_VERSION == si.SGLANG_VERSION  # one pin, re-exported where the launcher lives
     si.venv_python().parent.mkdir(parents=True)
@@ -133,10 +133,10 @@ def test_an_install_that_imports_another_version_fails(cache):
 def test_the_ci_entry_point_runs_without_agentrls_dependencies():
     """.ci/install_sglang.sh runs the module from the checkout before agentrl's dependencies are installed: it
     imports nothing beyond the standard library (here it runs with -I -S: no site-packages at all)."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from agentrl.engine import sglang_install as m; m.main(['-h'])"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from agentrl.engine.sglang import install as m; m.main(['-h'])"
     res = subprocess.run(
         [sys.executable, "-I", "-S", "-c", code, str(ROOT)], capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 0, res.stderr
     assert "--python" in res.stdout
-    assert "-m agentrl.engine.sglang_install" in (ROOT / ".ci" / "install_sglang.sh").read_text()
+    assert "-m agentrl.engine.sglang.install" in (ROOT / ".ci" / "install_sglang.sh").read_text()

@@ -13,10 +13,10 @@ import threading
 
 import pytest
 
-import agentrl.engine.sglang_server as launcher
+import agentrl.engine.sglang.server as launcher
 from agentrl.common.ports import free_port, listener_is_ours
-from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang_server import SGLangServer
+from agentrl.engine.sglang.engine import SGLangEngine
+from agentrl.engine.sglang.server import SGLangServer
 from agentrl.errors import EngineError
 
 STAND_IN = """
@@ -134,7 +134,7 @@ def test_the_engine_follows_a_server_that_moved(tmp_path):
     engine = SGLangEngine(servers=[server])
     b = engine.router.backends[0]
     server.url = "http://127.0.0.1:2222/"
-    engine._follow_server(b)
+    engine.supervisor.follow(b)
     assert b.url == "http://127.0.0.1:2222" and engine.urls == ["http://127.0.0.1:2222"]
 
 
@@ -172,7 +172,7 @@ async def test_a_rollout_workers_client_follows_its_engine_actors_server(monkeyp
     await client.start()
     assert client.urls == ["http://127.0.0.1:2222"]
     actor.url = "http://127.0.0.1:3333"  # restarted on a fresh port: the next probe asks the actor
-    client._client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    client.admin.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
     assert await client._probe(client.router.backends[0])
     assert client.urls == ["http://127.0.0.1:3333"]
-    await client._client.aclose()
+    await client.admin.client.aclose()

@@ -3,7 +3,7 @@
 import components
 import pytest
 
-from agentrl.engine.sglang_server import CPU_FLAGS, SGLangServer
+from agentrl.engine.sglang.server import CPU_FLAGS, SGLangServer
 from agentrl.errors import EngineError
 
 pytestmark = pytest.mark.sglang

@@ -10,7 +10,7 @@ import json
 import components
 import pytest
 
-from agentrl.engine.sglang_server import SGLangServer, config_overrides
+from agentrl.engine.sglang.server import SGLangServer, config_overrides
 
 #: |logprob(SGLang) - logprob(trainer)| on this model in fp32 on CPU: measured <= 3.0e-5 (30 layers; the tiny model's
 #: conformance tests measure <= 2.2e-5); loading wrong or missing weights moves logprobs by far more than 1e-2
@@ -60,7 +60,7 @@ def test_sglang_serves_the_converted_smollm2_with_the_trainers_logprobs(tmp_path
     from transformers import AutoTokenizer
 
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
     from agentrl.models.gguf import converted_dir
     from agentrl.trainer import Trainer, TrainerConfig, TrainSample
 

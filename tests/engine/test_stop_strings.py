@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.local import LocalEngine
-from agentrl.engine.sglang_wire import sampling_params, to_generation
+from agentrl.engine.local.engine import LocalEngine
+from agentrl.engine.sglang.wire import sampling_params, to_generation
 from agentrl.errors import EngineError
 
 pytestmark = pytest.mark.timeout(300)

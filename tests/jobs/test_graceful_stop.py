@@ -148,7 +148,7 @@ def test_no_launched_sglang_server_outlives_its_run(sglang_model_dir, tmp_path, 
     must kill it."""
     import time
 
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     if unavailable_reason():
         components.unavailable("sglang", unavailable_reason())

@@ -56,7 +56,7 @@ async def _update_mid_generation(engine, inner, weights) -> tuple[list[Generatio
 
 
 async def test_local_engine_partial_rollouts_span_versions(local_model):
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     inner = LocalEngine(local_model, max_batch_size=8)
     try:
@@ -71,7 +71,7 @@ async def test_local_engine_partial_rollouts_span_versions(local_model):
 
 
 async def test_local_engine_drained_never_spans(local_model):
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     inner = LocalEngine(local_model, max_batch_size=8)
     try:
@@ -104,7 +104,7 @@ async def test_sglang_partial_spans_and_drained_does_not(drain_server, sglang_mo
     the server's pause/post_all through the wrapper) none does and held calls get the new version."""
     from safetensors.torch import load_file
 
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
     from agentrl.weights.disk import DiskSync
 
     base = load_file(str(sglang_model_dir / "model.safetensors"))

@@ -21,7 +21,7 @@ def _rollout(model_dir, out, *sets):
 
 
 class RecordingSGLang(FakeEngine):
-    """Stands in for agentrl.engine.sglang.SGLangEngine: records how it was built, answers every turn
+    """Stands in for agentrl.engine.sglang.engine.SGLangEngine: records how it was built, answers every turn
     with one token and the stop token."""
 
     built: list = []
@@ -37,7 +37,7 @@ class RecordingSGLang(FakeEngine):
 
 @pytest.fixture
 def recording(monkeypatch):
-    import agentrl.engine.sglang as sglang_mod
+    import agentrl.engine.sglang.engine as sglang_mod
 
     RecordingSGLang.built = []
     monkeypatch.setattr(sglang_mod, "SGLangEngine", RecordingSGLang)

@@ -160,7 +160,7 @@ def test_sglang_server_killed_during_run(sglang_model_dir, tmp_path):
     turn deadline (a restart takes longer: importing SGLang alone takes ~10 s here; with 20 s an
     idle machine restarted in time and no episode failed) and end ``engine_error``; the weight push
     waits for the restart; the steps after it train again."""
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -227,7 +227,7 @@ def test_weight_push_to_a_crashed_server_recovers_it(sglang_server):
     push (pause -> load -> resume) finds it dead, restarts it and goes through; generation works.
     On the session's server: the restart brings it back with its own weights."""
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     pgid = sglang_server.proc.pid
 

@@ -60,7 +60,7 @@ def test_engine_config_resolves_auto():
 @pytest.mark.sglang
 @pytest.mark.timeout(900)
 def test_agentrl_run_on_sglang_syncs_weights(sglang_model_dir, tmp_path):
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -290,7 +290,7 @@ async def test_follower_ignores_incomplete_and_older_checkpoints(tmp_path, tiny_
 # ------------------------------------------------------------------------------------- unit (fake engine)
 async def test_tool_calls_and_stop_strings_unit_with_fake_engine(tiny_tokenizer):
     from agentrl.engine.fake import FakeEngine
-    from agentrl.jobs.serve_api import OpenAIAPI
+    from agentrl.serving.api import OpenAIAPI
 
     reply = 'Let me run it. <tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call><|im_end|>'
     ids = tiny_tokenizer.encode(reply, add_special_tokens=False)
@@ -325,7 +325,7 @@ async def test_tool_calls_and_stop_strings_unit_with_fake_engine(tiny_tokenizer)
 async def test_sglang_backend_serves_v1_and_follows(tmp_path, sglang_model_dir):
     from openai import OpenAI
 
-    from agentrl.engine.sglang_server import unavailable_reason
+    from agentrl.engine.sglang.server import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

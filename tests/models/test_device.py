@@ -76,7 +76,7 @@ def test_ray_auto_follows_the_layouts_gpus_not_the_driver():
 
 
 def test_engine_and_trainer_choose_cuda_bf16_when_cuda_is_visible(fake_cuda):
-    from agentrl.engine.local import placement
+    from agentrl.engine.local.engine import placement
     from agentrl.trainer.dist import pick_device
     from agentrl.trainer.models import mixed_precision
 
@@ -92,7 +92,7 @@ def test_engine_and_trainer_choose_cuda_bf16_when_cuda_is_visible(fake_cuda):
 def test_engine_and_trainer_stay_on_cpu_float32_here():
     if torch.cuda.is_available():
         components.unavailable("no-gpu", "this machine has a GPU")
-    from agentrl.engine.local import placement
+    from agentrl.engine.local.engine import placement
     from agentrl.trainer.dist import pick_device
     from agentrl.trainer.models import mixed_precision
 
@@ -102,7 +102,7 @@ def test_engine_and_trainer_stay_on_cpu_float32_here():
 
 
 def test_local_engine_loads_with_auto_on_cpu(tiny_model_dir):
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     eng = LocalEngine(str(tiny_model_dir))  # defaults: auto / auto
     assert eng.device.type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -78,7 +78,7 @@ def test_disk_sync_needs_a_model_dir_with_config(tmp_path):
 
 
 def test_inprocess_sync_loads_weights_into_the_local_engine(tiny_model_dir):
-    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine
 
     async def main():
         eng = LocalEngine.from_pretrained(str(tiny_model_dir))
@@ -112,7 +112,7 @@ def perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
 
 
 #: |logprob(engine) - logprob(HF fp32)| allowed: the local engine runs fp32 (summation order only);
-#: SGLang runs fp32 on CPU too (agentrl.engine.sglang_server: --dtype float32). Measured here, greedy
+#: SGLang runs fp32 on CPU too (agentrl.engine.sglang.server: --dtype float32). Measured here, greedy
 #: after pushing perturbed weights (6 pushes x 8 prompts x 32 tokens, against HF fp32 and against
 #: Trainer.logprobs): max 3.3e-6; 2e-5 is ~6x that. (The perturbation moves logprobs by > 10x it.)
 TOL = {"local": 1e-3, "sglang": 2e-5}
@@ -166,7 +166,7 @@ def run_push(server, model_dir, make_sync, version: int, seed: int) -> tuple:
     """Push perturbed weights through ``make_sync(engine)``; return (stats, generation, raw answer)."""
     import httpx
 
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     async def main():
         eng = SGLangEngine(urls=[server.url])
@@ -239,7 +239,7 @@ def test_distributed_sync_over_gloo_serves_the_new_weights(weight_server, sglang
 
 @pytest.mark.sglang
 def test_distributed_sync_pushes_twice_over_one_group(weight_server, sglang_model_dir):
-    from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine
 
     async def main():
         eng = SGLangEngine(urls=[weight_server.url])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.engine import sglang_disk
+from agentrl.engine.sglang import disk as sglang_disk
 from agentrl.errors import EngineError
 from agentrl.weights.disk import DiskSync
 from agentrl.weights.factory import SYNC_KINDS, make_weight_sync
@@ -87,7 +87,7 @@ def test_tensor_sync_posts_buckets_in_a_session_and_flushes_once(tmp_path):
 
 
 def test_engine_update_weights_takes_the_disk_format_without_the_weights_package(monkeypatch, model_dir):
-    """SGLangEngine.update_weights (engine.sglang_disk.load_from_disk): same steps and directory
+    """SGLangEngine.update_weights (engine.sglang.disk.load_from_disk): same steps and directory
     format as DiskSync, in the engine's own temp dir, newest kept."""
 
     async def model_path(url, who, hint=""):

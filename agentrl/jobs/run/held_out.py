@@ -34,7 +34,7 @@ from agentrl.trajectory import Outcome, Trajectory
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentrl.agents.runner import ProxyRunner
+    from agentrl.agents.strategy import ProxyStrategy
     from agentrl.config.schema import RunConfig
     from agentrl.engine.base import Engine
 
@@ -106,7 +106,7 @@ class HeldOutEval:
         engine: Engine,
         make_env: Callable[..., Any],
         tokenizer: PreTrainedTokenizerBase,
-        proxy: ProxyRunner | None,
+        proxy: ProxyStrategy | None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg, self.engine, self.make_env, self.tokenizer, self.proxy = cfg, engine, make_env, tokenizer, proxy
@@ -118,7 +118,7 @@ class HeldOutEval:
             return {}
         rcfg = dataclasses.replace(self.cfg.rollout, temperature=ev.temperature, group_size=1)
         agent = self.proxy.sibling() if self.proxy is not None else None  # same program and endpoint, own counters
-        mgr = EpisodeManager(self.engine, self.make_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, runner=agent)
+        mgr = EpisodeManager(self.engine, self.make_env, self.tokenizer, rcfg, env_id=self.cfg.env.id, strategy=agent)
         specs = eval_specs(ev.num_tasks)
         tick = EvalProgress(len(specs), self.progress) if self.progress is not None else None
         trajs = per_task(specs, await mgr.collect(specs, on_result=tick), self.cfg.env.id)

@@ -25,7 +25,7 @@ from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import TrajectoryLog
 
 if TYPE_CHECKING:
-    from agentrl.agents.runner import ProxyRunner
+    from agentrl.agents.strategy import ProxyStrategy
     from agentrl.config.schema import RunConfig
     from agentrl.observe.sinks import MultiSink
     from agentrl.trainer.protocol import TrainerProtocol
@@ -128,7 +128,7 @@ class Outputs:
         rollout_metrics: RolloutMetrics,
         unbatched: dict[str, Any],
         model_path: Path,
-        proxy: ProxyRunner | None,
+        proxy: ProxyStrategy | None,
         stop_reason: str | None,
         recoveries: list[dict[str, Any]],
     ) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.agents.runner import ProxyRunner, proxy_runner_of
+from agentrl.agents.strategy import ProxyStrategy, proxy_strategy_of
 from agentrl.batches.ledger import rewind
 from agentrl.batches.prompt_stream import PromptStream
 from agentrl.batches.staleness import load_ready
@@ -141,9 +141,9 @@ class Parts:
         )
 
     @property
-    def proxy(self) -> ProxyRunner | None:
+    def proxy(self) -> ProxyStrategy | None:
         """The training episodes' agent runner in proxy mode (``agent.kind: proxy``), or None."""
-        return proxy_runner_of(self.compute.episodes)
+        return proxy_strategy_of(self.compute.episodes)
 
     async def start(self) -> None:
         """Start the engine (after a resume, serving the checkpoint's weights and version); on

@@ -83,6 +83,17 @@ def test_every_package_is_on_a_layer():
     assert pkgs <= set(RANK), f"put these in LAYERS: {sorted(pkgs - set(RANK))}"
 
 
+def test_the_layout_page_states_this_layer_order():
+    """docs/layout.md's sentence ``(`errors` < `common` < ...; ...)`` lists LAYERS in order."""
+    import re
+
+    text = " ".join((ROOT.parent / "docs" / "layout.md").read_text().split())
+    sentence = re.search(r"layer order \((`errors`.*?`cli`);", text)
+    assert sentence, "docs/layout.md lost its layer-order sentence"
+    stated = [set(re.findall(r"`(\w+)`", part)) for part in sentence.group(1).split(" < ")]
+    assert stated == LAYERS
+
+
 def test_no_module_imports_a_higher_layer():
     bad = []
     for m, targets in GRAPH.items():

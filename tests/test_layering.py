@@ -6,6 +6,9 @@ level or inside a function alike): ``LAYERS`` below. The order is the data path 
 sandbox runs what tools ask, envs use tools, episodes drive an engine against envs, the serving app answers
 OpenAI-style requests over an engine, agents record outside programs through it, finished groups wait
 in batches, the trainer learns from them, weights flow back to the engine, and jobs wire it all.
+
+An agentrl import sits at module level unless it must not: one inside a function says why in a comment on
+its line or the line above (``# lazy: pulls in torch``, ``# optional: ...``, ``# cycle: ...``).
 """
 
 import ast
@@ -136,6 +139,43 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def _imports_in_functions(tree: ast.AST):
+    """Each agentrl import (absolute or relative) inside a function of ``tree``, once."""
+    seen = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                ours = any(a.name == "agentrl" or a.name.startswith("agentrl.") for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                ours = node.level > 0 or (node.module or "").split(".")[0] == "agentrl"
+            else:
+                continue
+            if ours and node.lineno not in seen:
+                seen.add(node.lineno)
+                yield node
+
+
+def test_every_import_inside_a_function_says_why():
+    """An agentrl import inside a function has a comment on its line (any line of a wrapped import) or on
+    the line above saying why it is not at module level: a heavy or optional dependency it defers, a
+    cycle, a name tests replace. One that needs no reason belongs at the top of its module."""
+    bad = []
+    for p in MODULES.values():
+        text = p.read_text()
+        lines = text.splitlines()
+        for node in _imports_in_functions(ast.parse(text)):
+            own = lines[node.lineno - 1 : node.end_lineno]  # an import line holds no string: "#" starts a comment
+            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            if not (above.startswith("#") or any("#" in line for line in own)):
+                bad.append(f"{p.relative_to(ROOT.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not bad, (
+        "agentrl imports inside functions without a reason (move them to module level, or comment why, "
+        "e.g. `# lazy: pulls in torch`):\n" + "\n".join(bad)
+    )
 
 
 def test_package_inits_only_reexport():

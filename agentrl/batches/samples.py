@@ -38,6 +38,7 @@ import torch
 from agentrl import algos
 from agentrl.batches.rewards import RewardShaping, shaped_turn_rewards
 from agentrl.errors import ConfigError
+from agentrl.trainer import TrainSample
 from agentrl.trajectory import Trajectory
 
 
@@ -271,8 +272,6 @@ def build_samples(
     """TrainSamples for one optimizer step, plus stats (excluded count, advantage spread, the
     shaping terms' ``overlong/*`` and ``kl_in_reward/*``). ``ref_fn(trajs)``: the reference
     model's per-token logprobs, called only when ``shaping`` puts a KL term in the reward."""
-    from agentrl.trainer import TrainSample
-
     trajs, excluded = trainable(groups)
     if not trajs:
         return [], {"excluded": excluded, "samples": 0}

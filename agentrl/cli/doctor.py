@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.cli.errors import fail
-from agentrl.cli.options import ConfigOpt, SetOpt
+from agentrl.cli.options import ConfigOpt, SetOpt, load
 from agentrl.errors import AgentRLError
 
 console = Console()
@@ -66,7 +66,7 @@ def check_python(cfg: Any) -> list[Check]:
 def check_cuda(cfg: Any) -> list[Check]:
     import torch
 
-    from agentrl.models.device import probe
+    from agentrl.models.device import probe  # lazy: keeps CLI start light
 
     found = probe()
     if not found.cuda:
@@ -127,8 +127,8 @@ def check_sglang(cfg: Any) -> list[Check]:
             except Exception as e:  # noqa: BLE001
                 out.append(Check("sglang server", "warn", f"{u}: not answering ({type(e).__name__})"))
         return out
-    from agentrl.engine.sglang.install import SGLANG_VERSION, VERSION_PROBE
-    from agentrl.engine.sglang.server import sglang_python, unavailable_reason
+    from agentrl.engine.sglang.install import SGLANG_VERSION, VERSION_PROBE  # lazy: keeps CLI start light
+    from agentrl.engine.sglang.server import sglang_python, unavailable_reason  # lazy: pulls in httpx
 
     reason = unavailable_reason()
     if reason:
@@ -159,22 +159,22 @@ def check_sglang(cfg: Any) -> list[Check]:
 
 
 def check_docker(cfg: Any) -> list[Check]:
-    from agentrl.sandbox.probe import docker_unavailable_reason
+    from agentrl.sandbox.probe import docker_unavailable_reason  # lazy: keeps CLI start light
 
     reason = docker_unavailable_reason()
     return [Check("docker", "no", reason) if reason else Check("docker", "ok", "daemon answers, sandbox image present")]
 
 
 def check_bwrap(cfg: Any) -> list[Check]:
-    from agentrl.sandbox.local import bwrap_unavailable_reason
+    from agentrl.sandbox.local import bwrap_unavailable_reason  # lazy: keeps CLI start light
 
     reason = bwrap_unavailable_reason()
     return [Check("bubblewrap", "no", reason) if reason else Check("bubblewrap", "ok", "bwrap runs here")]
 
 
 def check_sandbox(cfg: Any) -> list[Check]:
-    from agentrl.envs.registry import make
-    from agentrl.sandbox.base import env_isolation_line
+    from agentrl.envs.registry import make  # lazy: pulls in gymnasium
+    from agentrl.sandbox.base import env_isolation_line  # lazy: keeps CLI start light
 
     env = make(cfg.env.id, **cfg.env.kwargs)
     try:
@@ -232,7 +232,7 @@ def check_ray(cfg: Any) -> list[Check]:
 
 
 def check_hub(cfg: Any) -> list[Check]:
-    from agentrl.models.hub import hub_cache_dir, hub_endpoint, offline
+    from agentrl.models.hub import hub_cache_dir, hub_endpoint, offline  # lazy: keeps CLI start light
 
     token = (
         "HF_TOKEN set" if (os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")) else "no HF_TOKEN"
@@ -258,7 +258,7 @@ def check_hub(cfg: Any) -> list[Check]:
 
 
 def check_device(cfg: Any) -> list[Check]:
-    from agentrl.models.device import device_line, resolve_device
+    from agentrl.models.device import device_line, resolve_device  # lazy: keeps CLI start light
 
     resolved = resolve_device(cfg)
     model = cfg.model.path or "the built-in tiny model"
@@ -359,8 +359,6 @@ def doctor_cmd(
 ) -> None:
     """Report what this machine can do: GPUs, NCCL, SGLang, Docker, bubblewrap, Ray, the Hub, the device a run would
     use."""
-    from agentrl.cli.options import load
-
     try:
         cfg = load(config, sets)
     except AgentRLError as e:

@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.cli.errors import fail
-from agentrl.cli.options import ConfigOpt, SetOpt
+from agentrl.cli.options import ConfigOpt, SetOpt, load, named, pick
 from agentrl.errors import AgentRLError, ConfigError
 
 console = Console()
@@ -151,8 +151,8 @@ def eval_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-episode lines."),
 ) -> None:
     """Run an env with an API model (text level): solve rate / reward summary, trajectories as chat JSONL."""
-    from agentrl.common.llm_api import ApiClient
-    from agentrl.jobs.eval import run_eval
+    from agentrl.common.llm_api import ApiClient  # lazy: keeps CLI start light
+    from agentrl.jobs.eval import run_eval  # lazy: keeps CLI start light
 
     show = not quiet and sys.stderr.isatty()
 
@@ -248,8 +248,6 @@ def eval_cmd(
 def settings(config: list[str] | None, sets: list[str] | None, **flags) -> dict:
     """Each :data:`FIELDS` setting from its flag (None: not given), else the config when it names the
     field, else the default; plus ``env_kwargs``, the config's ``env.kwargs`` when its env is the one run."""
-    from agentrl.cli.options import load, named, pick
-
     cfg = load(config, sets)
     given = named(config, sets)
     out = {name: pick(flags.get(name), cfg, dotted, given, default) for name, (dotted, default) in FIELDS.items()}

@@ -36,7 +36,7 @@ def export_sft_cmd(
     Each row holds the tools the episode advertised, its messages (assistant turns with their tool
     calls, tool results as tool messages). Infrastructure failures and truncated episodes are left
     out and counted."""
-    from agentrl.jobs.export_sft import export_sft
+    from agentrl.jobs.export_sft import export_sft  # lazy: keeps CLI start light
 
     try:
         refuse("export-sft", config, sets, "it writes what the source stored; its flags choose the episodes")

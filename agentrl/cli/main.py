@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentrl import __version__
 from agentrl.cli.errors import ErrorGroup, fail, set_debug
-from agentrl.cli.options import ConfigOpt, SetOpt, refuse
+from agentrl.cli.options import ConfigOpt, SetOpt, load, named, pick, refuse
 from agentrl.errors import AgentRLError, ConfigError
 
 app = typer.Typer(
@@ -30,8 +31,6 @@ console = Console()
 
 def _print_version(value: bool) -> None:
     if value:
-        from agentrl import __version__
-
         typer.echo(f"agentrl {__version__}")
         raise typer.Exit(0)
 
@@ -50,7 +49,7 @@ _fail = fail
 
 
 def _load(config: list[str] | None, sets: list[str] | None, base: dict, given: dict | None = None):
-    from agentrl.config.schema import load_config
+    from agentrl.config.schema import load_config  # lazy: keeps CLI start light
 
     return load_config(config or [], sets or [], base=base, given=given)
 
@@ -58,7 +57,7 @@ def _load(config: list[str] | None, sets: list[str] | None, base: dict, given: d
 @app.command()
 def envs(config: list[str] | None = ConfigOpt, sets: list[str] | None = SetOpt) -> None:
     """List registered environments (built-in and from the `agentrl.envs` entry-point group)."""
-    from agentrl.envs.registry import registered
+    from agentrl.envs.registry import registered  # lazy: pulls in gymnasium
 
     try:
         refuse(
@@ -173,7 +172,7 @@ def rollout(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Collect trajectories from a model on an env; writes trajectories.jsonl, metrics.json, config.yaml."""
-    from agentrl.jobs.rollout import run_rollout
+    from agentrl.jobs.rollout import run_rollout  # lazy: keeps CLI start light
 
     given = _rollout_given(env, model, num_prompts, group_size, out, agent)
     try:
@@ -223,7 +222,7 @@ def run(
     """The main job: rollouts -> rewards -> credit -> update -> weight sync, with evaluation and checkpoints."""
     import asyncio
 
-    from agentrl.jobs.run import Runner
+    from agentrl.jobs.run import Runner  # lazy: pulls in torch
 
     given = _run_given(env, algo, model, steps, out, resume, agent)
     try:
@@ -278,7 +277,7 @@ def _cell(key: str, v) -> str:
 
 def _claim_run_dir(cfg, overwrite: bool) -> None:
     """A run directory holding a run is used only with --resume or --overwrite (agentrl.jobs.run_dir)."""
-    from agentrl.jobs.run_dir import prepare_run_dir
+    from agentrl.jobs.run_dir import prepare_run_dir  # lazy: keeps CLI start light
 
     moved = prepare_run_dir(cfg.output_dir, resume=cfg.train.resume, overwrite=overwrite)
     if moved is not None:
@@ -314,10 +313,9 @@ def check_template_cmd(
     run would (model.chat_template, model.tool_prompt), and which way tools reach the model."""
     from pathlib import Path
 
-    from agentrl.cli.options import load, named, pick
-    from agentrl.episodes.template_check import check_template, render_report
-    from agentrl.episodes.tokenizer import load_chat_tokenizer
-    from agentrl.models.gguf import converted_dir, find_gguf
+    from agentrl.episodes.template_check import check_template, render_report  # lazy: keeps CLI start light
+    from agentrl.episodes.tokenizer import load_chat_tokenizer  # lazy: keeps CLI start light
+    from agentrl.models.gguf import converted_dir, find_gguf  # lazy: keeps CLI start light
 
     try:
         cfg = load(config, sets)
@@ -349,8 +347,8 @@ def config_cmd(
     """Print the resolved config: exactly what `agentrl JOB -c ... --set ...` runs (or every field's documentation)."""
     import yaml
 
-    from agentrl.config.plan import JOBS, resolve
-    from agentrl.config.schema import field_docs, to_dict
+    from agentrl.config.plan import JOBS, resolve  # lazy: keeps CLI start light
+    from agentrl.config.schema import field_docs, to_dict  # lazy: keeps CLI start light
 
     if docs:
         tab = Table(title="config fields")

@@ -34,7 +34,7 @@ SetOpt = typer.Option(
 def load(config: list[str] | None, sets: list[str] | None, base: dict | None = None):
     """The ``RunConfig`` of defaults <- ``base`` <- the ``-c`` files <- the ``--set`` items, validated
     (a ConfigError names the file, the field and the bad value)."""
-    from agentrl.config.schema import load_config
+    from agentrl.config.schema import load_config  # lazy: keeps CLI start light
 
     return load_config(config or [], sets or [], base=base or {})
 
@@ -43,7 +43,8 @@ def named(config: list[str] | None, sets: list[str] | None) -> set[str]:
     """Every dotted field name the ``-c`` files and ``--set`` items give a value, parents included
     (``{"rollout", "rollout.seed"}`` for ``--set rollout.seed=3``). Call after :func:`load` has
     accepted the same arguments, so every file here is known to be readable."""
-    from agentrl.config.schema import _read_file, parse_override  # the loader's own readers: same errors
+    # lazy: keeps CLI start light; the loader's own readers: same errors
+    from agentrl.config.schema import _read_file, parse_override
 
     layers = [_read_file(Path(f)) for f in config or []] + [parse_override(s) for s in sets or []]
     out: set[str] = set()

@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 
 from agentrl.cli.errors import fail
-from agentrl.cli.options import ConfigOpt, SetOpt
+from agentrl.cli.options import ConfigOpt, SetOpt, load, named, pick
 from agentrl.errors import AgentRLError
 
 CHROMIUMS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
@@ -66,7 +66,7 @@ def report_cmd(
     """Write a static HTML report of a run: curves, monitors, outcomes, token-level trajectory viewer."""
     from rich.console import Console
 
-    from agentrl.observe.report import write_report
+    from agentrl.observe.report import write_report  # lazy: keeps CLI start light
 
     console = Console()
     try:
@@ -88,8 +88,6 @@ def report_cmd(
 def settings(config: list[str] | None, sets: list[str] | None, run_dir: Path | None):
     """(run dir, monitor thresholds or None for the run's own): RUN_DIR, else the config's named
     ``output_dir``; the thresholds are the run's ``monitor`` section under the ``-c/--set`` layers."""
-    from agentrl.cli.options import load, named, pick
-
     cfg = load(config, sets)
     run_dir = pick(run_dir, cfg, "output_dir", named(config, sets))
     if run_dir is None:
@@ -104,7 +102,7 @@ def _run_monitor(run_dir: Path) -> dict:
     cannot be read: the report itself says what is missing)."""
     import yaml
 
-    from agentrl.observe.monitors import MonitorConfig
+    from agentrl.observe.monitors import MonitorConfig  # lazy: keeps CLI start light
 
     try:
         data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}

@@ -56,8 +56,8 @@ def exec_cmd(
     image: str | None = typer.Option(None, "--image", help="Docker image (docker backend)."),
 ) -> None:
     """Run CMD once in a sandbox and print the ExecResult as JSON (collected files base64)."""
-    from agentrl.sandbox.base import Limits
-    from agentrl.sandbox.factory import make_sandbox
+    from agentrl.sandbox.base import Limits  # lazy: keeps CLI start light
+    from agentrl.sandbox.factory import make_sandbox  # lazy: keeps CLI start light
 
     try:
         _check_args(timeout, memory)
@@ -127,7 +127,7 @@ def build_cmd(
     force: bool = typer.Option(False, "--force", help="Rebuild even if the image exists."),
 ) -> None:
     """Build the sandbox image offline: debootstrap a minimal Debian with python3, docker import."""
-    from agentrl.sandbox.docker.image import DEFAULT_MIRROR, DEFAULT_TAG, build_image
+    from agentrl.sandbox.docker.image import DEFAULT_MIRROR, DEFAULT_TAG, build_image  # lazy: keeps CLI start light
 
     client = _docker_client()
     t0 = time.monotonic()
@@ -148,7 +148,7 @@ def build_cmd(
 @app.command("ps")
 def ps_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List sandbox containers (label agentrl.sandbox), with their owner process and limits."""
-    from agentrl.sandbox.docker.daemon import list_containers, owner_alive
+    from agentrl.sandbox.docker.daemon import list_containers, owner_alive  # lazy: keeps CLI start light
 
     rows = list_containers(_docker_client())
     for r in rows:
@@ -172,6 +172,7 @@ def clean_cmd(
     stale: bool = typer.Option(False, "--stale", help="Only containers whose owner process is gone."),
 ) -> None:
     """Remove sandbox containers (all of them, or only leaked ones with --stale)."""
+    # lazy: keeps CLI start light
     from agentrl.sandbox.docker.daemon import list_containers, remove_containers, remove_stale
 
     client = _docker_client()

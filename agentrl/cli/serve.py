@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from agentrl.cli.errors import fail
-from agentrl.cli.options import ConfigOpt, SetOpt
+from agentrl.cli.options import ConfigOpt, SetOpt, load, named, pick
 from agentrl.errors import AgentRLError
 
 console = Console()
@@ -83,18 +83,18 @@ def serve_cmd(
 
 
 def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbose, chat=None) -> None:
-    from agentrl.jobs.serve import LocalServer, SGLangService, resolve_target
+    from agentrl.jobs.serve import LocalServer, SGLangService, resolve_target  # lazy: keeps CLI start light
 
     if backend not in BACKENDS:
         raise AgentRLError(f"--backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        from agentrl.engine.sglang.server import unavailable_reason
+        from agentrl.engine.sglang.server import unavailable_reason  # lazy: pulls in httpx
 
         backend = "local" if unavailable_reason() else "sglang"
     target = resolve_target(path, follow=follow)
     for key, value in (chat or {}).items():  # the config's, over a run's own
         setattr(target, key, value)
-    from agentrl.models.local_dir import check_model_dir
+    from agentrl.models.local_dir import check_model_dir  # lazy: keeps CLI start light
 
     check_model_dir(target.model_dir, "serve")  # before a server starts on it
     say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
@@ -110,7 +110,7 @@ def _serve(path, port, host, backend, follow, name, device, dtype, poll_s, verbo
         finally:
             service.stop()
         return
-    from agentrl.models.device import choose, probe
+    from agentrl.models.device import choose, probe  # lazy: keeps CLI start light
 
     device, dtype = choose(device, dtype, probe().cuda, what="serve")  # auto: cuda + bf16 when present
     say(f"device: {device}, dtype {dtype}")
@@ -144,8 +144,6 @@ def settings(
 ) -> tuple[str, str, str, str]:
     """(path, backend, device, dtype): each flag when given, else the config field it names, else the
     default; ConfigError when neither PATH nor a config names what to serve."""
-    from agentrl.cli.options import load, named, pick
-
     cfg = load(config, sets)
     given = named(config, sets)
     path = pick(path, cfg, "output_dir", given) or pick(None, cfg, "model.path", given)
@@ -162,8 +160,6 @@ def settings(
 def chat_settings(config: list[str] | None, sets: list[str] | None) -> dict:
     """``model.chat_template`` / ``model.tool_prompt`` where the config names them ({field: value}): they
     win over a served run's own (``ServeTarget``); unnamed, a run's own or the defaults apply."""
-    from agentrl.cli.options import load, named
-
     cfg = load(config, sets)
     given = named(config, sets)
     return {k: getattr(cfg.model, k) for k in ("chat_template", "tool_prompt") if f"model.{k}" in given}

@@ -37,7 +37,7 @@ def sglang_cmd(
     """Install the SGLang release agentrl is tested against into $AGENTRL_CACHE/sglang-venv (default
     ~/.cache/agentrl/sglang-venv), with its own torch, leaving this environment's alone; a no-op when it is there.
     The `sglang` engine finds it there."""
-    from agentrl.engine.sglang.install import install
+    from agentrl.engine.sglang.install import install  # lazy: keeps CLI start light
 
     def say(line: str) -> None:
         console.print(escape(line), highlight=False, soft_wrap=True)

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.cli.errors import fail
-from agentrl.cli.options import ConfigOpt, SetOpt
+from agentrl.cli.options import ConfigOpt, SetOpt, load, named, pick
 from agentrl.errors import AgentRLError
 
 console = Console()
@@ -51,15 +51,14 @@ def sft_cmd(
     one (lr 5e-5; printed at start). `--set help=1` lists the sft.* fields."""
     import dataclasses
 
-    from agentrl.cli.options import load, named, pick
-    from agentrl.warmstart.config import resolve
-    from agentrl.warmstart.sft import SFTConfig, build_sft_config, run_sft
+    from agentrl.warmstart.config import resolve  # lazy: keeps CLI start light
+    from agentrl.warmstart.sft import SFTConfig, build_sft_config, run_sft  # lazy: keeps CLI start light
 
     try:
         if any(s.split("=", 1)[0].strip() in ("help", "sft.help") for s in sets or []):
             _print_fields(SFTConfig)
             return
-        from agentrl.warmstart.default_model import base_model_path, resolve_model_path
+        from agentrl.warmstart.default_model import base_model_path, resolve_model_path  # lazy: keeps CLI start light
 
         sets = dotted_sets(sets or [], note=_deprecated)
         base: dict = {}
@@ -100,7 +99,7 @@ def sft_cmd(
 def builtin_recipe(sft: dict, note) -> dict:
     """The ``sft`` fields with those left null set from the built-in model's warm start
     (``agentrl.warmstart.default_model.WARM_START`` and its batching); ``note`` says which."""
-    from agentrl.warmstart.default_model import WARM_START, WARM_START_BATCHING
+    from agentrl.warmstart.default_model import WARM_START, WARM_START_BATCHING  # lazy: keeps CLI start light
 
     filled = {k: v for k, v in {**WARM_START, **WARM_START_BATCHING}.items() if sft.get(k) is None}
     if filled:
@@ -118,7 +117,7 @@ def _progress(cfg, quiet: bool):
     if quiet:
         return None
     if not sys.stderr.isatty():
-        from agentrl.warmstart.progress import sft_progress
+        from agentrl.warmstart.progress import sft_progress  # lazy: keeps CLI start light
 
         every = cfg.log_every or max(1, cfg.steps // 20)
         return sft_progress("sft", cfg.steps, every, min_interval_s=60.0)
@@ -154,8 +153,8 @@ def dotted_sets(sets: list[str], note) -> list[str]:
     (``sft.lr=1e-3``), calling ``note`` once per rewrite; every other item is unchanged."""
     from dataclasses import fields
 
-    from agentrl.config.schema import RunConfig
-    from agentrl.warmstart.config import SFTConfig
+    from agentrl.config.schema import RunConfig  # lazy: keeps CLI start light
+    from agentrl.warmstart.config import SFTConfig  # lazy: keeps CLI start light
 
     flat = {f.name for f in fields(SFTConfig)} - {f.name for f in fields(RunConfig)}
     out = []
@@ -169,7 +168,7 @@ def dotted_sets(sets: list[str], note) -> list[str]:
 
 
 def _print_fields(cls) -> None:
-    from agentrl.config.schema import field_docs
+    from agentrl.config.schema import field_docs  # lazy: keeps CLI start light
 
     tab = Table(title="sft fields (--set sft.name=value)")
     for col in ("field", "default", "doc"):

@@ -54,7 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.schema import RunConfig
+from agentrl.distributed.compute import check
 from agentrl.errors import ConfigError
+from agentrl.models.device import resolve_device
+from agentrl.observe.monitors import MONITORS
+from agentrl.trainer.config import AUTO
+from agentrl.warmstart.default_model import BUILTIN_RL
+from agentrl.weights.factory import resolve_sync_kind
 
 #: The jobs a plan can be made for.
 JOBS = ("run", "rollout")
@@ -80,7 +86,7 @@ class Plan:
     def shaping(self):
         """What the run adds to the env's rewards before credit (``agentrl.batches.rewards``); the
         KL coefficient is the starting one (``algo.kl_target`` adapts it during the run)."""
-        from agentrl.batches.rewards import RewardShaping
+        from agentrl.batches.rewards import RewardShaping  # lazy: pulls in torch
 
         a = self.cfg.algo
         return RewardShaping(
@@ -109,7 +115,6 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
         cfg = cfg.cfg
     if job not in JOBS:
         raise ConfigError(f"job: {job!r} is not one of {list(JOBS)}")
-    from agentrl.models.device import resolve_device
 
     cfg = resolve_device(cfg, found)
     check_urls(cfg)
@@ -118,8 +123,6 @@ def resolve(cfg: RunConfig | Plan, job: str = "run", *, cores: int | None = None
     preset = _preset(cfg)
     engine = _engine(cfg, cores)
     if cfg.distributed == "ray":
-        from agentrl.distributed.compute import check
-
         check(cfg, cfg.ray)
     _check_monitors(cfg)
     algo = resolve_algo(cfg, preset)
@@ -151,7 +154,7 @@ def check_urls(cfg: RunConfig) -> None:
 
 
 def _preset(cfg: RunConfig):
-    from agentrl.batches.samples import ALGOS
+    from agentrl.batches.samples import ALGOS  # lazy: pulls in torch
 
     if cfg.algo.name not in ALGOS:
         raise ConfigError(f"algo.name: {cfg.algo.name!r} is not one of {sorted(ALGOS)}")
@@ -160,8 +163,6 @@ def _preset(cfg: RunConfig):
 
 def _engine(cfg: RunConfig, cores: int | None):
     """``cfg.engine`` with the weight sync, its directory and the CPU threads resolved."""
-    from agentrl.weights.factory import resolve_sync_kind
-
     e = cfg.engine
     device = "cpu" if cfg.model.device == "cpu" else "gpu"
     kind = resolve_sync_kind(e.weight_sync, e.kind, device)
@@ -190,8 +191,6 @@ def cpu_threads(cfg: RunConfig, cores: int | None = None) -> int:
 
 
 def _check_monitors(cfg: RunConfig) -> None:
-    from agentrl.observe.monitors import MONITORS
-
     bad = [k for k in cfg.monitor.pause_on if k not in MONITORS]
     if bad:
         raise ConfigError(f"monitor.pause_on: {bad} not among {list(MONITORS)}")
@@ -287,9 +286,6 @@ def _check_reward_normalization(a, preset, credit: str) -> None:
 
 def resolve_trainer(cfg: RunConfig, preset):
     """``cfg.trainer`` with its null ("auto") fields chosen for this run (see the module docstring)."""
-    from agentrl.trainer.config import AUTO
-    from agentrl.warmstart.default_model import BUILTIN_RL
-
     t = cfg.trainer
     chosen = {
         **AUTO,

@@ -405,7 +405,7 @@ def load_config(
 def with_env_recipe(data: dict) -> dict:
     """``data`` laid on the run recipe of the env it names (``agentrl.envs.recipes``), if that env
     has one: the recipe sits right above the defaults, so every layer of the user's wins over it."""
-    from agentrl.envs.registry import registered
+    from agentrl.envs.registry import registered  # lazy: pulls in gymnasium
 
     env = data.get("env")
     env_id = env.get("id", EnvConfig.id) if isinstance(env, dict) else EnvConfig.id

@@ -48,8 +48,10 @@ from agentrl.distributed.config import RayConfig
 from agentrl.distributed.protocol import Compute
 from agentrl.distributed.ray_actors import EngineActor, RolloutWorker, TrainerRank
 from agentrl.engine.base import Engine
+from agentrl.episodes.tokenizer import template_text
 from agentrl.errors import ConfigError
 from agentrl.weights.drain import Gate, with_partial_rollouts
+from agentrl.weights.factory import resolve_sync_kind
 
 
 def ship_by_value(entry_point: Any) -> bool:
@@ -80,7 +82,6 @@ def check(cfg, rc: RayConfig) -> None:
             "ray.num_engines engine actors launches one SGLang server: set ray.num_engines instead"
         )
     rc.check()
-    from agentrl.weights.factory import resolve_sync_kind
 
     device = "cpu" if cfg.model.device == "cpu" else "gpu"
     check_weight_sync(resolve_sync_kind(cfg.engine.weight_sync, cfg.engine.kind, device), rc, cfg.engine.urls)
@@ -190,8 +191,9 @@ class RayCompute(Compute):
         driver's SGLangEngine supervises them through ActorServer handles, worker k's SGLangClient
         talks to server k // wpe (to every external server). Returns the worker engine factories
         and the refs that finish when the servers are ready."""
+        # lazy: pulls in httpx
         from agentrl.distributed.sglang_engines import ActorServer, SGLangClient, SGLangEngineActor
-        from agentrl.engine.sglang.engine import SGLangEngine
+        from agentrl.engine.sglang.engine import SGLangEngine  # lazy: pulls in httpx
 
         mc = cfg.rollout.max_context
         if cfg.engine.urls:
@@ -230,8 +232,7 @@ class RayCompute(Compute):
     def _start(self, cfg, model_path: str, critic: bool) -> None:
         import ray
 
-        from agentrl.envs.registry import spec
-        from agentrl.episodes.tokenizer import template_text
+        from agentrl.envs.registry import spec  # lazy: pulls in gymnasium
 
         t0 = time.perf_counter()
         self.cluster.connect()

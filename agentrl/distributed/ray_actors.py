@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
+from agentrl.episodes.manager import EpisodeManager
+from agentrl.episodes.tokenizer import prepare
 from agentrl.weights.drain import DrainEngine, with_partial_rollouts
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ class EngineActor(_Placed):
     ) -> None:
         import torch
 
-        from agentrl.engine.local.engine import LocalEngine
+        from agentrl.engine.local.engine import LocalEngine  # lazy: pulls in torch
 
         self.engine = LocalEngine.from_pretrained(
             model_path,
@@ -102,9 +104,7 @@ class RolloutWorker(_Placed):
     ) -> None:
         from transformers import AutoTokenizer
 
-        from agentrl.envs import registry
-        from agentrl.episodes.manager import EpisodeManager
-        from agentrl.episodes.tokenizer import prepare
+        from agentrl.envs import registry  # lazy: pulls in gymnasium
 
         if env_spec.source == "register":  # registered by the driver's code, not by a package
             registry.register(
@@ -164,7 +164,7 @@ class TrainerRank(_Placed):
     def address(self) -> tuple[str, int]:
         import ray
 
-        from agentrl.trainer.dist import listening_store
+        from agentrl.trainer.dist import listening_store  # lazy: pulls in torch
 
         self.store = listening_store(self.world)
         return ray.util.get_node_ip_address(), self.store.port
@@ -178,8 +178,8 @@ class TrainerRank(_Placed):
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
         )
-        from agentrl.trainer import Trainer
-        from agentrl.trainer.dist import join_store
+        from agentrl.trainer import Trainer  # lazy: pulls in torch
+        from agentrl.trainer.dist import join_store  # lazy: pulls in torch
 
         store = self.store or join_store(master_addr, master_port, self.world, cfg.dist_timeout_s)
         trainer = Trainer(model_path, cfg, critic=critic, store=store)

@@ -38,6 +38,7 @@ from agentrl.common.reaper import Reaper
 from agentrl.distributed.ray_actors import _Placed
 from agentrl.engine.sglang.engine import SGLangEngine
 from agentrl.engine.sglang.server import SGLangServer
+from agentrl.weights.object_store import stage_weights_dir
 
 
 class SGLangEngineActor(_Placed):
@@ -91,8 +92,6 @@ class SGLangEngineActor(_Placed):
         """``engine.weight_sync=object_store``: write ``state_dict`` (fetched by Ray from the object
         store onto this node) as this node's ``parent/v<version>``, config files from this server's
         model dir; returns the path the driver then tells every server to load."""
-        from agentrl.weights.object_store import stage_weights_dir
-
         return str(stage_weights_dir(list(state_dict.items()), version, self.server.model_path, parent, keep))
 
     def ready(self) -> dict[str, Any]:

@@ -39,6 +39,9 @@ import numbers
 import warnings
 from typing import Any
 
+from agentrl.envs.registry import load_entry_point, make, no_split_message, spec
+from agentrl.errors import ConfigError
+
 _ROLES = {"system", "user", "assistant", "tool"}
 _FINAL = "The answer is 0."
 
@@ -64,11 +67,9 @@ def _check(env_or_id: Any, n_episodes: int, seed: int, make_kwargs: dict) -> lis
     import gymnasium
     from gymnasium.utils.env_checker import check_env
 
-    from agentrl.envs.base import STAT_KEYS, AgentEnv
+    from agentrl.envs.base import STAT_KEYS, AgentEnv  # lazy: pulls in pydantic
 
     if isinstance(env_or_id, str):
-        from agentrl.envs.registry import make
-
         env = make(env_or_id, **make_kwargs)
     else:
         env = env_or_id
@@ -93,9 +94,6 @@ def _check(env_or_id: Any, n_episodes: int, seed: int, make_kwargs: dict) -> lis
 
 def _held_out_env(env_or_id: Any, env: Any, make_kwargs: dict) -> tuple[Any, list[str]]:
     """(the env made with split="eval", problems); (None, []) when it declares no split or cannot be made here."""
-    from agentrl.envs.registry import load_entry_point, make, no_split_message, spec
-    from agentrl.errors import ConfigError
-
     if isinstance(env_or_id, str):
         s = spec(env_or_id)
         declared = s.has_eval_split

@@ -35,10 +35,13 @@ import numpy as np
 from agentrl.envs import rewards
 from agentrl.envs import tasks as procedural
 from agentrl.envs.base import ToolEnv
+from agentrl.envs.datasets import load_tasks
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import Sandbox
 from agentrl.sandbox.factory import BACKENDS, shared_sandbox
+from agentrl.tools.bash import make_bash_tool
 from agentrl.tools.episode_sandbox import EpisodeSandbox
+from agentrl.tools.python import make_python_tool
 
 SYSTEM_PROMPTS = {
     "hermes": (
@@ -134,9 +137,6 @@ class CodeExecEnv(ToolEnv):
         failed_call_penalty: float = 0.0,
         **kwargs,
     ) -> None:
-        from agentrl.tools.bash import make_bash_tool
-        from agentrl.tools.python import make_python_tool
-
         levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
         if not levels or any(d not in procedural.DIFFICULTIES for d in levels):
             raise ConfigError(
@@ -170,8 +170,6 @@ class CodeExecEnv(ToolEnv):
         )
         self.dataset = None
         if dataset is not None:
-            from agentrl.envs.datasets import load_tasks
-
             self.dataset = load_tasks(dataset, on_bad_row=on_bad_row)
 
     # ---------------------------------------------------------------- episode lifecycle

@@ -24,6 +24,7 @@ from typing import Any
 import gymnasium as gym
 
 from agentrl.envs.judge import JudgeReward
+from agentrl.envs.registry import make
 from agentrl.errors import ConfigError
 
 COMBINE = ("replace", "add", "multiply")
@@ -114,8 +115,6 @@ def make_judged_env(
 ) -> JudgedEnv:
     """The ``judged`` env id: ``agentrl.make(env, **env_kwargs, **inner)`` wrapped in a ``JudgedEnv``
     (other keywords go to the wrapped env, so ``eval.env_kwargs={split: eval}`` still reaches it)."""
-    from agentrl.envs.registry import make
-
     if judge is None:
         raise ConfigError("env 'judged' needs a judge: env.kwargs.judge = {model: provider/name, ...}")
     if env in ("judged", "Judged-v0"):

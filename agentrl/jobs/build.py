@@ -18,32 +18,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.agents.proxy import ProxyEndpoint
+from agentrl.agents.strategy import ProxyStrategy
 from agentrl.config.plan import Plan
 from agentrl.config.schema import RunConfig
+from agentrl.distributed import RayCompute
+from agentrl.episodes.manager import EpisodeManager
+from agentrl.episodes.tokenizer import load_chat_tokenizer
+from agentrl.errors import ConfigError
 from agentrl.jobs.local_compute import LocalCompute
+from agentrl.models.teacher import resolve_teacher
 from agentrl.sandbox.base import env_isolation_line
+from agentrl.warmstart.default_model import resolve_model_path
+from agentrl.weights.drain import with_partial_rollouts
+from agentrl.weights.factory import make_weight_sync
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentrl.engine.base import Engine
-    from agentrl.episodes.manager import EpisodeManager
 
 
 def model_dir(cfg: RunConfig) -> Path:
     """The model directory the job loads: the built-in model for ``model.path: null`` (built and
     cached on first use), else ``model.path`` (a local directory, checked, or a Hub id fetched at
     ``model.revision``; ConfigError if unusable)."""
-    from agentrl.warmstart.default_model import resolve_model_path
-
     return resolve_model_path(cfg.model.path, cfg.model.revision)
 
 
 def chat_tokenizer(cfg: RunConfig, model_path: Path):
     """The tokenizer the job renders chats with (``model.chat_template`` and ``model.tool_prompt``
     applied; ``agentrl.episodes.tokenizer``) and the ``ChatSetup`` saying what was chosen."""
-    from agentrl.episodes.tokenizer import load_chat_tokenizer
-
     return load_chat_tokenizer(model_path, cfg.model.chat_template, cfg.model.tool_prompt, model=cfg.model.path)
 
 
@@ -53,7 +58,7 @@ class EnvFactory:
     its sandbox (None for an env without one), which ``agentrl run``/``rollout`` print at start."""
 
     def __init__(self, env_id: str, kwargs: dict) -> None:
-        from agentrl.envs.registry import make
+        from agentrl.envs.registry import make  # lazy: pulls in gymnasium
 
         self.env_id, self.kwargs = env_id, dict(kwargs)
         env = make(env_id, **self.kwargs)
@@ -63,7 +68,7 @@ class EnvFactory:
             env.close()
 
     def __call__(self) -> Any:
-        from agentrl.envs.registry import make
+        from agentrl.envs.registry import make  # lazy: pulls in gymnasium
 
         return make(self.env_id, **self.kwargs)
 
@@ -75,7 +80,7 @@ def env_factory(cfg: RunConfig) -> EnvFactory:
 
 def eval_env_factory(plan: Plan):
     """The held-out eval's env: ``env.id`` with ``plan.eval_env_kwargs`` (built per episode, not probed)."""
-    from agentrl.envs.registry import check_split, make
+    from agentrl.envs.registry import check_split, make  # lazy: pulls in gymnasium
 
     env_id, kwargs = plan.cfg.env.id, plan.eval_env_kwargs
     check_split(env_id, kwargs)  # an env without a held-out split fails here, before training, naming the choice
@@ -86,7 +91,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
     """The rollout engine ``cfg.engine.kind`` names, not started yet."""
     if cfg.engine.kind == "sglang":
         return _sglang_engine(cfg, model_path)
-    from agentrl.engine.local.engine import LocalEngine
+    from agentrl.engine.local.engine import LocalEngine  # lazy: pulls in torch
 
     return LocalEngine.from_pretrained(
         str(model_path),
@@ -99,7 +104,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
 
 
 def _sglang_engine(cfg: RunConfig, model_path: Path):
-    from agentrl.engine.sglang.engine import SGLangEngine
+    from agentrl.engine.sglang.engine import SGLangEngine  # lazy: pulls in httpx
 
     if cfg.engine.urls:
         return SGLangEngine(urls=cfg.engine.urls, max_context=cfg.rollout.max_context)
@@ -115,8 +120,6 @@ def _sglang_engine(cfg: RunConfig, model_path: Path):
 
 def make_sync(plan: Plan, engine, model_path: Path):
     """The WeightSync ``engine.weight_sync`` (resolved by the plan) names, pushing into ``engine``."""
-    from agentrl.weights.factory import make_weight_sync
-
     e = plan.cfg.engine
     kwargs: dict[str, Any] = {}
     if plan.sync_kind == "disk":
@@ -133,7 +136,6 @@ def with_teacher(cfg: RunConfig, model_path: Path) -> RunConfig:
     a = cfg.algo
     if not a.opd_coef:
         return cfg
-    from agentrl.models.teacher import resolve_teacher
 
     teacher = resolve_teacher(a.teacher, model_path, cfg.model.path or "the built-in model")
     return dataclasses.replace(
@@ -147,11 +149,7 @@ def start_compute(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
     checkpoint's extra state or {}). On failure nothing it started is left running."""
     cfg = with_teacher(plan.cfg, model_path)
     if cfg.distributed == "ray":
-        from agentrl.distributed import RayCompute
-
         if cfg.agent.kind != "builtin":
-            from agentrl.errors import ConfigError
-
             raise ConfigError(
                 f"agent.kind={cfg.agent.kind!r} runs with distributed=local only (the Ray "
                 "mode's episode actors run the built-in loop)"
@@ -163,8 +161,7 @@ def start_compute(plan: Plan, model_path: Path, make_env, tokenizer, resume: Pat
         except BaseException:
             compute.close()
             raise
-    from agentrl.trainer import Trainer
-    from agentrl.weights.drain import with_partial_rollouts
+    from agentrl.trainer import Trainer  # lazy: pulls in torch
 
     trainer = Trainer(str(model_path), cfg.trainer, critic=plan.preset.critic)
     try:
@@ -182,12 +179,7 @@ def episode_manager(
 ) -> EpisodeManager:
     """The run's EpisodeManager: the built-in turn loop, or (``agent.kind: proxy``) outside agent
     programs sampling through a recording OpenAI-compatible endpoint (``agentrl.agents``)."""
-    from agentrl.episodes.manager import EpisodeManager
-
     strategy = None
     if cfg.agent.kind == "proxy":
-        from agentrl.agents.proxy import ProxyEndpoint
-        from agentrl.agents.strategy import ProxyStrategy
-
         strategy = ProxyStrategy(cfg.agent, ProxyEndpoint(cfg.agent.model_name, max_tokens=cfg.rollout.max_new_tokens))
     return EpisodeManager(engine, make_env, tokenizer, cfg.rollout, env_id=cfg.env.id, strategy=strategy)

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.batches.ledger import read_ledger
+
 
 def small_run_cmd(model_dir: str | Path, out: str | Path, steps: int, *sets: str) -> list[str]:
     """``python -m agentrl run`` on ``concise`` (one turn), 3 groups x 4 samples per step, a checkpoint
@@ -153,8 +155,6 @@ def ledger_check(run_dir: str | Path) -> dict[str, Any]:
     """Exactly-once over a finished run: ``{"trained": n, "duplicates": [...], "lost": [...],
     "outstanding": n, "next": n}`` (abandoned prompts count as outstanding: accounted for, never
     trained); ``duplicates`` and ``lost`` must both be empty."""
-    from agentrl.batches.ledger import read_ledger
-
     run_dir = Path(run_dir)
     rows = read_ledger(run_dir)
     steps = [r["step"] for r in rows]

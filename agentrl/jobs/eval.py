@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.common.llm_api import ApiClient, ChatReply, public_url, redact
+from agentrl.episodes.manager import make_specs
 from agentrl.episodes.pass_at_k import pass_at_k_rates
 from agentrl.episodes.summary import End, is_solved
 from agentrl.episodes.summary import summarize as summarize_ends
@@ -304,8 +305,7 @@ async def run_eval(
     infrastructure reason. ``resume``: continue the eval ``out`` holds (``agentrl.jobs.eval_store``),
     running only the attempts it lacks or that failed for an infrastructure reason; ``say`` hears how
     many that is."""
-    from agentrl.envs.registry import make, spec
-    from agentrl.episodes.manager import make_specs
+    from agentrl.envs.registry import make, spec  # lazy: pulls in gymnasium
 
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n (episodes) must be an int >= 1, got {n!r}")

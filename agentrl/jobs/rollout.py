@@ -23,6 +23,7 @@ from agentrl.engine.counters import EngineCounters
 from agentrl.episodes.manager import EpisodeManager, make_specs
 from agentrl.episodes.summary import RolloutMetrics
 from agentrl.jobs.build import chat_tokenizer, env_factory, episode_manager, make_engine, model_dir
+from agentrl.models.device import device_line
 from agentrl.trajectory import Trajectory, json_text
 
 
@@ -75,8 +76,6 @@ def run_rollout(
 ) -> tuple[list[Trajectory], RolloutMetrics, Path]:
     """Run ``cfg``'s rollout (its plan for job ``rollout``); returns the trajectories, their
     metrics and the output directory."""
-    from agentrl.models.device import device_line
-
     cfg = resolve(cfg, "rollout").cfg  # written as config.yaml: what really ran
     tune_gc()
     note(device_line(cfg))

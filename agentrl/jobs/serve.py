@@ -31,7 +31,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.common.paths import cache_dir
+from agentrl.episodes.tokenizer import load_chat_tokenizer, prepare, template_text
 from agentrl.errors import AgentRLError, ConfigError, EngineError
+from agentrl.models.gguf import find_gguf
+from agentrl.models.hub import HubRef, parse_ref, resolve_model
+from agentrl.serving.api import OpenAIAPI
+from agentrl.warmstart.default_model import resolve_model_path
 
 MARKER = "COMPLETE"  # agentrl.trainer.checkpoint.MARKER (not imported: that module pulls in torch.distributed)
 _STEP = re.compile(r"step_(\d+)")
@@ -80,8 +86,6 @@ def checkpoint_version(ckpt: Path) -> int:
 def _run_initial_model(run_dir: Path) -> Path:
     import yaml
 
-    from agentrl.warmstart.default_model import resolve_model_path
-
     cfg_file = run_dir / "config.yaml"
     try:
         model_path = ((yaml.safe_load(cfg_file.read_text()) or {}).get("model") or {}).get("path")
@@ -122,17 +126,11 @@ def resolve_target(path: str | Path, *, follow: bool = False) -> ServeTarget:
 def _resolve_target(path: str | Path, follow: bool) -> ServeTarget:
     p = Path(path).expanduser()
     if p.exists():
-        from agentrl.models.gguf import find_gguf
-
         if find_gguf(p, "serve PATH") is not None:
             if follow:
                 raise ConfigError(f"serve: --follow needs a run directory; {str(path)!r} is a GGUF model")
-            from agentrl.models.hub import resolve_model
-
             return ServeTarget(resolve_model(str(p), what="serve PATH"))
     if not p.exists():
-        from agentrl.models.hub import HubRef, parse_ref, resolve_model
-
         try:
             ref = parse_ref(str(path), what="serve PATH")
         except ConfigError:
@@ -269,9 +267,7 @@ class LocalServer:
     def start(self) -> LocalServer:
         import torch
 
-        from agentrl.engine.local.engine import LocalEngine
-        from agentrl.episodes.tokenizer import load_chat_tokenizer
-        from agentrl.serving.api import OpenAIAPI
+        from agentrl.engine.local.engine import LocalEngine  # lazy: pulls in torch
 
         t = self.target
         try:
@@ -302,7 +298,7 @@ class LocalServer:
         if self.follow:
             self.follower = CheckpointFollower(self.target, self._swap, poll_s=self.poll_s, log=self.log)
             self._follow_task = asyncio.run_coroutine_threadsafe(self.follower.run(), self.loop)
-        from agentrl.serving.app import HTTPServer, build_app
+        from agentrl.serving.app import HTTPServer, build_app  # lazy: pulls in fastapi
 
         try:
             self._http = HTTPServer(build_app(self.api), self.host, self.port, self.loop, verbose=self.verbose).start()
@@ -313,7 +309,7 @@ class LocalServer:
         return self
 
     async def _swap(self, ckpt: Path, version: int) -> None:
-        from agentrl.trainer.checkpoint import read_hf
+        from agentrl.trainer.checkpoint import read_hf  # lazy: pulls in torch
 
         state = await asyncio.to_thread(read_hf, ckpt, self.engine.model)
         await self.engine.update_weights(state, version)
@@ -384,7 +380,7 @@ class SGLangService:
         log: Callable[[str], None] = print,
         **server_kwargs,
     ) -> None:
-        from agentrl.engine.sglang.server import SGLangServer, unavailable_reason
+        from agentrl.engine.sglang.server import SGLangServer, unavailable_reason  # lazy: pulls in httpx
 
         reason = unavailable_reason()
         if reason:
@@ -409,9 +405,6 @@ class SGLangService:
         import os
 
         from transformers import AutoTokenizer
-
-        from agentrl.common.paths import cache_dir
-        from agentrl.episodes.tokenizer import prepare, template_text
 
         t = self.target
         tok = AutoTokenizer.from_pretrained(str(t.model_dir))

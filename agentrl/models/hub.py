@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.errors import ConfigError
+from agentrl.models.gguf import converted_dir, find_gguf
+from agentrl.models.local_dir import check_model_dir
 
 #: A Hub repo id: ``namespace/name`` with the Hub's characters, optional ``@revision``.
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?:@(?P<rev>[\w./-]{1,200}))?$")
@@ -233,9 +235,6 @@ def resolve_model(ref: str, revision: str | None = None, what: str = "model.path
     """A usable local HF model directory for ``ref`` (a local directory, a GGUF file or a directory
     holding one, converted once into the agentrl cache, or a Hub id fetched into the HF cache), checked
     by ``agentrl.models.local_dir.check_model_dir``. ConfigError names the reference and the problem."""
-    from agentrl.models.gguf import converted_dir, find_gguf
-    from agentrl.models.local_dir import check_model_dir
-
     target = parse_ref(str(ref), revision, what)
     if isinstance(target, HubRef):
         return check_model_dir(download(target, what), f"{what} ({target})")

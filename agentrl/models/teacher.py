@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.models.hub import resolve_model
 
 #: Texts both tokenizers must encode to the same ids.
 PROBES = (
@@ -61,8 +62,6 @@ def resolve_teacher(ref: str, student_dir: Path, student_name: str) -> Path:
     """The teacher's checked local HF directory for ``ref`` (``algo.teacher``); ConfigError naming
     both models when it does not share the tokenizer of the student at ``student_dir``
     (``student_name``: how the user named the student)."""
-    from agentrl.models.hub import resolve_model
-
     if str(ref).startswith(("http://", "https://")):
         raise ConfigError(
             f"algo.teacher: {ref!r} is a URL, but a teacher served by SGLang is not supported: the teacher "

@@ -13,7 +13,9 @@ import threading
 
 from agentrl.errors import ConfigError
 from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.local import LocalSandbox
 from agentrl.sandbox.probe import docker_unavailable_reason
+from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 
 #: Names ``make_sandbox`` accepts.
 BACKENDS = ("auto", "local", "docker", "subprocess")
@@ -34,16 +36,12 @@ def make_sandbox(backend: str = "auto", **options) -> Sandbox:
         _check_auto_options(options)
         backend = "docker" if docker_unavailable_reason() is None else "local"
     if backend == "local":
-        from agentrl.sandbox.local import LocalSandbox
-
         return LocalSandbox(**options)
     if backend == "subprocess":
-        from agentrl.sandbox.subprocess_runner import SubprocessSandbox
-
         return SubprocessSandbox(**options)
     if backend == "docker":
         try:
-            from agentrl.sandbox.docker import DockerSandbox
+            from agentrl.sandbox.docker import DockerSandbox  # optional: an ImportError becomes the ConfigError below
         except ImportError as e:
             raise ConfigError(f"sandbox backend 'docker' is not available: {e}") from e
         return DockerSandbox(**options)

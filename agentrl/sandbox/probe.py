@@ -12,7 +12,7 @@ from __future__ import annotations
 def docker_unavailable_reason() -> str | None:
     """None when the docker backend can run here, else why not (module missing, no daemon, no image)."""
     try:
-        from agentrl.sandbox import docker
+        from agentrl.sandbox import docker  # optional: an ImportError is the reason returned
     except ImportError as e:
         return f"agentrl.sandbox.docker cannot be imported: {e}"
     probe = getattr(docker, "unavailable_reason", None)

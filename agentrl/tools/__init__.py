@@ -7,11 +7,11 @@ from agentrl.tools.episode_sandbox import EpisodeSandbox, format_exec_result
 
 def __getattr__(name: str):
     if name == "make_python_tool":
-        from agentrl.tools.python import make_python_tool
+        from agentrl.tools.python import make_python_tool  # lazy re-export: pulls in pydantic
 
         return make_python_tool
     if name == "make_bash_tool":
-        from agentrl.tools.bash import make_bash_tool
+        from agentrl.tools.bash import make_bash_tool  # lazy re-export: pulls in pydantic
 
         return make_bash_tool
     raise AttributeError(name)

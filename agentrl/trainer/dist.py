@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.errors import ConfigError
+from agentrl.models.device import choose
 
 _owned_refs = 0  # Trainers holding a group this module created
 
@@ -29,8 +30,6 @@ _owned_refs = 0  # Trainers holding a group this module created
 def pick_device(name: str) -> torch.device:
     """This rank's device for trainer.device ``name`` (``auto``: cuda when visible, by
     ``agentrl.models.device.choose``); bare ``cuda`` is this rank's LOCAL_RANK GPU."""
-    from agentrl.models.device import choose
-
     name, _ = choose(name, "auto", torch.cuda.is_available(), what="trainer")
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from agentrl.models.device import compute_dtype
 from agentrl.trainer import attention as _attention  # noqa: F401  (registers varlen_sdpa)
 from agentrl.trainer.packing import MicroBatch
 
@@ -66,8 +67,6 @@ def mixed_precision(param_dtype: str, device_type: str) -> MixedPrecisionPolicy:
     """FSDP2's policy: compute in ``param_dtype`` (``auto``: bfloat16 on CUDA, float32 elsewhere, by
     ``agentrl.models.device.compute_dtype``); gradients reduced in float32; master weights stay float32
     (the loaders above)."""
-    from agentrl.models.device import compute_dtype
-
     return MixedPrecisionPolicy(
         param_dtype=_DTYPES[compute_dtype(param_dtype, device_type)], reduce_dtype=torch.float32
     )

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import DatasetError
+from agentrl.episodes.chat import ChatRenderer
+from agentrl.errors import DatasetError, TemplateError
 
 
 @dataclass
@@ -84,9 +85,6 @@ def chat_example(tokenizer, messages: list[dict], tools: list[dict] | None = Non
     non-assistant stretch come from ``ChatRenderer`` (mask 0), each assistant turn is its rendered
     content plus the end-of-turn id (mask 1). The result decodes to the template's rendering of
     the whole conversation (without the glue after the last turn); TemplateError otherwise."""
-    from agentrl.episodes.chat import ChatRenderer
-    from agentrl.errors import TemplateError
-
     r = ChatRenderer(tokenizer, tools=tools)
     if r.end_of_turn_id is None:
         raise TemplateError(r._turn_error or "the chat template has no end-of-turn token")
@@ -126,8 +124,6 @@ def chat_example(tokenizer, messages: list[dict], tools: list[dict] | None = Non
 def load_chat_jsonl(path: str | Path, tokenizer) -> list[SFTExample]:
     """``SFTExample``s from a JSONL file of ``{"messages": [...], "tools": [...]}`` rows (blank lines
     skipped). Any bad row raises ``DatasetError`` naming the file and the 1-based row."""
-    from agentrl.errors import TemplateError
-
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"{p}: no such file")

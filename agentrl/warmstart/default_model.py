@@ -20,7 +20,12 @@ import time
 from pathlib import Path
 
 from agentrl.common.paths import cache_dir  # lives in agentrl.common.paths; still importable from here
-from agentrl.warmstart.model_cache import cached, say
+from agentrl.errors import ConfigError
+from agentrl.models.hub import resolve_model
+from agentrl.warmstart.model_cache import cached, say, sft_progress
+from agentrl.warmstart.sft import oracle_turn
+from agentrl.warmstart.textworld_model import textworld_model_path
+from agentrl.warmstart.tiny_model import _agent_corpus, build_model, qwen25_chat_template
 
 VERSION = "v2"
 #: The randomly initialised model (``agentrl.warmstart.tiny_model.build_model`` arguments).
@@ -50,9 +55,7 @@ BUILTIN_RL = dict(lr=2e-4, norm_lr_scale=300.0, lr_schedule="cosine", min_lr_rat
 
 def fingerprint() -> str:
     """Hash of the recipe and of the text the model is fit to (see the module docstring)."""
-    from agentrl.envs import tasks
-    from agentrl.warmstart.sft import oracle_turn
-    from agentrl.warmstart.tiny_model import _agent_corpus, qwen25_chat_template
+    from agentrl.envs import tasks  # lazy: pulls in gymnasium
 
     sample = [tasks.generate_task(i, d, "train") for d in tasks.DIFFICULTIES for i in range(2)]
     parts = {
@@ -68,8 +71,6 @@ def fingerprint() -> str:
 
 def base_model_path() -> Path:
     """The cached randomly initialised tiny model (no warm start)."""
-    from agentrl.warmstart.tiny_model import build_model
-
     dest = cache_dir() / "models" / f"tiny-qwen3-base-{VERSION}-{fingerprint()}"
     return cached(dest, lambda tmp: build_model(tmp, **BASE))
 
@@ -87,8 +88,7 @@ def default_model_path(warm_start: bool = True) -> Path:
         return dest
 
     def build(tmp: Path) -> None:
-        from agentrl.warmstart.model_cache import sft_progress
-        from agentrl.warmstart.sft import SFTConfig, run_sft
+        from agentrl.warmstart.sft import SFTConfig, run_sft  # late-bound: tests replace sft.run_sft
 
         say(f"building the built-in model's SFT warm start in {dest} (first use only; a few minutes on CPU)")
         t0 = time.perf_counter()
@@ -110,17 +110,12 @@ def resolve_model_path(path: str | None, revision: str | None = None) -> Path:
     (``agentrl.warmstart.textworld_model``); else a local HF directory, or a Hub id ('org/name[@revision]')
     fetched into the HF cache, by ``agentrl.models.hub.resolve_model`` (ConfigError if unusable)."""
     if path == "builtin:textworld":  # the TextWorld warm start (agentrl.warmstart.textworld_model)
-        from agentrl.warmstart.textworld_model import textworld_model_path
-
         return textworld_model_path()
     if path is None:
         if revision is not None:
-            from agentrl.errors import ConfigError
-
             raise ConfigError(
                 f"model.revision: {revision!r} needs a Hub id in model.path (it is null: the built-in model)"
             )
         return default_model_path()
-    from agentrl.models.hub import resolve_model
 
     return resolve_model(path, revision)

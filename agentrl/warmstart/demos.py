@@ -32,8 +32,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.errors import DemonstrationError, EngineError, TemplateError
-from agentrl.sandbox.base import Sandbox
+from agentrl.engine.fake import FakeEngine
+from agentrl.episodes.chat import ChatRenderer
+from agentrl.episodes.config import RolloutConfig
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+from agentrl.errors import DemonstrationError, EngineError, SandboxError, TemplateError
+from agentrl.sandbox.base import ExecResult, Sandbox
 from agentrl.warmstart.chat_data import SFTExample
 
 _TAIL = 300  # characters of a tool's output an error quotes
@@ -56,9 +60,6 @@ class OracleSandbox(Sandbox):
         import io
         import time
         import traceback
-
-        from agentrl.errors import SandboxError
-        from agentrl.sandbox.base import ExecResult
 
         if list(argv)[-1:] != ["-"] or files:
             raise SandboxError(f"OracleSandbox only runs python programs given on stdin, not {list(argv)!r}")
@@ -133,7 +134,7 @@ def demo_tasks(
     ``direct_frac`` of them marked ``"direct": True`` (demonstrated without the tool)."""
     import random
 
-    from agentrl.envs import tasks
+    from agentrl.envs import tasks  # lazy: pulls in gymnasium
 
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
     rng = random.Random(seed)
@@ -183,11 +184,7 @@ async def run_demonstrations(
     tokenizer, tasks: list[dict], *, env_kwargs: dict | None = None, max_concurrency: int = 16
 ) -> DemoRun:
     """Oracle ``Trajectory``s for ``tasks`` on ``code_exec`` (see the module docstring), each checked."""
-    from agentrl.engine.fake import FakeEngine
-    from agentrl.envs.registry import make
-    from agentrl.episodes.chat import ChatRenderer
-    from agentrl.episodes.config import RolloutConfig
-    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+    from agentrl.envs.registry import make  # lazy: pulls in gymnasium
 
     kwargs = dict(env_kwargs or {})
     parser = kwargs.get("parser") or "hermes"

@@ -25,6 +25,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from agentrl.common.typed_tree import build, deep_merge, parse_override
+from agentrl.episodes.tokenizer import load_chat_tokenizer
+from agentrl.episodes.tool_prompt import strip
 from agentrl.errors import ConfigError
 from agentrl.warmstart.chat_data import SFTExample, load_chat_jsonl
 from agentrl.warmstart.config import SFTConfig, resolve  # the tree's sft section, re-exported
@@ -41,8 +44,6 @@ from agentrl.warmstart.demos import run_sync as _run_sync  # noqa: F401 - textwo
 # ------------------------------------------------------------------------------ the SFT stage
 def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFTConfig:
     """``SFTConfig`` from ``base`` and ``--set name=value`` overrides, validated like the run config."""
-    from agentrl.common.typed_tree import build, deep_merge, parse_override
-
     data: dict = dict(base or {})
     for o in overrides:
         data = deep_merge(data, parse_override(o))
@@ -61,7 +62,7 @@ def build_sft_config(overrides: list[str] = (), base: dict | None = None) -> SFT
         raise ConfigError(f"sft.batching: {cfg.batching!r} is not one of ['pad', 'pack']")
     if cfg.demo_sandbox not in ("oracle", "env"):
         raise ConfigError(f"sft.demo_sandbox: {cfg.demo_sandbox!r} is not one of ['oracle', 'env']")
-    from agentrl.envs.tasks import DIFFICULTIES
+    from agentrl.envs.tasks import DIFFICULTIES  # lazy: pulls in gymnasium
 
     if not cfg.difficulty or any(d not in DIFFICULTIES for d in cfg.difficulty):
         raise ConfigError(f"sft.difficulty: {cfg.difficulty!r} must be a non-empty list of {list(DIFFICULTIES)}")
@@ -99,8 +100,8 @@ def run_sft(
 
     from transformers import AutoTokenizer
 
-    from agentrl.trainer import Trainer, TrainerConfig, TrainSample
-    from agentrl.trainer.checkpoint import write_hf
+    from agentrl.trainer import Trainer, TrainerConfig, TrainSample  # lazy: pulls in torch
+    from agentrl.trainer.checkpoint import write_hf  # lazy: pulls in torch
 
     say = say or (lambda line: None)
     cfg, chosen = resolve(cfg or SFTConfig())
@@ -110,8 +111,6 @@ def run_sft(
     if chat_template is None and tool_prompt is None:
         tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     else:
-        from agentrl.episodes.tokenizer import load_chat_tokenizer
-
         tokenizer, setup = load_chat_tokenizer(model_path, chat_template, tool_prompt or "auto")
         say(setup.line())
     pool: list[SFTExample] = list(examples or [])
@@ -206,8 +205,6 @@ def _keep_template(tokenizer, out: Path) -> None:
     """Save ``model.chat_template`` (without agentrl's tool prompt, which every job applies itself from
     ``model.tool_prompt``) with the output's tokenizer: the model was trained on that template."""
     from transformers import AutoTokenizer
-
-    from agentrl.episodes.tool_prompt import strip
 
     saved = AutoTokenizer.from_pretrained(str(out))
     saved.chat_template = strip(tokenizer.chat_template)

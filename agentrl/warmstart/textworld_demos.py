@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import re
 
+from agentrl.engine.fake import FakeEngine
+from agentrl.episodes.config import RolloutConfig
+from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
 from agentrl.warmstart.chat_data import SFTExample
+from agentrl.warmstart.sft import _run_sync  # works inside a running loop too (a run's setup)
 
 _USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.DOTALL)
@@ -27,7 +31,7 @@ _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.DOTALL
 
 def demo_worlds(n: int, difficulty: int | list[int] = 2, seed: int = 0) -> list[dict]:
     """``n`` train-split TextWorld tasks with distinct opening descriptions, difficulties cycled."""
-    from agentrl.envs.textworld import generate_world
+    from agentrl.envs.textworld import generate_world  # lazy: pulls in gymnasium
 
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
     out, seen, i = [], set(), 0
@@ -53,8 +57,8 @@ PLANNERS = ("explorer", "oracle")
 
 
 def _planner(name: str):
-    from agentrl.envs.textworld import oracle_actions
-    from agentrl.envs.textworld.explorer import explorer_actions
+    from agentrl.envs.textworld import oracle_actions  # lazy: pulls in gymnasium
+    from agentrl.envs.textworld.explorer import explorer_actions  # lazy: pulls in gymnasium
 
     if name not in PLANNERS:
         raise ValueError(f"TextWorld demonstrations: planner must be one of {PLANNERS}, got {name!r}")
@@ -66,8 +70,8 @@ def _plans(world, planner: str, variants: int, seed: int) -> list[list[str]]:
     then the explorer's with random tie-breaks (seeded by ``seed`` and the world)."""
     import random
 
-    from agentrl.envs.textworld import hermes_call
-    from agentrl.envs.textworld.explorer import explorer_actions
+    from agentrl.envs.textworld import hermes_call  # lazy: pulls in gymnasium
+    from agentrl.envs.textworld.explorer import explorer_actions  # lazy: pulls in gymnasium
 
     plans = [[hermes_call(a) for a in _planner(planner)(world)]]
     rng = random.Random(f"{seed}/{world.task_id}")
@@ -81,10 +85,7 @@ def _plans(world, planner: str, variants: int, seed: int) -> list[list[str]]:
 
 
 async def _demonstrations(tokenizer, tasks: list[dict], max_concurrency: int, planner: str, variants: int = 1):
-    from agentrl.engine.fake import FakeEngine
-    from agentrl.envs.textworld import TextWorldEnv, generate_world
-    from agentrl.episodes.config import RolloutConfig
-    from agentrl.episodes.manager import EpisodeManager, EpisodeSpec
+    from agentrl.envs.textworld import TextWorldEnv, generate_world  # lazy: pulls in gymnasium
 
     plans, episodes = {}, []
     for t in tasks:
@@ -122,8 +123,6 @@ def textworld_demonstrations(
 ) -> list[SFTExample]:
     """Demonstrations of ``planner`` on ``n`` worlds as ``SFTExample``s: one per world (fewer if any
     failed), or up to ``variants`` games per world (see the module docstring)."""
-    from agentrl.warmstart.sft import _run_sync  # works inside a running loop too (a run's setup)
-
     _planner(planner)  # a bad name fails before any world is made
     if not isinstance(variants, int) or variants < 1:
         raise ValueError(f"TextWorld demonstrations: variants must be an int >= 1, got {variants!r}")
@@ -139,9 +138,9 @@ def textworld_corpus(renderer, n: int = 300, seed: int = 0) -> list[str]:
     worlds of every difficulty, rendered by ``renderer`` (a tokenizer with a chat template) with the
     env's system prompt and tool schemas, as an agent sees them. Plain rendering (no episode
     manager): only the text matters here."""
-    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call
-    from agentrl.envs.textworld.env import SYSTEM_PROMPT
-    from agentrl.envs.textworld.explorer import explorer_actions
+    from agentrl.envs.textworld import TextWorldEnv, generate_world, hermes_call  # lazy: pulls in gymnasium
+    from agentrl.envs.textworld.env import SYSTEM_PROMPT  # lazy: pulls in gymnasium
+    from agentrl.envs.textworld.explorer import explorer_actions  # lazy: pulls in gymnasium
 
     tools = [t.schema() for t in TextWorldEnv().tools]
     out = []

@@ -42,7 +42,10 @@ import time
 from pathlib import Path
 
 from agentrl.common.paths import cache_dir
+from agentrl.warmstart.chat_data import SFTExample
 from agentrl.warmstart.model_cache import cached, say, sft_progress
+from agentrl.warmstart.textworld_demos import textworld_corpus, textworld_demonstrations
+from agentrl.warmstart.tiny_model import _byte_tokenizer, build_model, qwen25_chat_template
 
 VERSION = "v4"
 
@@ -83,8 +86,6 @@ BUILTIN_NAME = "builtin:textworld"
 
 
 def _demos(tokenizer, n: int) -> list:
-    from agentrl.warmstart.textworld_demos import textworld_demonstrations
-
     r = TEXTWORLD_WARM_START
     return textworld_demonstrations(
         tokenizer, n, difficulty=list(r["difficulty"]), seed=int(r["demo_seed"]), planner=str(r["planner"])
@@ -93,9 +94,6 @@ def _demos(tokenizer, n: int) -> list:
 
 def base_fingerprint() -> str:
     """Hash of the base's recipe and of the text its tokenizer is trained on."""
-    from agentrl.warmstart.textworld_demos import textworld_corpus
-    from agentrl.warmstart.tiny_model import _byte_tokenizer, qwen25_chat_template
-
     corpus = textworld_corpus(_byte_tokenizer(qwen25_chat_template()), n=3)
     parts = {"version": VERSION, "base": TEXTWORLD_BASE, "corpus": corpus}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
@@ -103,8 +101,6 @@ def base_fingerprint() -> str:
 
 def textworld_base_path() -> Path:
     """The cached randomly initialised TextWorld base (``TEXTWORLD_BASE``), built first if needed (seconds)."""
-    from agentrl.warmstart.tiny_model import build_model
-
     dest = cache_dir() / "models" / f"tiny-qwen3-textworld-base-{VERSION}-{base_fingerprint()}"
     return cached(dest, lambda tmp: build_model(tmp, **TEXTWORLD_BASE))
 
@@ -142,8 +138,6 @@ def textworld_model_path(base: Path | None = None) -> Path:
 
 def loss_on_every_token(examples: list) -> list:
     """``examples`` with the loss on every token after the first (``loss_on="all"``): the observations too."""
-    from agentrl.warmstart.chat_data import SFTExample
-
     return [SFTExample(e.token_ids, [0] + [1] * (len(e.token_ids) - 1), e.source) for e in examples]
 
 
@@ -157,7 +151,7 @@ def _phase(start: Path, dest: Path, k: int) -> Path:
     def build(tmp: Path) -> None:
         from transformers import AutoTokenizer
 
-        from agentrl.warmstart.sft import SFTConfig, run_sft
+        from agentrl.warmstart.sft import SFTConfig, run_sft  # late-bound: tests replace sft.run_sft
 
         say(
             f"building the TextWorld warm start, phase {k} of {n}, in {dest} "

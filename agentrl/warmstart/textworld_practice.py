@@ -29,7 +29,10 @@ from pathlib import Path
 
 from agentrl.common.paths import cache_dir
 from agentrl.warmstart.model_cache import cached, say, sft_progress
+from agentrl.warmstart.sft import SFTConfig, run_sft
+from agentrl.warmstart.textworld_demos import textworld_demonstrations
 from agentrl.warmstart.textworld_model import SHARED_SFT, TEXTWORLD_BASE, loss_on_every_token, textworld_base_path
+from agentrl.warmstart.tiny_model import build_model
 
 #: up to ``variants`` explorer games per world; SFT fields (``agentrl.warmstart.sft.SFTConfig``)
 PRACTICE = dict(
@@ -43,10 +46,6 @@ def build_practice_start(dest: Path, worlds: int, log: Callable[[int, dict], Non
     import tempfile
 
     from transformers import AutoTokenizer
-
-    from agentrl.warmstart.sft import SFTConfig, run_sft
-    from agentrl.warmstart.textworld_demos import textworld_demonstrations
-    from agentrl.warmstart.tiny_model import build_model
 
     if worlds < 1:
         raise ValueError(f"worlds must be >= 1 (the fixed train worlds to practise), got {worlds}")
@@ -66,8 +65,6 @@ def practice_model_path(worlds: int) -> Path:
     by the base, the recipe, the world count and one demonstration's token ids (so editing the env's
     prompt or tools builds a fresh start, as for the built-in warm start)."""
     from transformers import AutoTokenizer
-
-    from agentrl.warmstart.textworld_demos import textworld_demonstrations
 
     base = textworld_base_path()
     demo = textworld_demonstrations(AutoTokenizer.from_pretrained(str(base)), 1, difficulty=[PRACTICE["difficulty"]])

@@ -14,6 +14,8 @@ import random
 from importlib import resources
 from pathlib import Path
 
+from agentrl.warmstart.textworld_demos import textworld_corpus
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (non-special) tokens: single ids, kept by decode(skip_special_tokens=True) like Qwen's.
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -60,10 +62,10 @@ def _agent_corpus(chat_template: str, n: int = 400, seed: int = 0) -> list[str]:
     """Rendered conversations of the built-in ``code_exec`` env (system prompt, tool schemas, task
     prompts, tool calls with reference solutions, tool results, final answers), as the chat template
     writes them, so the tokenizer learns the text an agent really sees. Train-split tasks only."""
-    from agentrl.envs import tasks
-    from agentrl.envs.code_exec import SYSTEM_PROMPTS
-    from agentrl.tools.bash import make_bash_tool
-    from agentrl.tools.python import make_python_tool
+    from agentrl.envs import tasks  # lazy: pulls in gymnasium
+    from agentrl.envs.code_exec import SYSTEM_PROMPTS  # lazy: pulls in gymnasium
+    from agentrl.tools.bash import make_bash_tool  # lazy: pulls in pydantic
+    from agentrl.tools.python import make_python_tool  # lazy: pulls in pydantic
 
     no_sandbox = object()  # the schema needs no sandbox; the tools are never called here
     py = make_python_tool(no_sandbox).schema()  # type: ignore[arg-type]
@@ -123,8 +125,6 @@ def _corpus(name: str) -> list[str]:
         raise ValueError(f"corpus must be one of {CORPORA}, got {name!r}")
     texts = _split_added(_agent_corpus(qwen25_chat_template())) + _generic_corpus(n=1000)
     if name == "textworld":
-        from agentrl.warmstart.textworld_demos import textworld_corpus
-
         texts += _split_added(textworld_corpus(_byte_tokenizer(qwen25_chat_template())))
     return texts
 

@@ -60,6 +60,7 @@ from agentrl.engine.local.prefix_cache import CachedPrefix, PrefixCache
 from agentrl.engine.local.requests import LocalRequest, WeightUpdate, check_update, deliver, notify
 from agentrl.engine.local.sampling import filter_top_k_top_p, sample_tokens
 from agentrl.errors import EngineError
+from agentrl.models.device import choose
 
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
 
@@ -69,8 +70,6 @@ __all__ = ["LocalEngine", "filter_top_k_top_p", "placement"]
 def placement(device: str | torch.device, dtype: torch.dtype | str) -> tuple[str, torch.dtype]:
     """(device, torch dtype) the engine loads a model with; ``auto`` resolved by
     ``agentrl.models.device.choose`` (ConfigError names a bad value)."""
-    from agentrl.models.device import choose
-
     name = str(dtype).removeprefix("torch.")
     device, name = choose(str(device), name, torch.cuda.is_available(), what="model")
     return device, getattr(torch, name)

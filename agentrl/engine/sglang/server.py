@@ -32,7 +32,9 @@ from pathlib import Path
 
 import httpx
 
+from agentrl.common.llm_api import without_secrets
 from agentrl.common.ports import addr_in_use, free_port, listener_is_ours
+from agentrl.common.reaper import Reaper
 from agentrl.engine.sglang.install import SGLANG_VERSION as SGLANG_VERSION  # the pin, re-exported: it lives there
 from agentrl.engine.sglang.install import venv_python
 from agentrl.errors import EngineError
@@ -224,7 +226,6 @@ class SGLangServer:
             self._log_start = log.tell()
             log.write(f"\n=== agentrl: starting {' '.join(self.command())}\n".encode())
             log.flush()
-            from agentrl.common.llm_api import without_secrets
 
             # SGLang needs no API key: none reaches it, its log or its children
             env = {**without_secrets(), "PYTHONUNBUFFERED": "1"}
@@ -237,8 +238,6 @@ class SGLangServer:
                 env=env,
             )
         if self._reaper is None and self.reap_with_owner:
-            from agentrl.common.reaper import Reaper
-
             self._reaper, self._own_reaper = Reaper(), True
         if self._reaper is not None:
             self._reaper.watch(self.proc.pid)  # its own session: pid == process group id

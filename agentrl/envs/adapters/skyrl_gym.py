@@ -40,7 +40,9 @@ from typing import Any
 
 from gymnasium.error import ResetNeeded
 
+from agentrl.envs.adapters.skyrl_sample import SAMPLE_ENVS, SAMPLE_EVAL, SAMPLE_TRAIN
 from agentrl.envs.base import AgentEnv, join_messages, new_stats
+from agentrl.envs.datasets import read_rows
 from agentrl.errors import ConfigError, DatasetError, EnvError, RewardError
 
 #: stop strings of skyrl-gym's tag envs: the closing tags that end an action
@@ -97,8 +99,6 @@ def row_task(row: dict, label: str, default_id: str, env_id: str | None) -> dict
 
 def file_tasks(path: str | os.PathLike, env_id: str | None) -> list[dict]:
     """The tasks of a dataset file (cached by path, mtime and size: envs are made per episode)."""
-    from agentrl.envs.datasets import read_rows
-
     p = os.path.abspath(os.path.expanduser(str(path)))
     try:
         st = os.stat(p)
@@ -124,8 +124,6 @@ def in_eval(task_id: str, eval_fraction: float) -> bool:
 
 def select_tasks(env_id: str | None, dataset: Any, eval_dataset: Any, split: str, eval_fraction: float) -> list[dict]:
     """The tasks of ``split`` (the rule in the module docstring); ConfigError when there are none."""
-    from agentrl.envs.adapters.skyrl_sample import SAMPLE_ENVS, SAMPLE_EVAL, SAMPLE_TRAIN
-
     if dataset is None:
         if env_id not in SAMPLE_ENVS:
             raise ConfigError(

@@ -50,10 +50,13 @@ from agentrl.jobs.run.feed import Feed
 from agentrl.jobs.run.held_out import HeldOutEval
 from agentrl.jobs.run.outputs import Outputs, unbatched
 from agentrl.jobs.run.parts import Parts, latest_checkpoint
+from agentrl.models.device import device_line
 from agentrl.observe.monitors import Alert
 from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import rollout_extra
 from agentrl.sandbox.slots import queue_summary, take_queue_waits
+from agentrl.trainer import TrainSample
+from agentrl.trainer.dist import refuse_launcher
 from agentrl.trainer.trainer import StepInterrupted
 from agentrl.trajectory import Trajectory
 
@@ -61,7 +64,6 @@ if TYPE_CHECKING:
     from agentrl.batches.staleness import StalenessQueue
     from agentrl.distributed.protocol import Compute
     from agentrl.engine.base import Engine
-    from agentrl.trainer.packing import TrainSample
     from agentrl.trainer.protocol import TrainerProtocol
 
 
@@ -69,9 +71,6 @@ class Runner:
     """One training run. ``await Runner(cfg).run()``; see the module docstring."""
 
     def __init__(self, cfg: RunConfig | Plan, *, progress: bool = True) -> None:
-        from agentrl.models.device import device_line
-        from agentrl.trainer.dist import refuse_launcher
-
         refuse_launcher("agentrl run")  # one process drives rollouts and training (Ray for more ranks)
         self.plan = resolve(cfg, "run")  # every cross-field check and auto field, once
         self.preset, self.progress = self.plan.preset, progress
@@ -373,8 +372,6 @@ async def _train_interruptibly(
 
 
 def _as_samples(trajs: list[Trajectory]) -> list[TrainSample]:
-    from agentrl.trainer import TrainSample
-
     return [
         TrainSample(
             token_ids=t.token_ids,

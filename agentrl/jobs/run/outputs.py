@@ -21,8 +21,10 @@ from agentrl.batches.ledger import Ledger
 from agentrl.batches.staleness import dump_ready
 from agentrl.episodes.summary import RolloutMetrics
 from agentrl.observe.monitors import Alert, new_alerts
+from agentrl.observe.plots import plot_curves
 from agentrl.observe.progress import RunDisplay
 from agentrl.observe.run_log import TrajectoryLog
+from agentrl.observe.sinks import flatten, make_sinks
 
 if TYPE_CHECKING:
     from agentrl.agents.strategy import ProxyStrategy
@@ -46,8 +48,6 @@ class Outputs:
 
     def open(self, *, config: dict, resume_step: int | None) -> list[str]:
         """Open the metric sinks (``resume_step``: the checkpoint's step when resuming); warnings."""
-        from agentrl.observe.sinks import make_sinks
-
         self.sinks, warnings = make_sinks(
             self.run_dir,
             tensorboard=self.cfg.logging.tensorboard,
@@ -67,8 +67,6 @@ class Outputs:
         self.paused = None
 
     def log(self, step: int, row: dict[str, Any], display: RunDisplay) -> None:
-        from agentrl.observe.sinks import flatten
-
         assert self.sinks is not None, "log() before open()"
         flat = flatten(row)
         self.history.append({"step": step, **flat})
@@ -134,8 +132,6 @@ class Outputs:
     ) -> dict[str, Any]:
         """Write ``summary.json`` and ``curves.png``; the summary. ``evals``: the first and the final
         eval's rows; ``unbatched``: :func:`unbatched`."""
-        from agentrl.observe.plots import plot_curves
-
         first, final = evals
         summary = {
             "algo": self.cfg.algo.name,

@@ -24,17 +24,18 @@ from typing import TYPE_CHECKING, Any
 from agentrl.agents.strategy import ProxyStrategy, proxy_strategy_of
 from agentrl.batches.ledger import rewind
 from agentrl.batches.prompt_stream import PromptStream
+from agentrl.batches.replay import ReplaySource
 from agentrl.batches.staleness import load_ready
 from agentrl.config.schema import save_config
 from agentrl.engine.counters import EngineCounters
 from agentrl.jobs.build import chat_tokenizer, env_factory, eval_env_factory, make_sync, model_dir, start_compute
+from agentrl.jobs.rollout import tune_gc
 from agentrl.trainer.integrity import pick_resume
 from agentrl.weights.drain import weight_update_gate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentrl.batches.replay import ReplaySource
     from agentrl.config.plan import Plan
     from agentrl.distributed.protocol import Compute
     from agentrl.jobs.build import EnvFactory
@@ -91,8 +92,6 @@ class Parts:
 
     @classmethod
     def build(cls, plan: Plan, run_dir: Path) -> Parts:
-        from agentrl.jobs.rollout import tune_gc
-
         cfg = plan.cfg
         tune_gc()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -120,8 +119,6 @@ class Parts:
                 resumed.restored_counts = extra.get("queue", {})
             replay = None
             if cfg.train.replay:
-                from agentrl.batches.replay import ReplaySource
-
                 replay = ReplaySource(cfg.train.replay, cfg.train.steps)
             weight_sync = make_sync(plan, compute.engine, model_path)
         except BaseException:  # actors and process groups must not outlive a failed setup

@@ -35,6 +35,7 @@ from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
 from agentrl.sandbox.docker.conn import DaemonAddress, executor_source
 from agentrl.sandbox.docker.image import SANDBOX_UID, WORKDIR
+from agentrl.sandbox.subprocess_runner import base_env
 
 MB = 1 << 20
 LABEL = "agentrl.sandbox"
@@ -68,8 +69,6 @@ def owner_alive(owner: str) -> bool | None:
 
 def sandbox_env() -> dict[str, str]:
     """The whole environment of the executor and of every program (nothing comes from the host)."""
-    from agentrl.sandbox.subprocess_runner import base_env
-
     return base_env(WORKDIR, WORKDIR, None)
 
 

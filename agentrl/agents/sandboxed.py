@@ -78,24 +78,18 @@ def program_files(command: str, cwd: str, files: Sequence[str] = ()) -> tuple[st
 
 
 class SandboxedCommand:
-    """``agent.command`` in the local sandbox, one run per episode (see the module docstring).
-    ``sandbox``: the sandbox to use (tests); by default a LocalSandbox showing :func:`program_files`
-    with its network namespace's loopback up (for the launcher's listener)."""
+    """``agent.command`` in the local sandbox, one run per episode (see the module docstring): a
+    LocalSandbox showing :func:`program_files`, with its network namespace's loopback up (for the
+    launcher's listener); ``options``: more of its options (tests: ``bwrap``, ``uid_base``)."""
 
     def __init__(
-        self,
-        command: str,
-        *,
-        files: Sequence[str] = (),
-        cwd: str | None = None,
-        sandbox: SubprocessSandbox | None = None,
+        self, command: str, *, files: Sequence[str] = (), cwd: str | None = None, options: dict | None = None
     ) -> None:
-        self.command, visible = program_files(command, cwd or os.getcwd(), files)
-        if sandbox is None:
-            from agentrl.sandbox.local import LocalSandbox
+        from agentrl.sandbox.local import LocalSandbox
 
-            sandbox = LocalSandbox(visible=visible, loopback=True, max_concurrency=4096)
-        self.sandbox: SubprocessSandbox = sandbox
+        self.command, visible = program_files(command, cwd or os.getcwd(), files)
+        options = {"max_concurrency": 4096, **(options or {})}
+        self.sandbox: SubprocessSandbox = LocalSandbox(visible=visible, loopback=True, **options)
         self.visible = visible
         self._check_readable()
 

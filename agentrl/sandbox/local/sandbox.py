@@ -46,6 +46,11 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    ``--disable-userns``), then drops to its dedicated uid with no-new-privs. The one difference
    from bwrap: the program sees its host uid (not 1000).
 
+For a caller that gives a program one way out (sandboxed agent programs, ``agentrl.agents.sandboxed``):
+``run(pass_fd=...)`` passes one descriptor of the caller's (its number in ``$AGENTRL_PASS_FD``),
+``loopback=True`` brings the loopback of the program's own network namespace up (127.0.0.1 inside
+it, nothing outside), and ``visible`` shows more host paths read-only at their own paths.
+
 What it does NOT isolate:
 
 * Without bwrap: the filesystem view (everything world-readable on the host is readable: /etc,

@@ -90,6 +90,7 @@ class SandboxedCommand:
         self.command, visible = program_files(command, cwd or os.getcwd(), files)
         options = {"max_concurrency": 4096, **(options or {})}
         self.sandbox: SubprocessSandbox = LocalSandbox(visible=visible, loopback=True, **options)
+        self._launcher = _LAUNCHER.read_text()
         self.visible = visible
         self._check_readable()
 
@@ -116,11 +117,11 @@ class SandboxedCommand:
         """One line for the run's start: where the agent program runs and what it can reach."""
         d = self.describe()
         if not d.get("network_isolated"):
-            why = d.get("bwrap_reason") or "this sandbox has no network namespace"
+            why = d.get("bwrap_reason") or "no network namespace"
             return (
-                "agent: agent.isolation=sandbox cannot isolate the agent program here: it has your network and "
-                f"your files ({why}; not root); install bubblewrap or run as root, or set agent.isolation: host "
-                "to say you trust it"
+                f"agent: agent.isolation=sandbox cannot isolate the agent program here (bubblewrap: {why}; no "
+                "namespaces of our own without root): it runs as you, with your network and files; install "
+                "bubblewrap or run as root, or set agent.isolation: host to say you trust it"
             )
         return (
             f"agent: agent.command runs in the sandbox ({self.sandbox.isolation_summary().split(';')[0]}); "
@@ -143,7 +144,7 @@ class SandboxedCommand:
         async with EndpointBridge(url.hostname or "127.0.0.1", url.port or 80) as bridge:
             try:
                 res = await self.sandbox.run(
-                    [sys.executable, "-I", "-c", _LAUNCHER.read_text()],
+                    [sys.executable, "-I", "-c", self._launcher],
                     stdin=json.dumps(spec).encode(),
                     timeout_s=timeout_s,
                     limits=replace(limits, max_output_bytes=max(limits.max_output_bytes, _OUTPUT)),

@@ -34,6 +34,7 @@ from agentrl.agents.bridge import EndpointBridge
 from agentrl.agents.program import ProgramResult, last_json_line
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import Limits
+from agentrl.sandbox.probe import docker_unavailable_reason
 from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 
 _TAIL = 4000
@@ -123,10 +124,13 @@ class SandboxedCommand:
                 "namespaces of our own without root): it runs as you, with your network and files; install "
                 "bubblewrap or run as root, or set agent.isolation: host to say you trust it"
             )
-        return (
+        line = (
             f"agent: agent.command runs in the sandbox ({self.sandbox.isolation_summary().split(';')[0]}); "
             "it reaches only its episode's endpoint"
         )
+        if docker_unavailable_reason() is None:  # the env's tool calls may well run in Docker: say why not this
+            line += " (the local sandbox even where tools use Docker: no image carries the trainer's Python packages)"
+        return line
 
     async def run(self, base_url: str, api_key: str, task: dict, timeout_s: float, limits: Limits) -> ProgramResult:
         """One episode: the program with the endpoint at ``base_url`` bridged in, ``limits`` (the

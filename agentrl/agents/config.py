@@ -45,7 +45,8 @@ class AgentConfig:
     files: list[str] = doc(
         [],
         "proxy, agent.isolation=sandbox: more host paths the program may read (read-only, at their own paths), "
-        "e.g. its config files or a package directory; relative paths are to the current directory.",
+        "e.g. its config files or the source directory of a package installed in editable mode; relative paths are "
+        "to the current directory.",
     )
     callable: str | None = doc(
         None,

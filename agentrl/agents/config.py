@@ -31,6 +31,23 @@ class AgentConfig:
         "anthropic client), AGENTRL_TASK (the task as JSON: messages, tools, task) and "
         'AGENTRL_RESULT (a path to write its result JSON, e.g. {"reward": 1.0}) in its environment.',
     )
+    isolation: Literal["sandbox", "host"] = doc(
+        "sandbox",
+        "proxy: where agent.command runs. 'sandbox': in the local sandbox (the same memory, process and file "
+        "limits as the env's tool calls; a dedicated uid, its own pid, mount and network namespaces and a "
+        "read-only view of the host's /usr, the trainer's Python and its packages and the command's script's "
+        "directory, as far as this host allows: the run prints one line saying what holds), reaching nothing but "
+        "its episode's endpoint; always the local sandbox, whatever backend the env uses (a Docker image cannot "
+        "carry the trainer's Python packages). 'host': for trusted programs only: it runs on the host with your "
+        "user's rights (your files, your network, the trainer's environment). agent.callable always runs in the "
+        "trainer's process.",
+    )
+    files: list[str] = doc(
+        [],
+        "proxy, agent.isolation=sandbox: more host paths the program may read (read-only, at their own paths), "
+        "e.g. its config files or the source directory of a package installed in editable mode; relative paths are "
+        "to the current directory.",
+    )
     callable: str | None = doc(
         None,
         "proxy: 'module:function' called once per episode instead of a command, as "
@@ -61,6 +78,11 @@ class AgentConfig:
             raise ConfigError(f"agent.kind must be 'builtin' or 'proxy', got {self.kind!r}")
         if self.reward not in ("program", "env"):
             raise ConfigError(f"agent.reward must be 'program' or 'env', got {self.reward!r}")
+        if self.isolation not in ("sandbox", "host"):
+            raise ConfigError(
+                f"agent.isolation must be 'sandbox' (the default) or 'host' (trusted programs only), "
+                f"got {self.isolation!r}"
+            )
         if self.kind != "proxy":
             return
         if bool(self.command) == bool(self.callable):

@@ -4,6 +4,9 @@ Owns: :class:`ProxyStrategy`, which per episode resets the env (the task), links
 recorder on the run's :class:`~agentrl.agents.proxy.ProxyEndpoint`, runs the agent program, then
 types the outcome and reward:
 
+The program runs in the sandbox (``agent.isolation: sandbox``, :mod:`agentrl.agents.sandboxed`),
+on the host (``host``, :mod:`agentrl.agents.program`), or, a callable, in this process.
+
 - the program crashed (non-zero exit, a raised exception) -> ``env_error``; it ran past
   ``agent.timeout_s`` -> ``deadline``; it made no completion request -> ``env_error`` (all
   infrastructure outcomes: excluded from the loss, counted);
@@ -34,8 +37,10 @@ from typing import Any
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.program import load_callable, reward_of, run_callable, run_command
 from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
+from agentrl.agents.sandboxed import SandboxedCommand
 from agentrl.episodes.manager import add_reward_components
 from agentrl.errors import EnvError
+from agentrl.sandbox.base import Limits
 from agentrl.trajectory import Outcome, Trajectory
 
 
@@ -71,19 +76,34 @@ class ProxyStrategy:
     """Runs episodes through an outside agent program (``agent.kind: proxy``), whose completions go
     through ``endpoint`` (the run's recording endpoint, shared with its :meth:`sibling`)."""
 
-    def __init__(self, cfg: AgentConfig, endpoint: ProxyEndpoint) -> None:
+    def __init__(self, cfg: AgentConfig, endpoint: ProxyEndpoint, *, jail: SandboxedCommand | None = None) -> None:
         self.cfg = cfg
         self.endpoint = endpoint
         self.counts: Counter = Counter()
         self._taken: Counter = Counter()
         self._fn = load_callable(cfg.callable) if cfg.callable else None
+        # agent.command with agent.isolation=sandbox: its sandbox, built once for the run
+        if jail is None and cfg.command and cfg.isolation == "sandbox":
+            jail = SandboxedCommand(cfg.command, files=cfg.files)
+        self.jail = jail
 
     def sibling(self) -> ProxyStrategy:
         """A strategy of the same agent program through the same endpoint, with its own counters (the
         held-out eval's: its episodes are not counted with the training ones)."""
-        other = ProxyStrategy(self.cfg, self.endpoint)
+        other = ProxyStrategy(self.cfg, self.endpoint, jail=self.jail)
         other._fn = self._fn
         return other
+
+    def isolation_line(self) -> str | None:
+        """The line the run prints at start about where ``agent.command`` runs (None for a callable)."""
+        if self.jail is not None:
+            return self.jail.isolation_line()
+        if self.cfg.command:
+            return (
+                "agent: agent.command runs on the host with your user's rights (agent.isolation=host: "
+                "for trusted programs only)"
+            )
+        return None
 
     def totals(self) -> dict[str, int]:
         """The counters since this strategy was built: ``episodes``, ``requests`` (completions served),
@@ -104,6 +124,8 @@ class ProxyStrategy:
     async def close(self) -> None:
         """Stop the endpoint (idempotent; every strategy sharing it loses it)."""
         await self.endpoint.close()
+        if self.jail is not None:
+            await self.jail.aclose()
 
     async def run(self, manager: Any, spec: Any, traj: Trajectory, state: dict) -> None:
         rc = manager.cfg
@@ -139,6 +161,8 @@ class ProxyStrategy:
         try:
             if self._fn is not None:
                 res = await run_callable(self._fn, url, key, task, self.cfg.timeout_s)
+            elif self.jail is not None:
+                res = await self.jail.run(url, key, task, self.cfg.timeout_s, _tool_limits(env))
             else:
                 res = await run_command(self.cfg.command, url, key, task, self.cfg.timeout_s)
         finally:
@@ -206,6 +230,12 @@ class ProxyStrategy:
                 )
         traj.reward = float(reward)
         _end(traj, Outcome.OK, "")
+
+
+def _tool_limits(env: Any) -> Limits:
+    """The limits of the env's tool calls (its sandbox's), else the defaults."""
+    limits = getattr(getattr(getattr(env, "unwrapped", env), "sandbox", None), "limits", None)
+    return limits if isinstance(limits, Limits) else Limits()
 
 
 def _end(traj: Trajectory, outcome: Outcome, detail: str | None) -> None:

@@ -96,6 +96,8 @@ def run_rollout(
         try:
             manager = episode_manager(cfg, engine, factory, tokenizer)
             proxy = proxy_strategy_of(manager)
+            if proxy is not None and (line := proxy.isolation_line()):
+                note(line)
             specs = make_specs(cfg.rollout.num_prompts, cfg.rollout.group_size, cfg.rollout.seed)
             trajs_path = out / "trajectories.jsonl"
             trajs_path.unlink(missing_ok=True)

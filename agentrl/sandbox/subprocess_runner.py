@@ -50,6 +50,7 @@ _PIPE_GRACE_S = 0.5  # how long to wait for pipes held open by escaped (setsid) 
 _EXIT_GRACE_S = 5.0  # after SIGKILL a process is gone in microseconds; this only bounds a wedged kernel
 WORKDIR_PREFIX = "agentrl-sbx-"
 MB = 1 << 20
+PASS_FD_ENV = "AGENTRL_PASS_FD"  # where a program finds the number of the descriptor ``run(pass_fd=...)`` gave it
 
 
 def base_env(home: str, tmp: str, python_bin: str | None) -> dict[str, str]:
@@ -87,6 +88,7 @@ class Spawn:
     request: dict[str, Any] | None = None  # backend-specific: what the local executor needs beyond this
     status_fd: int | None = None  # backend-specific: read end of a status pipe, closed after the run
     status_w: int | None = None  # its write end, given to the child and closed once it started
+    pass_fd: int | None = None  # a descriptor of the caller's the program inherits (``run(pass_fd=...)``)
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -214,10 +216,15 @@ class SubprocessSandbox(Sandbox):
                 stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
+                pass_fds=() if spawn.pass_fd is None else (spawn.pass_fd,),
             )
         except (OSError, subprocess.SubprocessError) as e:
             raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
         return transport
+
+    def _pass_fd_at(self, spawn: Spawn) -> int:
+        """The number the program finds ``spawn.pass_fd`` at (here: the same; ``pass_fds`` keeps it)."""
+        return spawn.pass_fd  # type: ignore[return-value]
 
     def _kill(self, transport: Any, wd: Workdir) -> None:
         killpg(transport.get_pid())
@@ -240,7 +247,11 @@ class SubprocessSandbox(Sandbox):
         files: Mapping[str, bytes] | None = None,
         limits: Limits | None = None,
         collect: Sequence[str] = (),
+        pass_fd: int | None = None,
     ) -> ExecResult:
+        """``Sandbox.run``, and ``pass_fd``: a descriptor of ours (left open) the program inherits,
+        its number there in its environment as ``AGENTRL_PASS_FD`` (e.g. one end of a socket pair:
+        a way out of the sandbox that leads only where the caller's end does)."""
         argv = check_call(argv, timeout_s)
         limits = limits or self.limits
         for name in files or {}:
@@ -248,7 +259,7 @@ class SubprocessSandbox(Sandbox):
         async with self.slots.hold():
             wd = self._open_workdir(limits, one_shot=not files and not collect)
             try:
-                return await self._execute(argv, wd, limits, stdin, timeout_s, files, collect)
+                return await self._execute(argv, wd, limits, stdin, timeout_s, files, collect, pass_fd)
             finally:
                 self._drop_workdir(wd)
 
@@ -270,10 +281,14 @@ class SubprocessSandbox(Sandbox):
         timeout_s: float,
         files: Mapping[str, bytes] | None,
         collect: Sequence[str],
+        pass_fd: int | None = None,
     ) -> ExecResult:
         if files:
             write_files(wd.path, files, owner=wd.owner, max_total_bytes=limits.disk_mb * MB)
         spawn = self._spawn(argv, wd, limits, timeout_s)
+        if pass_fd is not None:
+            spawn.pass_fd = pass_fd
+            spawn.env = {**spawn.env, PASS_FD_ENV: str(self._pass_fd_at(spawn))}
         try:
             t0 = time.perf_counter()
             proto = _Protocol(limits.max_output_bytes)

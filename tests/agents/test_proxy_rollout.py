@@ -129,6 +129,7 @@ def test_a_history_rewriting_agent_yields_split_trajectories(tmp_path, monkeypat
 
 
 def test_a_crashing_agent_is_an_infrastructure_outcome(tmp_path, monkeypatch):
+    tmp_path.chmod(0o755)  # the sandboxed program's own uid reads its script's directory
     bad = tmp_path / "crash.py"
     bad.write_text("import sys; sys.exit(3)\n")
     engines = []

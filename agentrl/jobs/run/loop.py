@@ -232,6 +232,8 @@ class Runner:
         display.note(parts.chat_line)
         if parts.isolation:
             display.note(parts.isolation)
+        if parts.proxy is not None and (line := parts.proxy.isolation_line()):
+            display.note(line)  # where agent.command runs
         take_queue_waits()  # the first step's queue times are its own
         t_start, first_step = time.perf_counter(), self.step
         watch = self.control.watch(parts.compute)

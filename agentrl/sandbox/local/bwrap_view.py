@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
@@ -105,18 +106,21 @@ def bwrap_argv(
     return argv + ["--"]
 
 
-def root_view_plan(prefixes: list[str]) -> dict:
+def root_view_plan(prefixes: list[str], visible: Sequence[str] = (), loopback: bool = False) -> dict:
     """The jail plan giving a run, as root, what bwrap gives it (``bwrap_argv``): its own pid,
     network, IPC, UTS, cgroup and mount namespaces, a user namespace in which no other can be made,
-    and a read-only root of ``/usr``, the ``/bin``-style links, a few ``/etc`` files and the Python
-    ``prefixes`` (as root we reach them where they are). The work dir is added per run."""
+    and a read-only root of ``/usr``, the ``/bin``-style links, a few ``/etc`` files, the Python
+    ``prefixes`` and the ``visible`` paths (as root we reach them where they are). ``loopback``:
+    the network namespace's loopback up, as bwrap's is. The work dir is added per run."""
     view = {
         "ro": ["/usr"] + [t for t in TOP_LINKS if os.path.isdir(t) and not os.path.islink(t)],
         "links": {t: os.readlink(t) for t in TOP_LINKS if os.path.islink(t)},
         "files": [f for f in ETC if os.path.exists(f)],
         "binds": [[p, p] for p in prefixes],
+        **({"visible": [[p, p] for p in visible]} if visible else {}),
     }
-    return {"isolate": True, "pidns": True, "no_userns": True, "grafts": [], "root": view}
+    plan = {"isolate": True, "pidns": True, "no_userns": True, "grafts": [], "root": view}
+    return {**plan, "loopback": True} if loopback else plan
 
 
 def bwrap_ran(fd: int) -> bool:

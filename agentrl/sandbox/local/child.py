@@ -101,6 +101,7 @@ _SAMPLE = {
     "rlimits": [[0, 1, 2]],
     "warm": False,
     "status_fd": False,
+    "pass_fd": False,
     "id": 1,
 }
 
@@ -110,7 +111,7 @@ def _rehearse() -> None:
     shares every page with its parent, and the first write to each (a reference count) costs a
     copy-on-write fault (~3 us on a virtual machine); taken now, they are not taken under a request."""
     req = wire.json.loads(wire.json.dumps(_SAMPLE))
-    for name in ("argv", "env", "cwd", "workdir", "uid", "rlimits", "warm", "status_fd", "id"):
+    for name in ("argv", "env", "cwd", "workdir", "uid", "rlimits", "warm", "status_fd", "pass_fd", "id"):
         req.get(name)
     touched = (os.dup2, os.closerange, os.chown, os.chdir, os.setgroups, os.setresgid, os.setresuid)
     touched += (os.posix_spawn, os.wait, os.waitstatus_to_exitcode, os.write, os.fork, resource.setrlimit)
@@ -173,14 +174,15 @@ def prepare(jail: dict, keep: set[int], ready: bool) -> None:
 def start(
     jail: dict, req: dict, fds: list[int], err_w: int, relay: int | None, chan: int | None, startup: frozenset
 ) -> None:
-    """Apply the request and run the program (never returns): its descriptors at 0-2 (3),
+    """Apply the request and run the program (never returns): its descriptors at 0-2 (then bwrap's
+    status pipe, then the one descriptor the request passes, each at the next number),
     the work dir made for the run given to its uid, then as the program (no pid namespace) or as
     the namespace's init (``relay``: the pipe to the first stage; ``chan``: where to report)."""
     set_name(JAIL_NAME)  # (a pid namespace's first stage keeps READY_NAME: the host tells by its init's)
-    status = bool(req.get("status_fd"))
-    for target, fd in enumerate(fds[: 4 if status else 3]):
+    inherited = 3 + bool(req.get("status_fd")) + bool(req.get("pass_fd"))  # 0-2, bwrap's status, the passed one
+    for target, fd in enumerate(fds[:inherited]):
         os.dup2(fd, target)  # dup2 clears CLOEXEC on the copy
-    _close_all_but({0, 1, 2, err_w, *([3] if status else []), *(fd for fd in (relay, chan) if fd is not None)})
+    _close_all_but({*range(inherited), err_w, *(fd for fd in (relay, chan) if fd is not None)})
     plan = jail.get("mounts") or {}
     if plan.get("workdir"):
         mounts.take_workdir(plan["workdir"], req.get("uid"))

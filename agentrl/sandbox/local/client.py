@@ -189,11 +189,14 @@ class Executor:
                 self._proc.kill()
 
     # -- spawning --------------------------------------------------------------------------------
-    async def spawn(self, request: dict, proto: Any, *, stdin: bool, status_fd: int | None = None) -> ExecProcess:
+    async def spawn(
+        self, request: dict, proto: Any, *, stdin: bool, status_fd: int | None = None, pass_fd: int | None = None
+    ) -> ExecProcess:
         """Start one child: ``request`` is the executor's request (jail, argv, env, cwd, uid,
         rlimits, warm, ...); its stdout/stderr feed ``proto``; ``stdin`` gives it a pipe (else
-        /dev/null); ``status_fd`` (a write end we own) becomes its fd 3. Raises SandboxError when
-        the child could not be started."""
+        /dev/null); ``status_fd`` (a write end we own) becomes its fd 3; ``pass_fd`` (a
+        descriptor we own, left open) the next one: 4 after a status fd, else 3. Raises
+        SandboxError when the child could not be started."""
         conn = self._conn()
         loop = conn.loop
         proc = ExecProcess(conn, proto, next(self._ids), request["argv"][0])
@@ -215,7 +218,9 @@ class Executor:
                 theirs.append(w)
             if status_fd is not None:
                 theirs.append(os.dup(status_fd))
-            msg = {**request, "id": proc.rid, "status_fd": status_fd is not None}
+            if pass_fd is not None:
+                theirs.append(os.dup(pass_fd))
+            msg = {**request, "id": proc.rid, "status_fd": status_fd is not None, "pass_fd": pass_fd is not None}
             conn.start(proc, msg, theirs, kind, bool((plan.get("mounts") or {}).get("pidns")))
             theirs = []  # the connection (or the jail) has them now
         except BaseException:

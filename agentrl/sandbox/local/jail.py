@@ -74,23 +74,28 @@ def reachable(path: str, uid: int | None) -> bool:
 
 class ChildMounts:
     """The mount/network plan applied in the child (see the module docstring). Built once per
-    sandbox; ``apply`` runs per child with that run's work dir."""
+    sandbox; ``apply`` runs per child with that run's work dir. ``visible``: more host paths
+    (absolute, real) the program may read, made visible like the Python prefix; ``loopback``:
+    bring the private network namespace's loopback up (still no way out of it)."""
 
-    def __init__(self, uid: int | None, *, isolate: bool) -> None:
+    def __init__(
+        self, uid: int | None, *, isolate: bool, visible: tuple[str, ...] = (), loopback: bool = False
+    ) -> None:
         self.prefixes: list[str] = []  # the trainer's interpreter prefixes visible to the program
+        self.visible: list[str] = []  # the other host paths visible to the program
         self.binds: list[tuple[str, str]] = []  # (host path the uid can reach, path in the sandbox)
         self.grafts: list[tuple[str, str]] = []  # (first unreachable ancestor, prefix)
         self.isolate = isolate and uid is not None
-        for p in dict.fromkeys(os.path.realpath(x) for x in (sys.prefix, sys.base_prefix)):
-            if p.startswith("/usr/") or not os.path.isdir(os.path.join(p, "bin")):
-                continue
+        self.loopback = loopback
+        pythons = [p for p in (os.path.realpath(x) for x in (sys.prefix, sys.base_prefix)) if _is_prefix(p)]
+        for p in dict.fromkeys([*pythons, *visible]):
             if reachable(p, uid):
                 self.binds.append((p, p))
             elif uid is None:
                 continue  # not root: nothing we can do; PATH finds the system python
             else:
                 self.grafts.append((_first_unreachable(p, uid), p))
-            self.prefixes.append(p)
+            (self.prefixes if p in pythons else self.visible).append(p)
 
     @property
     def active(self) -> bool:
@@ -106,7 +111,9 @@ class ChildMounts:
             "isolate": self.isolate,
             "pidns": self.isolate,
             "grafts": [list(g) for g in self.grafts],
-            "prefixes": list(self.prefixes),  # bound back if a scratch tmpfs hides one (a venv under /tmp)
+            # bound back if a scratch tmpfs hides one (a venv under /tmp)
+            "prefixes": [*self.prefixes, *self.visible],
+            **({"loopback": True} if self.loopback and self.isolate else {}),
         }
         return {**plan, "workdir": workdir} if workdir else plan
 
@@ -145,6 +152,11 @@ def remove_mountpoint(path: str, *, contents: bool = False) -> None:
             os.rmdir(path)
         except OSError:
             pass
+
+
+def _is_prefix(path: str) -> bool:
+    """A Python prefix the program needs made visible (not one under /usr, which every view shows)."""
+    return not path.startswith("/usr/") and os.path.isdir(os.path.join(path, "bin"))
 
 
 def _first_unreachable(path: str, uid: int) -> str:

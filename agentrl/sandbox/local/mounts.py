@@ -14,8 +14,10 @@ Does not: fork, drop privileges or decide any policy (the plan in the request sa
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import socket
+import struct
 
 MB = 1 << 20
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -75,14 +77,30 @@ def unmount(path: str) -> None:
     _LIBC.umount2(path.encode(), _MNT_DETACH)
 
 
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """Bring this network namespace's loopback interface up (a new namespace starts with it
+    down): programs may then listen on and connect to 127.0.0.1 inside it, and reach nothing
+    else. Needs CAP_NET_ADMIN in the namespace (root in it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH22x", b"lo", 0)  # struct ifreq: name, flags, padding to 40 bytes
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+
+
 # ------------------------------------------------------------------------------ namespaces
 def enter_namespaces(plan: dict) -> None:
     """A private mount namespace (whose mounts never propagate back), and when ``plan["isolate"]``
-    empty network (loopback down), IPC, UTS and cgroup ones. Needs root."""
+    empty network (loopback down, or up with ``plan["loopback"]``: still nothing outside), IPC,
+    UTS and cgroup ones. Needs root."""
     isolate = plan["isolate"]
     flags = CLONE_NEWNS | (CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP if isolate else 0)
     unshare(flags)
     make_private("/")  # first: a new mount must never propagate back to the host's namespace
+    if isolate and plan.get("loopback"):
+        loopback_up()
     if isolate and plan.get("root"):
         socket.sethostname("sandbox")
 
@@ -142,10 +160,14 @@ def build_root(view: dict, workdir: str | None, disk_mb: int) -> None:
     ``view["links"]`` ({path: target}) as symlinks, ``view["binds"]`` ([src, dst]: the Python
     prefix) read-only, a minimal read-only ``/dev``, a ``/proc`` mount point (the pid namespace's
     init mounts it), tmpfs ``/tmp`` and ``/dev/shm`` of ``disk_mb``, and the work dir at ``/work``
-    (the trainer's ``workdir`` bound, or a new tmpfs). ``enter_root`` then makes it this process's ``/``. Needs
-    root in a private mount namespace."""
+    (the trainer's ``workdir`` bound, or a new tmpfs), then ``view["visible"]`` ([src, dst], optional:
+    more host paths a program may read) read-only, after the work dir so that a path under ``/work``
+    stays visible. ``enter_root`` then makes it this process's ``/``. Needs root in a private mount
+    namespace."""
     new = NEW_ROOT
+    visible = view.get("visible", [])
     sources = [*([workdir] if workdir else []), *view["ro"], *view["files"], *(src for src, _ in view["binds"])]
+    sources += [src for src, _ in visible]
     fds = {}
     for src in dict.fromkeys(sources):  # open them before the new tmpfs hides what lies under /tmp
         try:
@@ -190,6 +212,9 @@ def build_root(view: dict, workdir: str | None, disk_mb: int) -> None:
         bind_fd(src, at(dst), True)
     at("/proc")
     _workdir(at("/work"), fds[workdir] if workdir else None, disk_mb)
+    for src, dst in visible:
+        if src in fds:
+            bind_fd(src, at(dst, directory=os.path.isdir(f"/proc/self/fd/{fds[src]}")), True)
     for fd in fds.values():
         os.close(fd)
     remount_readonly(dev)

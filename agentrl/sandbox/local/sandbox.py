@@ -46,6 +46,11 @@ Layers, each on when it can work here (``LocalSandbox.describe()`` says which ar
    ``--disable-userns``), then drops to its dedicated uid with no-new-privs. The one difference
    from bwrap: the program sees its host uid (not 1000).
 
+For a caller that gives a program one way out (sandboxed agent programs, ``agentrl.agents.sandboxed``):
+``run(pass_fd=...)`` passes one descriptor of the caller's (its number in ``$AGENTRL_PASS_FD``),
+``loopback=True`` brings the loopback of the program's own network namespace up (127.0.0.1 inside
+it, nothing outside), and ``visible`` shows more host paths read-only at their own paths.
+
 What it does NOT isolate:
 
 * Without bwrap: the filesystem view (everything world-readable on the host is readable: /etc,
@@ -78,6 +83,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import Limits
@@ -122,6 +128,13 @@ class LocalSandbox(SubprocessSandbox):
             (None: keep our uid, i.e. root: then pids is not enforced and host files are not protected).
         tmpfs: mount a ``disk_mb`` tmpfs as each work dir: None = when root, True/False to force.
         extra_env: more environment variables for the program.
+        visible: more host paths (absolute) every program may read: shown read-only at their own
+            paths (bubblewrap's view and the root view show nothing else of the host; without them
+            the host's files are readable anyway, and these are bound back where a private /tmp
+            hides them).
+        loopback: bring up the loopback interface of the program's own network namespace (it may
+            then listen on and connect to 127.0.0.1 there: still nothing outside the sandbox).
+            bubblewrap's namespace has it up anyway.
     """
 
     name = "local"
@@ -136,6 +149,8 @@ class LocalSandbox(SubprocessSandbox):
         tmpfs: bool | None = None,
         extra_env: dict[str, str] | None = None,
         max_output_bytes: int | None = None,
+        visible: Sequence[str] = (),
+        loopback: bool = False,
     ) -> None:
         super().__init__(
             limits=limits, max_concurrency=max_concurrency, max_output_bytes=max_output_bytes, extra_env=extra_env
@@ -157,9 +172,15 @@ class LocalSandbox(SubprocessSandbox):
             raise ConfigError("tmpfs=True needs root and a kernel that lets us mount tmpfs")
         # Without bwrap, as root, private mount/net/ipc/uts/pid namespaces are the isolation we can still
         # have; with it, as root, the executor builds bwrap's view itself (root_view_plan).
-        self.mounts = jail.ChildMounts(probe_uid, isolate=self.bwrap is None)
+        for path in visible:
+            if not os.path.isabs(path) or not os.path.exists(path):
+                raise ConfigError(f"visible paths must be absolute paths that exist, got {path!r}")
+        visible = tuple(os.path.realpath(p) for p in visible)
+        self.mounts = jail.ChildMounts(probe_uid, isolate=self.bwrap is None, visible=visible, loopback=loopback)
         self.prefixes = self.mounts.prefixes
-        self.root_view = root_view_plan(self.prefixes) if self.bwrap and self.uid_base is not None else None
+        self.visible, self.loopback = list(visible), loopback
+        root_view = self.bwrap and self.uid_base is not None
+        self.root_view = root_view_plan(self.prefixes, self.mounts.visible, loopback) if root_view else None
         # Where a one-shot run's jail makes its own work dir (None: the trainer makes one on the host).
         self.jail_workdir = "/work" if self.root_view else _JAIL_WORKDIR if self.mounts.private_tmp else None
         self._jails: dict[tuple[int, str | None], dict] = {}
@@ -178,6 +199,8 @@ class LocalSandbox(SubprocessSandbox):
             "network_isolated": self.bwrap is not None or self.mounts.isolate,
             "private_tmp": self.bwrap is not None or self.mounts.isolate,
             "python_prefixes": list(self.prefixes),
+            "visible": list(self.visible),
+            "loopback": self.loopback and (self.bwrap is not None or self.mounts.isolate),
         }
 
     def isolation_summary(self) -> str:
@@ -273,9 +296,14 @@ class LocalSandbox(SubprocessSandbox):
     async def _start(self, spawn: Spawn, proto, with_stdin: bool):
         request = {**(spawn.request or {}), "argv": spawn.argv, "env": spawn.env, "cwd": spawn.cwd}
         try:
-            return await executor().spawn(request, proto, stdin=with_stdin, status_fd=spawn.status_w)
+            return await executor().spawn(
+                request, proto, stdin=with_stdin, status_fd=spawn.status_w, pass_fd=spawn.pass_fd
+            )
         except SandboxError as e:
             raise SandboxError(f"cannot start {spawn.argv[0]!r}: {e}") from e
+
+    def _pass_fd_at(self, spawn: Spawn) -> int:
+        return 4 if spawn.status_w is not None else 3  # after bwrap's status pipe, if any (Executor.spawn)
 
     def _kill(self, transport, wd: Workdir) -> None:
         # With a pid namespace (bwrap's or our own) this kills the namespace's init, and the kernel the rest.

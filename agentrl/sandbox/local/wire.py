@@ -11,10 +11,11 @@ socket attached adds that socket as a client connection (the client keeps one pe
 the first socket closing stops the executor, which then kills everything it started.
 
 From the client on a connection: a request ``{"id", "jail", "argv", "env", "cwd", "workdir",
-"uid", "rlimits", "warm", "status_fd"}`` with the child's stdin, stdout, stderr (and bwrap's
-status pipe) attached; ``{"kill": pid}`` (or ``{"kill_id": id}``, for a request whose jail the
-client does not know yet) kills that jail if it was not reaped yet (also before it made its
-session); ``{"remove": path}`` hands over a host work dir to remove when idle.
+"uid", "rlimits", "warm", "status_fd", "pass_fd"}`` with the child's stdin, stdout, stderr (then
+bwrap's status pipe and the one descriptor passed to the program, when the flags say so)
+attached; ``{"kill": pid}`` (or ``{"kill_id": id}``, for a request whose jail the client does not
+know yet) kills that jail if it was not reaped yet (also before it made its session);
+``{"remove": path}`` hands over a host work dir to remove when idle.
 
 To the client: ``{"id", "pid"}`` once a cold jail has the request, ``{"ready": kind, "pid"}``
 handing over a ready jail, each with the jail's channel attached when it has one (a ready jail
@@ -36,7 +37,7 @@ import os
 import socket
 
 INLINE_MAX = 32 * 1024  # larger messages go in a memfd (a packet is capped by the socket buffer)
-MAX_FDS = 8  # stdin, stdout, stderr, bwrap's status fd, a memfd holding a large message, spare
+MAX_FDS = 8  # stdin, stdout, stderr, bwrap's status fd, a passed fd, a memfd holding a large message, spare
 PACKET = 1 << 16
 _ANC = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _RIGHTS = (socket.SOL_SOCKET, socket.SCM_RIGHTS)

@@ -219,10 +219,8 @@ class RayCompute(Compute):
         infos = get_all([e.info.remote() for e in engines], self.rc.startup_timeout_s, "starting SGLang engine actors")
         servers = [ActorServer(e, i, model_path, self.rc.startup_timeout_s) for e, i in zip(engines, infos)]
         self.actor_servers = servers
-        # ignores: ActorServer is a duck-typed SGLangServer and weight_stagers an attribute SGLangEngine does
-        # not declare (agentrl.weights.object_store reads it); agentrl/engine/ has no server Protocol yet
-        engine = SGLangEngine(servers=servers, max_context=mc)  # pyright: ignore[reportArgumentType]
-        engine.weight_stagers = servers  # pyright: ignore[reportAttributeAccessIssue]  (object_store: per node)
+        engine = SGLangEngine(servers=servers, max_context=mc)
+        engine.weight_stagers = servers  # object_store: each actor writes the weights on its node
         self.engine = engine
         return (
             [partial(SGLangClient, [i["url"]], actors=(e,), max_context=mc, retries=6) for e, i in zip(engines, infos)],

@@ -93,7 +93,7 @@ class Router:
         return None if b is None else b.url
 
     def totals(self) -> dict[str, int]:
-        out = dict.fromkeys(COUNTERS, 0)
+        out: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         for b in self.backends:
             for k, v in b.counts.items():
                 out[k] += v

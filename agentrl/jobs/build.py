@@ -123,6 +123,7 @@ def make_sync(plan: Plan, engine, model_path: Path):
     e = plan.cfg.engine
     kwargs: dict[str, Any] = {}
     if plan.sync_kind == "disk":
+        assert e.weights_dir is not None  # the plan fills it for the disk sync
         kwargs = {"dir": Path(e.weights_dir), "model_path": model_path}
     elif plan.sync_kind == "distributed":
         kwargs = {"backend": e.sync_backend}
@@ -136,7 +137,7 @@ def with_teacher(cfg: RunConfig, model_path: Path) -> RunConfig:
     a = cfg.algo
     if not a.opd_coef:
         return cfg
-
+    assert a.teacher is not None  # the plan refuses opd_coef without a teacher
     teacher = resolve_teacher(a.teacher, model_path, cfg.model.path or "the built-in model")
     return dataclasses.replace(
         cfg, trainer=dataclasses.replace(cfg.trainer, opd_coef=a.opd_coef, teacher_path=str(teacher))

@@ -332,7 +332,7 @@ async def run_eval(
     store = EvalStore(output_paths(out), settings, keep) if out is not None else None
     found = store is not None and resume and store.episodes.exists()
     done = store.open(resume, ApiEpisode.from_row) if store else {}
-    if found and say:
+    if found and say and store is not None:  # found implies a store
         left = n * attempts - len(done)
         say(f"resuming {store.episodes}: {len(done)} of {n * attempts} attempts finished, {left} to run")
     episodes: list[ApiEpisode] = list(done.values())

@@ -194,8 +194,8 @@ def export_sft(
             for ep in read_stored(path):
                 counts.episodes += 1
                 why = exclusion(ep, min_reward)
+                line = json_text(chat_row(ep)) if why is None else ""
                 if why is None:
-                    line = json_text(chat_row(ep))
                     if dedupe:
                         why = "duplicate" if line in seen else None
                         seen.add(line)

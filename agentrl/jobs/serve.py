@@ -199,9 +199,12 @@ class CheckpointFollower:
 
     async def poll_once(self) -> Path | None:
         """Swap to the newest checkpoint if it is newer than the served one; return it if swapped."""
-        newest = latest_checkpoint(self.target.run_dir)
+        run_dir = self.target.run_dir
+        assert run_dir is not None  # __init__ refuses a target without one
+        newest = latest_checkpoint(run_dir)
         current = self.target.checkpoint
-        if newest is None or (current is not None and checkpoint_step(newest) <= (checkpoint_step(current) or -1)):
+        newest_step = checkpoint_step(newest) if newest is not None else None
+        if newest_step is None or (current is not None and newest_step <= (checkpoint_step(current) or -1)):
             return None
         try:
             version = checkpoint_version(newest)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from agentrl.errors import ConfigError
 
@@ -97,7 +97,16 @@ def _wants_cuda(cfg: Any, found: Accelerators | None) -> bool:
     return (found or probe()).cuda
 
 
-C = TypeVar("C")  # the run config type (agentrl.config.schema.RunConfig is on a higher layer)
+class RunConfigShape(Protocol):
+    """What :func:`resolve_device` reads of a run config: a dataclass with ``model`` and ``trainer``
+    sections (``agentrl.config.schema.RunConfig`` is on a higher layer)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    model: Any
+    trainer: Any
+
+
+C = TypeVar("C", bound=RunConfigShape)  # the run config type
 
 
 def resolve_device(cfg: C, found: Accelerators | None = None) -> C:

@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -133,7 +133,7 @@ def svg_chart(series: Mapping[str, Series], title: str, *, y_range: tuple[float,
     on hover."""
     import matplotlib  # see chart
 
-    styles = {name: {"color": PALETTE[i % len(PALETTE)]} for i, name in enumerate(series)}
+    styles: dict[str, dict[str, Any]] = {name: {"color": PALETTE[i % len(PALETTE)]} for i, name in enumerate(series)}
     fig = chart(series, title, styles=styles, y_range=y_range)
     tips: list[str] = []
     ax = fig.axes[0]

@@ -78,7 +78,7 @@ class TensorBoardSink(MetricsSink):
 
 class WandbSink(MetricsSink):
     def __init__(self, project: str, config: dict, run_dir: str | Path) -> None:
-        import wandb  # only when asked for; the error names the missing package
+        import wandb  # pyright: ignore[reportMissingImports]  not a dependency: only when asked for (error names it)
 
         self._run = wandb.init(project=project, config=config, dir=str(run_dir))
 

@@ -40,7 +40,7 @@ import dataclasses
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Callable, MutableMapping
 from typing import Any, Protocol
 
 from agentrl.engine.base import Engine, Generation, SamplingParams
@@ -73,13 +73,16 @@ class Gate(Protocol):
 
     def authorize(self) -> str | None:
         """Why the request is refused (HTTP 401: no such key), or None; called first on every POST."""
+        ...
 
     def admit(self, chat: dict) -> str | None:
         """Why this chat body (the core's form, whatever the dialect) is refused (HTTP 400), or None;
         called once it is valid, before anything is sampled."""
+        ...
 
     def responses(self) -> MutableMapping:
         """Where this request's Responses are kept for ``previous_response_id``."""
+        ...
 
 
 class OpenAIAPI:
@@ -110,7 +113,7 @@ class OpenAIAPI:
         self.store = ResponseStore()
 
     # ------------------------------------------------------------------ endpoints
-    async def handle(self, method: str, path: str, body: Any) -> dict | AsyncIterator[dict]:
+    async def handle(self, method: str, path: str, body: Any) -> dict | AsyncGenerator[dict, None]:
         """Route one request -> a response dict, or the chunks of a stream (``stream: true``; the
         request is fully validated before the iterator is returned). Raises APIError otherwise."""
         path = path.split("?", 1)[0].rstrip("/")
@@ -134,7 +137,7 @@ class OpenAIAPI:
             raise APIError(f"the request body must be a JSON object, got {type(body).__name__}")
         return await fn(body)
 
-    async def _dialect(self, path: str, body: dict) -> dict | AsyncIterator[dict]:
+    async def _dialect(self, path: str, body: dict) -> dict | AsyncGenerator[dict, None]:
         """A dialect's request, answered by the chat core through its adapter."""
         store = self.gate.responses() if self.gate else self.store
         adapter = DIALECTS[path](body, self.model_name, store)
@@ -168,7 +171,7 @@ class OpenAIAPI:
             ],
         }
 
-    async def chat(self, body: dict) -> dict | AsyncIterator[dict]:
+    async def chat(self, body: dict) -> dict | AsyncGenerator[dict, None]:
         self._check_model(body)
         messages = body.get("messages")
         if (
@@ -210,7 +213,7 @@ class OpenAIAPI:
         response = self._response(head, [c for c, _ in results], [prompt], [g for _, g in results])
         return replay(response, usage) if stream else response
 
-    async def completions(self, body: dict) -> dict | AsyncIterator[dict]:
+    async def completions(self, body: dict) -> dict | AsyncGenerator[dict, None]:
         self._check_model(body)
         prompts = self._prompts(body.get("prompt"))
         if num(body, "logprobs", 0, lo=0, integer=True):

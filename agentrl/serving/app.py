@@ -22,7 +22,7 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -96,7 +96,9 @@ def _internal(e: Exception) -> APIError:
     return APIError(f"internal error: {type(e).__name__}: {e}", status=500, kind="internal_error")
 
 
-async def _events(chunks: AsyncIterator[dict], errors: Callable[[APIError], dict], named: bool) -> AsyncIterator[dict]:
+async def _events(
+    chunks: AsyncGenerator[dict, None], errors: Callable[[APIError], dict], named: bool
+) -> AsyncGenerator[dict, None]:
     """Stream chunks as SSE ``data:`` events, ``[DONE]`` last (``named``: each event named by its
     ``type``, no ``[DONE]``); a bug mid-stream ends it with an error event (``errors`` shapes it)."""
 
@@ -153,7 +155,7 @@ class HTTPServer:
         return self
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self._server is None:
+        if self._server is None or self._done is None:  # set together by start()
             return
         self._server.should_exit = True
         try:

@@ -109,6 +109,7 @@ def _json_plan(plan: ReplyPlan, fmt: Any) -> None:
                 param="response_format",
             )
         import jsonschema
+        import jsonschema.validators  # a submodule: named for the type checker (jsonschema imports it itself)
 
         cls = jsonschema.validators.validator_for(schema)
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from agentrl.engine.base import Generation, SamplingParams
@@ -55,7 +55,7 @@ class TextDeltas:
     (nothing from it on is released: the caller handles the rest of ``text`` itself)."""
 
     def __init__(
-        self, decode: Callable[[list[int]], str], stops: list[str], hold: list[str] = (), prefix: str = ""
+        self, decode: Callable[[list[int]], str], stops: Sequence[str], hold: Sequence[str] = (), prefix: str = ""
     ) -> None:
         self.decode, self.stops, self.hold, self.prefix = decode, list(stops), list(hold), prefix
         self.ids: list[int] = []
@@ -131,7 +131,7 @@ def message_deltas(message: dict) -> list[dict]:
     return out
 
 
-async def replay(response: dict, include_usage: bool) -> AsyncIterator[dict]:
+async def replay(response: dict, include_usage: bool) -> AsyncGenerator[dict, None]:
     """A finished chat response (a constrained reply, checked before anything is sent) as stream chunks."""
     head = {k: response[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
@@ -154,7 +154,7 @@ async def stream_choices(
     include_usage: bool,
     *,
     plan: ReplyPlan | None,
-) -> AsyncIterator[dict]:
+) -> AsyncGenerator[dict, None]:
     """Chunks of ``jobs`` as their tokens are sampled (chat when ``plan`` is given, else text), by
     ``api`` (an :class:`~agentrl.serving.api.OpenAIAPI`): usage last with ``include_usage``."""
     chat = plan is not None

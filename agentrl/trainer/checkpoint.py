@@ -33,6 +33,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -67,7 +68,7 @@ _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 def gather_model(model) -> dict[str, torch.Tensor]:
     """Full state dict on rank 0 (CPU), {} elsewhere. Collective."""
-    sd = get_model_state_dict(model, options=_FULL)
+    sd = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_FULL))  # full: tensors only
     if D.world() == 1:
         # With one rank the "gathered" tensors are the live parameters themselves; callers get a
         # snapshot, not views that the next optimizer step would change under them.
@@ -220,7 +221,7 @@ def _load_policy(trainer, path: Path, opts: StateDictOptions) -> None:
     """The policy's weights: the whole model, or (LoRA) its adapters (and trained gains) on the base
     it was built from."""
     if not trainer.cfg.lora.rank:
-        set_model_state_dict(trainer.model, read_hf(path, trainer.model), options=opts)
+        set_model_state_dict(trainer.model, read_hf(path, trainer.model), options=opts)  # pyright: ignore[reportArgumentType]  torch types it dict[str, ValueType], an invariant dict of a union
         return
     sd = L.load_adapter(path / "adapter", trainer.cfg.lora)
     ours = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -230,7 +231,7 @@ def _load_policy(trainer, path: Path, opts: StateDictOptions) -> None:
             f"{path}: its adapters do not match this trainer's (trainer.lora.target_modules); "
             f"{len(diff)} differ, e.g. {diff[:3]}"
         )
-    set_model_state_dict(trainer.model, sd, options=opts)
+    set_model_state_dict(trainer.model, sd, options=opts)  # pyright: ignore[reportArgumentType]  torch types it dict[str, ValueType], an invariant dict of a union
 
 
 def load(trainer, path: str | Path) -> dict:
@@ -261,7 +262,7 @@ def load(trainer, path: str | Path) -> dict:
     if trainer.critic is not None:
         if not (path / "critic").exists():
             raise FileNotFoundError(f"{path} has no critic state, but this trainer has a critic")
-        set_model_state_dict(trainer.critic, load_file(str(path / "critic" / "critic.safetensors")), options=opts)
+        set_model_state_dict(trainer.critic, load_file(str(path / "critic" / "critic.safetensors")), options=opts)  # pyright: ignore[reportArgumentType]  torch types it dict[str, ValueType], an invariant dict of a union
         critic_optim = torch.load(path / "critic" / "optimizer.pt", weights_only=False)
         set_optimizer_state_dict(trainer.critic, trainer.critic_optimizer, critic_optim, options=opts)
         trainer.critic_scheduler.load_state_dict(torch.load(path / "critic" / "scheduler.pt", weights_only=False))

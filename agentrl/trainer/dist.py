@@ -20,6 +20,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed import HashStore, Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]  (not in its __all__)
 
 from agentrl.errors import ConfigError
 from agentrl.models.device import choose
@@ -59,7 +60,7 @@ def refuse_launcher(job: str, environ: dict | None = None) -> None:
         )
 
 
-def acquire(device: torch.device, timeout_s: float, store: dist.Store | None = None) -> bool:
+def acquire(device: torch.device, timeout_s: float, store: Store | None = None) -> bool:
     """Join the default group, creating it if needed. True if this module owns it.
 
     ``store``: the rendezvous store of a multi-process group whose ranks were not started by a
@@ -80,7 +81,7 @@ def acquire(device: torch.device, timeout_s: float, store: dist.Store | None = N
     elif "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, timeout=timeout)  # env:// (torchrun)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(backend, store=HashStore(), rank=0, world_size=1, timeout=timeout)
     _owned_refs = 1
     return True
 
@@ -143,15 +144,15 @@ def barrier() -> None:
         dist.barrier()
 
 
-def listening_store(world_size: int) -> dist.TCPStore:
+def listening_store(world_size: int) -> TCPStore:
     """A rendezvous store for ``world_size`` ranks, listening on a port the OS chose (``.port``).
 
     Held open from the start: choosing a free port, closing it and binding it again later (what
     env:// with a picked MASTER_PORT does) lets another process take it in between (EADDRINUSE)."""
-    return dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False)
+    return TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False)
 
 
-def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+def join_store(host: str, port: int, world_size: int, timeout_s: float) -> TCPStore:
     """A client of the store :func:`listening_store` made on ``host``."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    return TCPStore(host, port, world_size, is_master=False, timeout=timeout)

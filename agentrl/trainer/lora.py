@@ -45,7 +45,7 @@ def peft_config(
 
     return PeftLoraConfig(
         r=cfg.rank,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # pyright: ignore[reportArgumentType]  peft annotates int; it scales by alpha / r
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
         bias="none",

@@ -16,6 +16,8 @@ Does not: compute losses (``agentrl.algos``), decide batching, or checkpoint.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -24,13 +26,16 @@ from agentrl.models.device import compute_dtype
 from agentrl.trainer import attention as _attention  # noqa: F401  (registers varlen_sdpa)
 from agentrl.trainer.packing import MicroBatch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ValueModel(nn.Module):
     """An HF base model (no LM head) plus a linear value head; forward returns ``[R, K]`` values."""
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: PreTrainedModel) -> None:
         super().__init__()
         self.backbone = backbone
         hidden = backbone.config.get_text_config().hidden_size
@@ -49,7 +54,7 @@ class ValueModel(nn.Module):
         return self.value_head(hidden[:, keep]).squeeze(-1).float().clone()
 
 
-def load_causal_lm(path: str, attn_implementation: str):
+def load_causal_lm(path: str, attn_implementation: str) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     # fp32 master weights whatever the checkpoint's dtype; param_dtype sets the compute dtype.
@@ -74,7 +79,8 @@ def mixed_precision(param_dtype: str, device_type: str) -> MixedPrecisionPolicy:
 
 def shard(model: nn.Module, mesh, *, param_dtype: str, checkpointing: bool, trainable: bool) -> nn.Module:
     """fully_shard every decoder layer (HF ``_no_split_modules``), then the root. In place."""
-    inner = model.backbone if isinstance(model, ValueModel) else model
+    # the HF model: its checkpointing methods and _no_split_modules are not nn.Module's
+    inner: Any = model.backbone if isinstance(model, ValueModel) else model
     if checkpointing and trainable:
         # Non-reentrant: recomputation re-enters FSDP's pre-forward hooks (re-all-gathers the layer).
         kw = {"use_reentrant": False}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,14 +21,16 @@ from agentrl.trainer.config import TrainerConfig
 def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
     """The LR factor of optimizer step ``step`` under ``cfg``'s schedule."""
     cfg = cfg.resolved()  # null schedule fields: the Trainer API's choices
+    total_steps, min_lr_ratio = cfg.total_steps, cfg.min_lr_ratio
+    assert total_steps is not None and min_lr_ratio is not None  # resolved() fills them
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
         if cfg.lr_schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
 
@@ -47,7 +50,7 @@ def build_optimizer(
     ``*norm*`` weights) are a second group at ``lr * gain_scale`` (the first group's lr is
     reported). The critic's gains keep its lr."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": params}]
+    groups: list[dict[str, Any]] = [{"params": params}]
     if gain_scale not in (None, 1.0):
         gains = [p for n, p in model.named_parameters() if p.requires_grad and is_norm_gain(n, p)]
         ids = {id(p) for p in gains}

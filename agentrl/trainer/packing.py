@@ -23,6 +23,7 @@ Does not: run models, compute losses, or decide which rank gets which sample (se
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -112,7 +113,7 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return MicroBatch(**kw)
+        return dataclasses.replace(self, **kw)
 
     @property
     def shares_prefixes(self) -> bool:

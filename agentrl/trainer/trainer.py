@@ -22,6 +22,7 @@ processes (use torchrun; without it the trainer makes a 1-process group).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import random
@@ -77,7 +78,7 @@ class Trainer:
         *,
         ref_model_path: str | None = None,
         critic: bool = False,
-        store: torch.distributed.Store | None = None,
+        store: D.Store | None = None,
     ) -> None:
         self.cfg = cfg = (cfg or TrainerConfig()).resolved()
         cfg.check()
@@ -98,27 +99,32 @@ class Trainer:
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
         mesh = init_device_mesh(self.device.type, (self.world,))
-        wrap = dict(param_dtype=cfg.param_dtype, checkpointing=cfg.activation_checkpointing)
+        wrap = functools.partial(
+            shard, mesh=mesh, param_dtype=cfg.param_dtype, checkpointing=cfg.activation_checkpointing
+        )
+        lr = cfg.lr
+        assert lr is not None  # resolved() fills it
         policy = load_causal_lm(self.model_path, cfg.attn_implementation)
         if cfg.lora.rank:  # adapters go in before sharding, so FSDP2 shards them with their layer
             L.apply(policy, cfg.lora)
-        self.model = shard(policy.to(self.device), mesh, **wrap, trainable=True)
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, cfg.lr, cfg.norm_lr_scale)
+        self.model = wrap(policy.to(self.device), trainable=True)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, lr, cfg.norm_lr_scale)
         self.ref = None
         if cfg.kl_coef > 0 or cfg.reference or ref_model_path is not None:
             ref = load_causal_lm(ref_model_path or self.model_path, cfg.attn_implementation).to(self.device)
-            self.ref = shard(ref, mesh, **wrap, trainable=False)
+            self.ref = wrap(ref, trainable=False)
         self.teacher = None
         if cfg.opd_coef > 0:  # frozen, eval mode, no grad; scored in the trainer's own micro-batches
+            assert cfg.teacher_path is not None  # check() demands it with opd_coef
             teacher = load_causal_lm(cfg.teacher_path, cfg.attn_implementation).to(self.device)
-            self.teacher = shard(teacher, mesh, **wrap, trainable=False)
+            self.teacher = wrap(teacher, trainable=False)
         self.critic = self.critic_optimizer = self.critic_scheduler = None
         if critic:
             crit = load_value_model(cfg.critic_model_path or self.model_path, cfg.attn_implementation)
             if cfg.lora.rank:  # the critic's body gets the same adapters; its value head trains fully
                 L.apply(crit, cfg.lora, keep_trainable=("value_head.",))
-            self.critic = shard(crit.to(self.device), mesh, **wrap, trainable=True)
-            critic_lr = cfg.critic_lr if cfg.critic_lr is not None else cfg.lr
+            self.critic = wrap(crit.to(self.device), trainable=True)
+            critic_lr = cfg.critic_lr if cfg.critic_lr is not None else lr
             self.critic_optimizer, self.critic_scheduler = build_optimizer(self.critic, cfg, critic_lr)
         self.version = 0
         self._objective: Objective | None = None
@@ -212,7 +218,7 @@ class Trainer:
     def _finish(self, outs: list[dict[str, float]]) -> dict[str, float]:
         """Advance the schedules and the version once; fold the optimizer steps' metrics."""
         self.scheduler.step()
-        if self.critic is not None:
+        if self.critic_scheduler is not None:  # set with the critic
             self.critic_scheduler.step()
         self.version += 1
         totals = {"tokens", "computed_tokens", "loss_tokens", "seqs", "micro_batches", "step_time_s", "teacher_s"}
@@ -230,6 +236,7 @@ class Trainer:
         ``interrupt``: see ``train_step``."""
         if self._objective is None:
             self._objective = Objective(self.cfg, _algos())
+        objective = self._objective
         if self.critic is not None:
             missing = [i for i, s in enumerate(samples) if s.returns is None]
             if missing:
@@ -264,7 +271,7 @@ class Trainer:
         grad_norm = clip_and_step(self.model, self.optimizer, self.cfg.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         out: dict[str, float] = {}
-        if self.critic is not None:
+        if self.critic is not None and self.critic_optimizer is not None:  # set together
             out["critic_grad_norm"] = clip_and_step(self.critic, self.critic_optimizer, self.cfg.max_grad_norm)
         keys = sorted(acc)
         sums = dict(zip(keys, D.all_sum([acc[k] for k in keys], self.device)))
@@ -275,7 +282,7 @@ class Trainer:
                 "pg_loss": sums.pop("pg_loss"),
                 "grad_norm": grad_norm,
                 "skipped": float(not math.isfinite(grad_norm)),
-                "lr": lr,
+                "lr": float(lr),
                 "tokens": g_real,
                 "computed_tokens": g_computed,
                 "loss_tokens": g_tok,
@@ -292,7 +299,7 @@ class Trainer:
             out["values_mean"] = sums.pop("value_sum") / glob["vtok"]
         for k, v in sums.items():  # token sums -> token means (kl, entropy, clipfrac, tis_weight, ...)
             out[k.removesuffix("_sum")] = v / glob["tok"]
-        out.update(self._objective.mismatch(pairs, self.world))
+        out.update(objective.mismatch(pairs, self.world))
         return out
 
     def _drop_gradients(self) -> None:
@@ -302,6 +309,7 @@ class Trainer:
 
     def _micro_step(self, mb: MicroBatch, glob: dict, acc: dict, pairs: list) -> None:
         inputs = self._inputs(mb)
+        assert self._objective is not None  # _update builds it first
         loss, logp, beh = self._objective.loss(
             self.model, self.ref, self.critic, inputs, mb, glob, acc, teacher=self.teacher
         )

@@ -59,7 +59,7 @@ class WeightGroup:
 
         if self.store is None:
             try:
-                self.store = dist.TCPStore(
+                self.store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  (not in its __all__)
                     "0.0.0.0",
                     self.master_port,
                     self.world_size,
@@ -76,7 +76,7 @@ class WeightGroup:
         return self.master_port
 
     def connect(self) -> None:
-        from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper
+        from torch.distributed.distributed_c10d import GroupName, PrefixStore, _new_process_group_helper
 
         self.listen()
         store = self.store
@@ -87,7 +87,7 @@ class WeightGroup:
                 [],
                 self.backend,
                 PrefixStore(self.group_name, store),
-                group_name=self.group_name,
+                group_name=GroupName(self.group_name),  # a NewType of str
                 backend_options=None,
                 timeout=self.timeout,
             )
@@ -215,6 +215,7 @@ class DistributedSync(ServerSync):
             phases["connect_s"] = time.perf_counter() - t0
         parts = buckets(named, self.bucket_bytes)
         group = self.group
+        assert group is not None  # _connect sets it or raises
 
         async def calls() -> None:
             for i, bucket in enumerate(parts):

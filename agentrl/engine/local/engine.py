@@ -133,7 +133,7 @@ class LocalEngine(Engine):
             eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
             eos = cfg.eos_token_id if eos is None else eos
             eos_token_ids = () if eos is None else ([eos] if isinstance(eos, int) else eos)
-        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids or ())  # or (): the config said None
         self._gen = torch.Generator().manual_seed(seed)
         self._version = 0
         self._cond = threading.Condition()
@@ -421,6 +421,7 @@ class LocalEngine(Engine):
             return
         row = {id(r): i for i, r in enumerate(self._rows)}
         for r in keep:
+            assert r.session is not None  # keep holds requests with a session
             keys, values = self._kv.row_kv(row[id(r)])
             if keys[0].shape[1] != r.kv_len:
                 raise EngineError(f"K/V of a finished row holds {keys[0].shape[1]} tokens, expected {r.kv_len}")

@@ -109,7 +109,7 @@ class PastCache:
         self.values: dict[int, torch.Tensor] = {}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if self.past_keys is not None:
+        if self.past_keys is not None and self.past_values is not None:  # given together
             key_states = torch.cat([self.past_keys[layer_idx], key_states], dim=2)
             value_states = torch.cat([self.past_values[layer_idx], value_states], dim=2)
         self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
@@ -173,12 +173,14 @@ def _past(
     """Per layer [k, heads, q, dim]: each row's first ``reused[i]`` cached K/V, right-aligned,
     zeros elsewhere (zeros, not empty memory: NaN at masked columns would poison attention)."""
     ref = next(pre for pre, u in zip(prefixes, reused) if u > 0)
+    assert ref is not None  # a row reuses cached tokens only from its prefix
     out: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     for side, bufs in ((0, ref.keys), (1, ref.values)):
         for layer, t in enumerate(bufs):
             past = t.new_zeros(len(reused), t.shape[0], q, t.shape[2])
             for i, (pre, u) in enumerate(zip(prefixes, reused)):
                 if u > 0:
+                    assert pre is not None  # as ref
                     src = pre.keys[layer] if side == 0 else pre.values[layer]
                     past[i, :, q - u :] = src[:, :u]
             out[side].append(past)

@@ -58,6 +58,7 @@ from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.router import Backend, Router
 from agentrl.engine.sglang.admin import Admin
 from agentrl.engine.sglang.disk import load_from_disk
+from agentrl.engine.sglang.handle import ServerHandle
 from agentrl.engine.sglang.server import SGLangServer
 from agentrl.engine.sglang.supervision import Served, Supervisor
 from agentrl.engine.sglang.wire import ENGINE_COUNTERS, load_stats, model_limits, sampling_params, to_generation
@@ -70,15 +71,16 @@ _ENGINE_KWARGS = ("max_connections", "request_timeout_s", "retries", "backoff_s"
 
 class SGLangEngine(Engine):
     """Drives one or many SGLang servers. ``urls``: attach to running servers; ``servers``: supervise
-    these :class:`SGLangServer` objects (restarted when they die if ``restart_dead``; not stopped
-    by :meth:`close` unless the engine launched them with :meth:`launch`). Its parts: ``router``,
-    ``admin`` (:class:`Admin`), ``supervisor`` (:class:`Supervisor`) and ``served`` (:class:`Served`)."""
+    these :class:`ServerHandle` objects (an :class:`SGLangServer` or a Ray actor's server; restarted
+    when they die if ``restart_dead``; not stopped by :meth:`close` unless the engine launched them
+    with :meth:`launch`). Its parts: ``router``, ``admin`` (:class:`Admin`), ``supervisor``
+    (:class:`Supervisor`) and ``served`` (:class:`Served`)."""
 
     def __init__(
         self,
         urls: Sequence[str] = (),
         *,
-        servers: Sequence[SGLangServer] = (),
+        servers: Sequence[ServerHandle] = (),
         max_connections: int = 2048,
         request_timeout_s: float = 600.0,
         retries: int = 3,
@@ -114,6 +116,9 @@ class SGLangEngine(Engine):
         self._start_lock: asyncio.Lock | None = None
         #: requests that were re-sent after a loss (each at most once)
         self.resends = 0
+        #: one weight stager per server, able to write on its node (``agentrl.weights.object_store``);
+        #: set by whoever launched the servers elsewhere (distributed mode), else none
+        self.weight_stagers: list[Any] = []
 
     @classmethod
     def launch(

@@ -293,14 +293,15 @@ class SGLangServer:
             if taken is not None:
                 self.kill()  # its scheduler and detokenizer children too
                 return taken
-            if not alive:
-                code = None if self.proc is None else self.proc.returncode
+            proc = self.proc
+            if not alive or proc is None:  # alive() is False without a process
+                code = None if proc is None else proc.returncode
                 raise EngineError(
                     f"SGLang server on port {self.port} exited with code {code} while starting; "
                     f"log {self.log_path} ends with:\n{self.log_tail()}"
                 )
             # another program answering on our port is not our server (ours will log its bind error)
-            if self.healthy(timeout_s=2.0) and listener_is_ours(self.port, self.proc.pid) is not False:
+            if self.healthy(timeout_s=2.0) and listener_is_ours(self.port, proc.pid) is not False:
                 return None
             time.sleep(0.5)
         self.kill()

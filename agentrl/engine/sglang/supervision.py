@@ -20,7 +20,7 @@ import httpx
 
 from agentrl.engine.router import Backend, Router
 from agentrl.engine.sglang.admin import Admin
-from agentrl.engine.sglang.server import SGLangServer
+from agentrl.engine.sglang.handle import ServerHandle
 from agentrl.errors import EngineError
 
 log = logging.getLogger("agentrl.engine.sglang")
@@ -42,7 +42,7 @@ class Served:
 
 class Supervisor:
     """Keeps the router's servers alive (see the module docstring). ``servers``: the supervised
-    :class:`SGLangServer` per backend index (none when attached); ``probe``: the ``/health`` check
+    :class:`ServerHandle` per backend index (none when attached); ``probe``: the ``/health`` check
     (the admin's unless given: a client of servers launched elsewhere may find them moved first)."""
 
     #: seconds between health checks of the servers (restarts a supervised server that died idle)
@@ -53,7 +53,7 @@ class Supervisor:
     def __init__(
         self,
         router: Router,
-        servers: Mapping[int, SGLangServer],
+        servers: Mapping[int, ServerHandle],
         admin: Admin,
         served: Served,
         *,
@@ -113,7 +113,7 @@ class Supervisor:
             b.healthy = await self.probe(b)
             return b.healthy
 
-    async def _restart(self, b: Backend, server: SGLangServer) -> None:
+    async def _restart(self, b: Backend, server: ServerHandle) -> None:
         """Restart a dead supervised server (caller holds ``b.lock``), reload the latest weights and
         tell it the version it serves."""
         b.healthy = False

@@ -85,7 +85,7 @@ def to_generation(data: dict, url: str, default_version: int) -> Generation:
         ) from e
     if lp_ids != ids:
         raise EngineError(f"SGLang server {url}: logprob ids {lp_ids[:8]}... differ from output_ids {ids[:8]}...")
-    reason = _FINISH.get(fr.get("type"))
+    reason = _FINISH.get(fr.get("type") or "")  # "": no type, not a reason
     if reason is None:
         raise EngineError(f"SGLang server {url}: unknown finish_reason {fr!r}")
     matched = fr.get("matched")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from agentrl.serving.dialects.reply import Reply, ToolCall, reply_events
@@ -193,7 +193,7 @@ class AnthropicMessages:
     def whole(self, reply: Reply) -> dict:
         return self.message(reply)
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[dict, None]:
         """The chat core's stream as Messages stream events (each event's name is its ``type``)."""
         reply = Reply()
         yield {"type": "message_start", "message": self.message()}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
 from typing import Any
 
 from agentrl.serving.dialects.reply import Reply, ToolCall, reply_events
@@ -242,7 +242,7 @@ class OpenAIResponses:
         self.seq += 1
         return {"type": kind, "sequence_number": self.seq - 1, **fields}
 
-    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    async def stream(self, chunks: AsyncIterator[dict]) -> AsyncGenerator[dict, None]:
         """The chat core's stream as Responses stream events (each event's name is its ``type``)."""
         reply, output = Reply(), []
         yield self._event("response.created", response=self.response([], None))

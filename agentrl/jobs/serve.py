@@ -202,8 +202,10 @@ class CheckpointFollower:
         run_dir = self.target.run_dir
         assert run_dir is not None  # __init__ refuses a target without one
         newest = latest_checkpoint(run_dir)
+        if newest is None:
+            return None
         current = self.target.checkpoint
-        newest_step = checkpoint_step(newest) if newest is not None else None
+        newest_step = checkpoint_step(newest)
         if newest_step is None or (current is not None and newest_step <= (checkpoint_step(current) or -1)):
             return None
         try:

@@ -34,6 +34,7 @@ from agentrl.agents.bridge import EndpointBridge
 from agentrl.agents.program import ProgramResult, last_json_line
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import Limits
+from agentrl.sandbox.local import LocalSandbox
 from agentrl.sandbox.probe import docker_unavailable_reason
 from agentrl.sandbox.subprocess_runner import SubprocessSandbox
 
@@ -86,8 +87,6 @@ class SandboxedCommand:
     def __init__(
         self, command: str, *, files: Sequence[str] = (), cwd: str | None = None, options: dict | None = None
     ) -> None:
-        from agentrl.sandbox.local import LocalSandbox
-
         self.command, visible = program_files(command, cwd or os.getcwd(), files)
         options = {"max_concurrency": 4096, **(options or {})}
         self.sandbox: SubprocessSandbox = LocalSandbox(visible=visible, loopback=True, **options)

@@ -159,6 +159,28 @@ async def test_memory_limit_is_oom(sb):
     assert (await sb.run(["true"], timeout_s=10, limits=Limits(memory_mb=128))).ok
 
 
+async def test_oom_of_a_container_already_removed_is_read_from_the_event_log(sb):
+    """``auto_remove`` can take a container killed out of memory before its state is read (gVisor's
+    sandbox dies as a whole): the daemon's event log still says ``oom``; a clean exit says nothing."""
+    from agentrl.sandbox.docker.daemon import LABEL, LABEL_RUN
+
+    client, since = sb.daemon.client, time.time()
+    hog = "x = []\nwhile True: x.append(bytearray(2**24))"
+    cids = {}
+    for name, argv in {"hog": ["python3", "-c", hog], "clean": ["true"]}.items():
+        c = client.containers.run(
+            "agentrl-sandbox:latest", argv, detach=True, auto_remove=True, network_mode="none",
+            mem_limit="64m", memswap_limit="64m", labels={LABEL: "1", LABEL_RUN: sb.run_id},
+        )  # fmt: skip
+        cids[name] = c.id
+    deadline = time.monotonic() + 60
+    while any(c["id"] in cids.values() for c in _ours(sb.run_id)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert await sb.daemon.state(cids["hog"]) is None  # removed: its State is gone
+    assert await sb.daemon.oom_event(cids["hog"], since) is True
+    assert await sb.daemon.oom_event(cids["clean"], since) is False
+
+
 async def test_pids_limit(sb):
     code = (
         "import subprocess\nprocs, failed = [], 0\n"

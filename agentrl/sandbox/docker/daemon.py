@@ -241,6 +241,29 @@ class Daemon:
         except (TimeoutError, docker.errors.DockerException, OSError) as e:
             raise SandboxError(f"cannot inspect container {cid[:12]}: {e}") from e
 
+    async def oom_event(self, cid: str, since: float) -> bool:
+        """Whether the daemon's event log holds an ``oom`` event for ``cid`` since ``since`` (epoch
+        seconds). The log outlives the container: ``auto_remove`` may take a container killed out of
+        memory before its ``State.OOMKilled`` can be read (gVisor's sandbox dies as a whole)."""
+        import docker
+
+        def read() -> bool:
+            events = self.client.events(
+                since=int(since) - 1,
+                until=int(time.time()) + 1,
+                filters={"container": cid, "event": "oom"},
+                decode=True,
+            )
+            try:
+                return any(True for _ in events)
+            finally:
+                events.close()
+
+        try:
+            return await self.call(read, timeout=10.0)
+        except (TimeoutError, docker.errors.DockerException, OSError) as e:
+            raise SandboxError(f"cannot read the event log of container {cid[:12]}: {e}") from e
+
     async def remove(self, cid: str) -> None:
         try:
             await self.call(remove_containers, self.client, [cid], timeout=30.0)

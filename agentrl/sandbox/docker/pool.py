@@ -11,7 +11,8 @@ protocol beyond its hello (``conn``), or turn replies into results (``sandbox``)
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox.base import Limits
@@ -44,6 +45,7 @@ class Box:
     limits: Limits
     conn: AgentConn
     uses: int = 0
+    started: float = field(default_factory=time.time)  # epoch seconds, for the event log
 
     @property
     def short(self) -> str:

@@ -76,9 +76,11 @@ async def execute(
 
 async def _died(daemon: Daemon, box: Box, err: Exception, t0: float) -> ExecResult:
     """The stream ended mid-run. Out of memory (the kernel killed the executor too) is the
-    program's doing: an ``oom`` result. Anything else (docker kill, daemon restart) is not."""
+    program's doing: an ``oom`` result. Anything else (docker kill, daemon restart) is not. A
+    container already removed is judged by the daemon's event log instead of its state."""
     state = await daemon.state(box.cid)
-    if state is not None and state.get("OOMKilled"):
+    oom = state.get("OOMKilled") if state is not None else await daemon.oom_event(box.cid, box.started)
+    if oom:
         return ExecResult(
             "",
             "",

@@ -41,7 +41,7 @@ def _rate(flat: dict[str, Any], prefix: str) -> str:
 
 def step_line(step: int, total: int, flat: dict[str, Any]) -> str:
     """One training step as a log line: reward, solve rate with its counts, loss, the step's time
-    and where it went (waiting for rollouts, the trainer, the weight sync)."""
+    and where it went (waiting for rollouts, the trainer, the weight sync), the resident memory."""
     parts = [f"step {step}/{total}"]
     reward = _num(flat, "rollout/reward_mean")
     if reward is not None:
@@ -63,6 +63,9 @@ def step_line(step: int, total: int, flat: dict[str, Any]) -> str:
         if sync is not None:
             split.append(f"sync {sync:.1f}")
         parts.append(f"{step_s:.1f} s" + (f" ({', '.join(split)})" if split else ""))
+    rss = _num(flat, "memory/rss_gb")
+    if rss is not None:
+        parts.append(f"rss {rss:.1f} GB")
     return "  ".join(parts)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from agentrl.common.memory import release, tune_allocator
 from agentrl.common.typed_tree import build, deep_merge, parse_override
 from agentrl.episodes.tokenizer import load_chat_tokenizer
 from agentrl.episodes.tool_prompt import strip
@@ -159,6 +160,7 @@ def run_sft(
     order: list[int] = []
     losses: list[float] = []
     tokens = 0
+    tune_allocator()  # before the trainer's threads start (agentrl.common.memory says why)
     with Trainer(str(model_path), tcfg) as trainer:
         t_train = time.perf_counter()
         for step in range(1, cfg.steps + 1):
@@ -174,6 +176,7 @@ def run_sft(
                     for e in batch
                 ]
             )
+            release()
             losses.append(metrics["loss"])
             tokens += int(metrics.get("tokens", sum(len(e.token_ids) for e in batch)))
             if log is not None:

@@ -13,6 +13,7 @@ STEP = {
     "time/wait_rollout_s": 5.1,
     "time/weight_sync_s": 1.23,
     "time/step_s": 12.34,
+    "memory/rss_gb": 3.42,
 }
 EVAL = {"eval/solve_rate": 0.5, "eval/episodes": 500.0, "eval/infra_failures": 0.0, "eval/tool_use_rate": 1.0}
 
@@ -20,7 +21,7 @@ EVAL = {"eval/solve_rate": 0.5, "eval/episodes": 500.0, "eval/infra_failures": 0
 def test_a_step_line_has_the_counts_and_where_the_time_went():
     assert step_line(3, 120, STEP) == (
         "step 3/120  reward 0.438  solve 0.375 (12/32 solved, 1 infra)  tool use 0.97  loss 0.01234  "
-        "12.3 s (rollout wait 5.1, train 6.0, sync 1.2)"
+        "12.3 s (rollout wait 5.1, train 6.0, sync 1.2)  rss 3.4 GB"
     )
     assert eval_line(3, EVAL) == "eval after step 3: solve 0.500 (250/500 solved, 0 infra)  tool use 1.00"
     assert step_line(1, 2, {"rollout/solve_rate": 0.0}) == "step 1/2  solve 0.000"  # what a row lacks is left out

@@ -2,21 +2,21 @@
 
 Owns :class:`Runner`: the loop and the few fields it declares (the plan, ``step``, the episodes
 trained on, the KL controller, the first eval's row, the warnings) and the parts it builds from the
-plan and drives. Setup builds the attempt's :class:`~agentrl.jobs.run.parts.Parts` (engine,
-trainer, compute, weight sync, agent proxy), opens the sinks of its
+plan and drives. Setup builds the attempt's :class:`~agentrl.jobs.run.parts.Parts` (engine, trainer,
+compute, weight sync, agent proxy), opens the sinks of its
 :class:`~agentrl.jobs.run.outputs.Outputs` and builds the :class:`~agentrl.jobs.run.feed.Feed` and
 the :class:`~agentrl.jobs.run.held_out.HeldOutEval` on them; then the first held-out eval, the
 producer started, and per step the next batch -> shaped samples and credit -> ``train_step`` ->
 weight sync -> the new policy version to the feed -> ledger, prompt stream, trajectory log -> the
 step's metrics row (rollout, train, credit, staleness, dynamic sampling, on-policy distillation,
-sandbox, agent proxy, times) -> eval, checkpoint and monitors when due; then the final eval, the last checkpoint and
-teardown (everything released, the last started first). Attempts, the heartbeat and graceful stop
-are the :class:`~agentrl.jobs.run.control.Control`'s; a restarted attempt (a lost Ray node) builds
-every per-attempt part again and resumes from the newest checkpoint (``_restart_state``). No part
-refers back to the Runner: each gets what it needs as arguments. The config is the run's plan
-(``agentrl.config.plan``) and every piece comes from ``agentrl.jobs.build``; the loop talks to one
-compute object, a ``LocalCompute`` (``distributed: local``) or a ``RayCompute`` (``ray``), the same
-way.
+sandbox, agent proxy, memory, times) -> eval, checkpoint and monitors when due; then the final eval,
+the last checkpoint and teardown (everything released, the last started first). Attempts, the
+heartbeat and graceful stop are the :class:`~agentrl.jobs.run.control.Control`'s; a restarted
+attempt (a lost Ray node) builds every per-attempt part again and resumes from the newest checkpoint
+(``_restart_state``). No part refers back to the Runner: each gets what it needs as arguments. The
+config is the run's plan (``agentrl.config.plan``) and every piece comes from
+``agentrl.jobs.build``; the loop talks to one compute object, a ``LocalCompute`` (``distributed:
+local``) or a ``RayCompute`` (``ray``), the same way.
 
 Read-only properties forwarding to the owning part, for callers and tests: ``trainer``, ``engine``,
 ``compute`` (the Parts', None before setup), ``queue`` (the Feed's, None before it is built),
@@ -40,6 +40,7 @@ from agentrl.batches.rewards import KLController
 from agentrl.batches.samples import build_samples, trainable
 from agentrl.batches.staleness import dynamic_sampling_metrics
 from agentrl.common.faults import fault_point
+from agentrl.common.memory import peak_rss_gb, release, rss_gb, tune_allocator
 from agentrl.common.stoppable import unless_stopped
 from agentrl.config.plan import Plan, resolve
 from agentrl.config.schema import RunConfig, to_dict
@@ -147,6 +148,7 @@ class Runner:
     # -- setup ------------------------------------------------------------------------------------
     def _setup(self) -> None:
         """Build the attempt's parts and open the sinks; the step and KL coefficient resumed."""
+        tune_allocator()  # before the engine's and trainer's threads start
         self.parts = parts = Parts.build(self.plan, self.run_dir)  # closes what it started if it fails
         resumed = parts.resumed
         self.step = resumed.step
@@ -326,6 +328,7 @@ class Runner:
         last_sync = parts.last_sync
         assert last_sync is not None
         opd, teacher_time = _distillation_metrics(tm)
+        release()  # the step's freed tensors back to the system, so the resident set tracks what is used
         return {
             "rollout": {**rollout_stats(groups), **rollout_extra(groups)},
             "train": tm,
@@ -340,6 +343,7 @@ class Runner:
             **({"agent": proxy.take_step()} if proxy is not None else {}),
             "sandbox": queue_summary(take_queue_waits()),
             **({"engine": counts} if (counts := parts.engine_counters.take()) else {}),
+            "memory": {"rss_gb": rss_gb(), "peak_rss_gb": peak_rss_gb()},
             "time": {
                 "wait_rollout_s": t_got - t0,
                 "step_s": time.perf_counter() - t0,

@@ -2,7 +2,8 @@
 in the program's work dir (``AGENTRL_WORKDIR``; in the sandbox also its current directory), the
 commands it runs change them there, and the collected files score 1.0 with the env's check -- in the
 sandbox and on the host alike; a collected file the program replaced with a symlink to a host file
-is not collected (the check finds it missing)."""
+is not collected (the check finds it missing). And in a rollout: the env's check scores what the
+program left, whatever the model said."""
 
 import asyncio
 import sys
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import agentrl.jobs.rollout as rollout_job
 from agentrl.agents.program import ProgramResult, Workspace, run_command
 from agentrl.agents.sandboxed import SandboxedCommand
+from agentrl.config.schema import load_config
 from agentrl.envs import bash_tasks
 from agentrl.envs.registry import make
 from agentrl.sandbox.base import Limits
@@ -69,3 +72,28 @@ def test_a_malformed_workspace_is_refused():
     with pytest.raises(ValueError, match="list of paths"):
         Workspace.of({"workspace": {"files": {}, "collect": "a.txt"}})
     assert Workspace.of({}) is None
+
+
+def test_in_a_rollout_the_env_scores_the_files_the_program_left(tmp_path):
+    """The built-in model's reply is whatever it is (8 tokens: cut); the program then fixes the files, and
+    the env's check of them is the reward (rollout.score_truncated: a cut last reply keeps it)."""
+    cfg = load_config(
+        [],
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "env.id=bash_fix",
+            "env.kwargs={sandbox_backend: local, kinds: [count_lines]}",
+            "agent.kind=proxy",
+            f"agent.command={sys.executable} {AGENT} ask",
+            "agent.reward=env",
+            "rollout.num_prompts=2",
+            "rollout.group_size=1",
+            "rollout.max_new_tokens=8",
+            "rollout.score_truncated=true",
+        ],
+    )
+    trajs, _, _ = rollout_job.run_rollout(cfg, progress=False, note=lambda line: None)
+    assert len(trajs) == 2
+    for t in trajs:
+        assert t.info["agent"]["requests"] == 1 and t.outcome.value in ("ok", "truncated_length"), t.outcome_detail
+        assert t.reward == 1.0 and t.info["agent"]["check"].endswith(repr(t.task["expect"]["value"])), t.info

@@ -1,6 +1,7 @@
-"""A scripted agent program for the workspace tests (no model): it runs the task's reference solution
+"""A scripted agent program for the workspace tests: it runs the task's reference solution
 (``AGENTRL_TASK``'s ``task.solution``) with bash in ``AGENTRL_WORKDIR``, or with ``plant`` as its argument
-replaces each collected file with a symlink to a host file, and reports where it ran."""
+replaces each collected file with a symlink to a host file, and reports where it ran; with ``ask`` it
+first asks the endpoint for one completion (the official openai client), as an agent would."""
 
 import json
 import os
@@ -9,6 +10,12 @@ import sys
 
 task = json.loads(os.environ["AGENTRL_TASK"])["task"]
 workdir = os.environ["AGENTRL_WORKDIR"]
+if sys.argv[1:] == ["ask"]:
+    from openai import OpenAI
+
+    OpenAI().chat.completions.create(
+        model="agentrl-policy", messages=json.loads(os.environ["AGENTRL_TASK"])["messages"]
+    )
 if sys.argv[1:] == ["plant"]:
     for name in task["collect"]:
         path = os.path.join(workdir, name)

@@ -76,12 +76,15 @@ def host_workdir(ws: Workspace | None, out: ProgramResult) -> Iterator[str | Non
     if ws is None:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix="agentrl-work-") as root:
+    with tempfile.TemporaryDirectory(prefix="agentrl-work-", ignore_cleanup_errors=True) as root:
         write_files(root, ws.files, max_total_bytes=_WORK_MAX)
         try:
             yield root
         finally:
-            out.files = collect_files(root, ws.collect, max_file_bytes=_WORK_MAX, max_total_bytes=_WORK_MAX).files
+            try:
+                out.files = collect_files(root, ws.collect, max_file_bytes=_WORK_MAX, max_total_bytes=_WORK_MAX).files
+            except OSError:  # the program removed or replaced the directory itself: nothing to collect
+                out.files = {}
 
 
 def reward_of(result: dict | None) -> float | None:

@@ -29,7 +29,9 @@ class AgentConfig:
         "'python examples/agents/openai_loop.py'. It gets "
         "OPENAI_BASE_URL, OPENAI_API_KEY (per episode; the same as ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY for the "
         "anthropic client), AGENTRL_TASK (the task as JSON: messages, tools, task) and "
-        'AGENTRL_RESULT (a path to write its result JSON, e.g. {"reward": 1.0}) in its environment.',
+        'AGENTRL_RESULT (a path to write its result JSON, e.g. {"reward": 1.0}) in its environment; with an env '
+        "that gives the agent files to work on (bash_fix), AGENTRL_WORKDIR names the directory holding them (in the "
+        "sandbox: its current directory).",
     )
     isolation: Literal["sandbox", "host"] = doc(
         "sandbox",
@@ -65,7 +67,9 @@ class AgentConfig:
         "proxy: where the reward comes from. 'program': the result's 'reward' (the AGENTRL_RESULT file, "
         "else the last JSON line of stdout, or the callable's return value); none is outcome 'reward_error'. "
         "'env': the env scores the episode's final assistant text (env.step on it, e.g. code_exec's answer check; "
-        "an env that does not end the episode on it makes the episode truncated_turns, reward 0).",
+        "an env that does not end the episode on it makes the episode truncated_turns, reward 0). An env that gives "
+        "the agent files to work on (bash_fix) scores the files the program left instead (its check, in a fresh "
+        "sandbox), whatever the final text.",
     )
     model_name: str = doc(
         "agentrl-policy",

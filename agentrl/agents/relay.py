@@ -9,7 +9,8 @@ Owns: listening on 127.0.0.1 (port chosen by the kernel) in the sandbox's own ne
 for each connection the program makes there, a new socket pair whose far end goes over the bridge
 (``SCM_RIGHTS``) and whose near end is relayed to and from the connection; starting the program
 (``/bin/sh -c command``, its own process group, stdin closed) with ``OPENAI_BASE_URL`` /
-``ANTHROPIC_BASE_URL`` pointing at that port and ``AGENTRL_RESULT`` a file in the work dir; keeping
+``ANTHROPIC_BASE_URL`` pointing at that port, ``AGENTRL_RESULT`` a file in the work dir and
+``AGENTRL_WORKDIR`` the work dir (where an env's workspace files are); keeping
 the tails of its stdout and stderr; and at its end one JSON line on stdout: ``{"agentrl_relay": 1,
 "exit": code, "stdout": tail, "stderr": tail, "result": the result file's text or null}``.
 One thread (a selector): threads would count against the sandbox's process limit and each
@@ -123,6 +124,7 @@ def main() -> int:
         OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1",
         ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}",
         AGENTRL_RESULT=result_path,
+        AGENTRL_WORKDIR=os.getcwd(),
     )
     proc = subprocess.Popen(
         ["/bin/sh", "-c", spec["command"]],

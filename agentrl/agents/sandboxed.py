@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agentrl.agents.bridge import EndpointBridge
-from agentrl.agents.program import ProgramResult, last_json_line
+from agentrl.agents.program import ProgramResult, Workspace, last_json_line
 from agentrl.errors import ConfigError, SandboxError
 from agentrl.sandbox.base import Limits
 from agentrl.sandbox.local import LocalSandbox
@@ -131,9 +131,20 @@ class SandboxedCommand:
             line += " (the local sandbox even where tools use Docker: no image carries the trainer's Python packages)"
         return line
 
-    async def run(self, base_url: str, api_key: str, task: dict, timeout_s: float, limits: Limits) -> ProgramResult:
+    async def run(
+        self,
+        base_url: str,
+        api_key: str,
+        task: dict,
+        timeout_s: float,
+        limits: Limits,
+        workspace: Workspace | None = None,
+    ) -> ProgramResult:
         """One episode: the program with the endpoint at ``base_url`` bridged in, ``limits`` (the
-        env's tool calls'; the output cap is the launcher's) and ``timeout_s`` (``agent.timeout_s``)."""
+        env's tool calls'; the output cap is the launcher's) and ``timeout_s`` (``agent.timeout_s``).
+        A ``workspace``'s files are written into the program's work dir (its current directory and
+        ``AGENTRL_WORKDIR``, where the commands it runs execute) and its ``collect`` paths copied out
+        after the program (and all it started) ended, refused escapes left out (the sandbox contract)."""
         url = urlparse(base_url)
         spec = {
             "command": self.command,
@@ -152,6 +163,8 @@ class SandboxedCommand:
                     timeout_s=timeout_s,
                     limits=replace(limits, max_output_bytes=max(limits.max_output_bytes, _OUTPUT)),
                     pass_fd=bridge.fd,
+                    files=workspace.files if workspace else None,
+                    collect=workspace.collect if workspace else (),
                 )
             except SandboxError as e:
                 out.error = f"the agent sandbox failed: {e}"
@@ -165,6 +178,7 @@ class SandboxedCommand:
             out.error = f"the agent program's sandbox ended it ({why}): {res.stderr[-600:].strip()!r}"
             out.stderr = res.stderr[-_TAIL:]
             return out
+        out.files = dict(res.files)
         out.stdout = str(report.get("stdout") or "")[-_TAIL:]
         out.stderr = str(report.get("stderr") or "")[-_TAIL:]
         code = report.get("exit")

@@ -18,6 +18,13 @@ on the host (``host``, :mod:`agentrl.agents.program`), or, a callable, in this p
   env that does not end the episode on it -- the program stopped while the model was still
   calling tools -> ``truncated_turns``, reward 0, as the built-in loop at its turn limit).
 
+An env whose reset asks for a workspace (``info["workspace"]``: files the program starts with,
+paths to copy back; :class:`~agentrl.agents.program.Workspace`) gets its files into the program's
+work dir (the sandbox's, or a fresh host directory: ``AGENTRL_WORKDIR``), and with ``agent.reward:
+env`` scores what the program left there (``env.check_workspace(files) -> (reward, reason)``; the
+final text plays no part, so a harness may end on a tool call; the reason is in the trajectory's
+``info["agent"]["check"]``).
+
 Its counters (:data:`COUNTERS`) are the run's ``agent/...`` metrics: per training step
 (``take_step``), in total (``totals``) and, for a held-out eval, those of a ``sibling`` strategy.
 
@@ -35,7 +42,7 @@ from collections import Counter
 from typing import Any
 
 from agentrl.agents.config import AgentConfig
-from agentrl.agents.program import load_callable, reward_of, run_callable, run_command
+from agentrl.agents.program import Workspace, load_callable, reward_of, run_callable, run_command
 from agentrl.agents.proxy import Budget, EpisodeLink, ProxyEndpoint
 from agentrl.agents.sandboxed import SandboxedCommand
 from agentrl.episodes.manager import add_reward_components
@@ -135,6 +142,15 @@ class ProxyStrategy:
         except Exception as e:
             raise EnvError(f"env reset failed: {type(e).__name__}: {e}") from e
         traj.task = info.get("task", {})
+        try:
+            workspace = Workspace.of(info)
+        except ValueError as e:
+            raise EnvError(f"env reset asked for a malformed workspace: {e}") from e
+        if workspace is not None and self.cfg.reward == "env" and not hasattr(_unwrapped(env), "check_workspace"):
+            raise EnvError(
+                f"{type(_unwrapped(env)).__name__} asks for a workspace but has no check_workspace(files) to "
+                "score it with (agent.reward=env)"
+            )
         url = await self.endpoint.start(manager.engine, manager.tokenizer)
         own_stop = getattr(env, "stop_strings", None) or ()
         budget = Budget(
@@ -160,11 +176,11 @@ class ProxyStrategy:
         self.counts["episodes"] += 1
         try:
             if self._fn is not None:
-                res = await run_callable(self._fn, url, key, task, self.cfg.timeout_s)
+                res = await run_callable(self._fn, url, key, task, self.cfg.timeout_s, workspace)
             elif self.jail is not None:
-                res = await self.jail.run(url, key, task, self.cfg.timeout_s, _tool_limits(env))
+                res = await self.jail.run(url, key, task, self.cfg.timeout_s, _tool_limits(env), workspace)
             else:
-                res = await run_command(self.cfg.command, url, key, task, self.cfg.timeout_s)
+                res = await run_command(self.cfg.command, url, key, task, self.cfg.timeout_s, workspace)
         finally:
             self.endpoint.links.pop(key, None)
             rec = link.recorder
@@ -180,10 +196,12 @@ class ProxyStrategy:
             "stderr_tail": res.stderr[-600:],
             "result": res.result,
         }
-        await self._finish(traj, env, link, res, rc.score_truncated)
+        await self._finish(traj, env, link, res, rc.score_truncated, workspace=workspace is not None)
         rec.set_reward(traj.reward)
 
-    async def _finish(self, traj: Trajectory, env: Any, link: EpisodeLink, res: Any, score_truncated: bool) -> None:
+    async def _finish(
+        self, traj: Trajectory, env: Any, link: EpisodeLink, res: Any, score_truncated: bool, workspace: bool = False
+    ) -> None:
         """Type the outcome and set the reward (see the module docstring)."""
         traj.reward = 0.0
         if res.timed_out:
@@ -200,7 +218,10 @@ class ProxyStrategy:
             return _end(traj, Outcome.ENV_ERROR, "the agent program made no completion request")
         last = link.recorder.current.turns[-1]
         if last.finish_reason != "stop":
-            if score_truncated and self.cfg.reward == "env":  # rollout.score_truncated, as in the built-in loop
+            if score_truncated and self.cfg.reward == "env" and workspace:  # rollout.score_truncated
+                reward, reason = await _unwrapped(env).check_workspace(res.files)
+                traj.reward, traj.info.setdefault("agent", {})["check"] = float(reward), reason
+            elif score_truncated and self.cfg.reward == "env":  # rollout.score_truncated, as in the built-in loop
                 _, reward, terminated, _, info = await _env_call(env, "step", link.last_text)
                 traj.reward = float(reward) if terminated else 0.0
                 if terminated:
@@ -216,6 +237,9 @@ class ProxyStrategy:
                     "the agent program reported no reward (a JSON object with a "
                     f"numeric 'reward' in AGENTRL_RESULT or on stdout); got {json.dumps(res.result)[:200]}",
                 )
+        elif workspace:  # the env scores the files the program left
+            reward, reason = await _unwrapped(env).check_workspace(res.files)
+            traj.info.setdefault("agent", {})["check"] = reason
         else:
             _, reward, terminated, _, info = await _env_call(env, "step", link.last_text)
             if terminated:
@@ -232,9 +256,13 @@ class ProxyStrategy:
         _end(traj, Outcome.OK, "")
 
 
+def _unwrapped(env: Any) -> Any:
+    return getattr(env, "unwrapped", env)
+
+
 def _tool_limits(env: Any) -> Limits:
     """The limits of the env's tool calls (its sandbox's), else the defaults."""
-    limits = getattr(getattr(getattr(env, "unwrapped", env), "sandbox", None), "limits", None)
+    limits = getattr(getattr(_unwrapped(env), "sandbox", None), "limits", None)
     return limits if isinstance(limits, Limits) else Limits()
 
 

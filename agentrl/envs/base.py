@@ -18,6 +18,12 @@ The contract (what the episode manager relies on):
   ``{"correct": 1.0, "format": 0.2}``, adding up to ``reward``); the manager sums them over the
   episode into ``Trajectory.info["reward_components"]``, and ``algo.reward_normalization=gdpo``
   normalises each within its group on its own (``shaping`` is reserved for the run's own terms).
+* Optional, for envs whose task is files to work on (``bash_fix``): ``info["workspace"]`` from
+  ``reset``, ``{"files": {relative path: text}, "collect": [relative paths]}``, and
+  ``async check_workspace(files) -> (reward, reason)`` scoring the collected files ({path: bytes},
+  a missing one absent). An outside agent program (``agent.kind: proxy``) then starts in a work dir
+  holding the files, and with ``agent.reward: env`` the env scores what it left there instead of
+  its final text (``agentrl.agents.strategy``).
 * ``areset``/``astep`` are the async variants (preferred). Infrastructure failures raise
   ``agentrl.errors`` EpisodeError subclasses; model mistakes never raise.
 * Held-out tasks: ``agentrl run`` evaluates on envs made with ``eval.env_kwargs`` (default

@@ -3,14 +3,16 @@ strings, no env code runs).
 
 Owns: the table of built-in envs and their registration in agentrl's registry (ids
 ``CodeExec-v0`` with alias ``code_exec``, ``Noop-v0`` with alias ``noop``, ``Concise-v0`` with alias
-``concise``, ``TextWorld-v0`` with alias ``textworld``), mirrored into Gymnasium's as
-``agentrl/CodeExec-v0``, ``agentrl/Noop-v0``, ``agentrl/Concise-v0``, ``agentrl/TextWorld-v0``
+``concise``, ``TextWorld-v0`` with alias ``textworld``, ``BashFix-v0`` with alias ``bash_fix``), mirrored
+into Gymnasium's as ``agentrl/CodeExec-v0``, ``agentrl/Noop-v0``, ``agentrl/Concise-v0``,
+``agentrl/TextWorld-v0``, ``agentrl/BashFix-v0``
 (aliases are not mirrored); and reading the installed packages' ``agentrl.envs`` entry points at
 import (``registry.discover``), so their ids are known to
-``gymnasium.make`` once ``agentrl.envs`` is imported. Which built-ins have held-out tasks: ``CodeExec-v0``
-and ``TextWorld-v0`` take ``split``; ``Noop-v0`` and ``Concise-v0`` declare ``has_eval_split=False``.
+``gymnasium.make`` once ``agentrl.envs`` is imported. Which built-ins have held-out tasks: ``CodeExec-v0``,
+``TextWorld-v0`` and ``BashFix-v0`` take ``split``; ``Noop-v0`` and ``Concise-v0`` declare ``has_eval_split=False``.
 The env code lives in the submodules: ``base`` (AgentEnv, ToolEnv, TextSpace), ``code_exec``,
-``noop``, ``concise``, ``textworld``, ``tasks``, ``datasets``, ``rewards``. Also registered: skyrl-gym's envs
+``noop``, ``concise``, ``textworld``, ``bash_fix``, ``bash_tasks``, ``tasks``, ``datasets``, ``rewards``.
+Also registered: skyrl-gym's envs
 through ``agentrl.envs.adapters.skyrl_gym`` (``skyrl/<id>`` for skyrl-gym's own ids, ``skyrl`` for any;
 ``pip install 'agentrl[skyrl]'``), with held-out tasks (``split``).
 """
@@ -26,6 +28,7 @@ BUILTINS: dict[str, tuple[str, int | None, tuple[str, ...], bool | None]] = {
     "Noop-v0": ("agentrl.envs.noop:NoopEnv", None, ("noop",), False),
     "Concise-v0": ("agentrl.envs.concise:ConciseEnv", None, ("concise",), False),
     "TextWorld-v0": ("agentrl.envs.textworld:TextWorldEnv", 40, ("textworld",), True),
+    "BashFix-v0": ("agentrl.envs.bash_fix:BashFixEnv", 8, ("bash_fix",), True),
 }
 
 #: skyrl-gym's env ids, served as ``skyrl/<id>`` by ``agentrl.envs.adapters.skyrl_gym`` (max_turns

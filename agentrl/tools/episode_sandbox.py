@@ -3,7 +3,8 @@
 Owns: how a sandbox result is shown to the model (``format_exec_result``), and ``EpisodeSandbox``, what an env's
 tools run through:
 the shared one-shot sandbox, or one ``SandboxSession`` per episode (opened at the first call,
-closed at the next reset or ``env.close()``) so files persist across the turns of an episode.
+closed at the next reset or ``env.close()``) so files persist across the turns of an episode; a
+session can start with the episode's files (``start_with``) and have files copied out (``collect``).
 Does not: parse calls, enforce the env's tool deadline, or cap the length of what the env sends
 back (``ToolEnv`` does those).
 
@@ -34,6 +35,7 @@ class Runner(Protocol):
     ) -> ExecResult: ...
 
 
+_START_TIMEOUT_S = 10.0  # writing an episode's start files (a no-op program)
 _CLOSING: set[asyncio.Task] = set()  # strong refs: a session being closed in the background
 
 
@@ -51,6 +53,7 @@ class EpisodeSandbox:
         self.sandbox, self.use_session = sandbox, session
         self._session: SandboxSession | None = None
         self._opening: asyncio.Lock | None = None
+        self._start: dict[str, bytes] = {}  # written by the session's first run
 
     @property
     def persistent(self) -> bool:
@@ -71,13 +74,35 @@ class EpisodeSandbox:
                 self._opening = asyncio.Lock()
             async with self._opening:  # two calls of one turn must not open two sessions
                 if self._session is None:
-                    self._session = await self.sandbox.session()
+                    session = await self.sandbox.session()
+                    start, self._start = self._start, {}
+                    if start:  # the episode's files, there before any call of the turn runs
+                        try:
+                            await session.run(["true"], timeout_s=_START_TIMEOUT_S, files=start)
+                        except BaseException:
+                            await session.close()
+                            raise
+                    self._session = session
         return await self._session.run(argv, stdin=stdin, timeout_s=timeout_s, files=files)
+
+    def start_with(self, files: Mapping[str, bytes]) -> None:
+        """The files this episode's session starts with (written at its first run; a session only)."""
+        if not self.use_session:
+            raise ConfigError("EpisodeSandbox.start_with needs session=True (one-shot runs keep no files)")
+        self._start = dict(files)
+
+    async def collect(self, paths: Sequence[str], *, timeout_s: float = 10.0) -> dict[str, bytes] | None:
+        """Copy ``paths`` out of this episode's session (those it refuses are left out: see the sandbox
+        contract); None when no session was opened this episode (no call ran: the files are those it
+        would have started with)."""
+        if self._session is None:
+            return None
+        return dict((await self._session.run(["true"], timeout_s=timeout_s, collect=paths)).files)
 
     def end_episode(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Close this episode's session, if one was opened. Outside a running loop the close runs
         to its end on ``loop`` (the env's private loop that opened it) or a new one."""
-        session, self._session, self._opening = self._session, None, None
+        session, self._session, self._opening, self._start = self._session, None, None, {}
         if session is None:
             return
         try:

@@ -1,12 +1,11 @@
 """Agent callables for the proxy-mode tests written against the other dialects' official clients
 (``agent.callable=dialect_agents:NAME``): the example agent's loop (run each ``python`` call, send
-the output back, until the model answers without a call), with the `anthropic` client on Anthropic
-Messages, and with the `openai` client on OpenAI Responses (each turn continues the last through
-``previous_response_id``). Each returns {"final": text, "turns": n}."""
+the output back, until the model answers without a call) with the `openai` client on OpenAI
+Responses (each turn continues the last through ``previous_response_id``). It returns {"final": text,
+"turns": n}. The Anthropic Messages one is an example program (examples/agents/anthropic_loop.py)."""
 
 import json
 
-from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 from probe_agents import openai_loop
 
@@ -25,40 +24,6 @@ async def _tool(name: str, args) -> str:
     if not isinstance(args, dict) or not isinstance(args.get("code"), str):
         return 'error: python takes {"code": "<program>"}'
     return await openai_loop.run_python(args["code"])
-
-
-async def anthropic_agent(task, *, base_url, api_key):
-    """The loop on Anthropic Messages (``tool_use`` blocks out, ``tool_result`` blocks back)."""
-    system = "\n".join(m["content"] for m in task["messages"] if m["role"] == "system")
-    messages = [{"role": m["role"], "content": m["content"]} for m in task["messages"] if m["role"] != "system"]
-    tools = [
-        {
-            "name": t["function"]["name"],
-            "description": t["function"].get("description", ""),
-            "input_schema": t["function"]["parameters"],
-        }
-        for t in task.get("tools") or []
-    ]
-    final, turns = "", 0
-    async with AsyncAnthropic(
-        base_url=base_url.removesuffix("/v1"), api_key=api_key, max_retries=0, timeout=600
-    ) as client:
-        for _ in range(MAX_TURNS):
-            turns += 1
-            reply = await client.messages.create(
-                model="policy", max_tokens=256, system=system, messages=messages, tools=tools
-            )
-            messages.append({"role": "assistant", "content": reply.content})
-            final = "".join(b.text for b in reply.content if b.type == "text")
-            uses = [b for b in reply.content if b.type == "tool_use"]
-            if not uses or reply.stop_reason == "max_tokens":
-                break
-            results = []
-            for use in uses:
-                out = await _tool(use.name, use.input)
-                results.append({"type": "tool_result", "tool_use_id": use.id, "content": out})
-            messages.append({"role": "user", "content": results})
-    return {"final": final, "turns": turns}
 
 
 async def responses_agent(task, *, base_url, api_key):

@@ -106,11 +106,18 @@ def test_openai_client_agent_is_recorded_token_exact(tmp_path, monkeypatch):
     _assert_token_exact(trajs, log)
 
 
-@pytest.mark.parametrize("agent", ["anthropic_agent", "responses_agent"])
-def test_agents_on_the_other_dialects_are_recorded_token_exact(tmp_path, monkeypatch, agent):
+DIALECT_AGENTS = {
+    # examples/agents/anthropic_loop.py, a sandboxed program asking for agent.model_name's default
+    "messages": ("anthropic_loop.py", ["agent.reward=env"]),
+    "responses": ("dialect_agents:responses_agent", ["agent.reward=env", "agent.model_name=policy"]),
+}
+
+
+@pytest.mark.parametrize("dialect", list(DIALECT_AGENTS))
+def test_agents_on_the_other_dialects_are_recorded_token_exact(tmp_path, monkeypatch, dialect):
     """Agents written against `anthropic` (Messages) and `openai` (Responses, previous_response_id)."""
-    sets = ["agent.reward=env", "agent.model_name=policy"]  # the name these agents ask for
-    trajs, log = _rollout(tmp_path, monkeypatch, f"dialect_agents:{agent}", sets)
+    script, sets = DIALECT_AGENTS[dialect]
+    trajs, log = _rollout(tmp_path, monkeypatch, script, sets)
     assert len(trajs) == 4 and len(log) >= 4
     _assert_token_exact(trajs, log)
 

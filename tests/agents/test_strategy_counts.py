@@ -152,3 +152,37 @@ def test_cancelling_the_episode_still_cancels_its_agent():
             await episode
 
     asyncio.run(main())
+
+
+class WorkspaceEnv(FakeEnv):
+    """An env with a workspace: it scores the files the program left (1.0 when ``a.txt`` holds ``x``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.checked = []
+
+    async def check_workspace(self, files):
+        self.checked.append(dict(files))
+        ok = files.get("a.txt") == b"x"
+        return (1.0 if ok else 0.0), ("a.txt holds x" if ok else "a.txt does not hold x")
+
+
+@pytest.mark.parametrize("files, reward", [({"a.txt": b"x"}, 1.0), ({}, 0.0)])
+def test_a_workspace_env_scores_the_files_the_program_left_not_its_final_text(files, reward):
+    """A harness may end on a tool call (mini-swe-agent submits with one): the env never steps on it."""
+    env = WorkspaceEnv()
+    link = _link('<tool_call>{"name": "bash"}</tool_call>')
+    traj = Trajectory(episode_id="ep", group_id="g", env_id="e", prompt_len=2)
+    strategy = _strategy(reward="env")
+    asyncio.run(strategy._finish(traj, env, link, ProgramResult(files=files), False, workspace=True))
+    assert (traj.outcome, traj.reward) == (Outcome.OK, reward)
+    assert env.steps == [] and env.checked == [files]
+    assert traj.info["agent"]["check"].startswith("a.txt")
+    # a cut last reply: scored from the files only with rollout.score_truncated, as the built-in loop
+    for score_truncated, expected in ((False, 0.0), (True, reward)):
+        cut = Trajectory(episode_id="ep", group_id="g", env_id="e", prompt_len=2)
+        asyncio.run(
+            strategy._finish(cut, env, _link("cut", "length"), ProgramResult(files=files), score_truncated, True)
+        )
+        assert (cut.outcome, cut.reward) == (Outcome.TRUNCATED_LENGTH, expected)
+    assert env.steps == []

@@ -133,6 +133,12 @@ CASES = [
         covered_by="tests/jobs/test_default_recipe_isolation.py (the default recipe, shortened)",
     ),
     Case(
+        "bench_rollout_correction.py",
+        ("arm", "seed", "reward first1", "masked mean", "masked max", "held-out start", "held-out end"),
+        ("workload", "runs"),
+        slow=True,  # two 2-step `agentrl run`s of the tiny model: ~40 s on 2 cores
+    ),
+    Case(
         "bench_opd.py",
         ("arm", "seeds", "solve start", "solve end", "rev KL start", "rev KL end"),
         ("teacher", "student", "table", "runs"),

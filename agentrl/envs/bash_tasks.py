@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from agentrl.envs.tasks import distinct_tasks
+
 SPLITS = ("train", "eval")
 _EVAL_BUCKETS = 10  # 1 in 10 tasks is held out
 _MAX_REDRAWS = 1000
@@ -209,15 +211,7 @@ def sample_task(rng: np.random.Generator, split: str = "train", kinds: Sequence[
 
 def eval_tasks(n: int, *, seed: int = 0, kinds: Sequence[str] | None = None) -> list[dict]:
     """``n`` distinct held-out tasks, fixed by ``seed``."""
-    out, seen = [], set()
-    for i in range(n * 20):
-        t = generate_task(seed * 1_000_003 + i, "eval", kinds)
-        if t["id"] not in seen:
-            seen.add(t["id"])
-            out.append(t)
-            if len(out) == n:
-                break
-    return out
+    return distinct_tasks(lambda s: generate_task(s, "eval", kinds), n, seed=seed)
 
 
 #: The check, run in a fresh sandbox holding the collected files (see the module docstring).

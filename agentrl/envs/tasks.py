@@ -1,6 +1,7 @@
 """Procedural tasks with verifiable answers, a difficulty knob and a disjoint held-out split.
 
-Owns: ``generate_task(seed, difficulty, split)``, ``sample_task(rng, ...)`` and ``eval_tasks(n, ...)``.
+Owns: ``generate_task(seed, difficulty, split)``, ``sample_task(rng, ...)``, ``eval_tasks(n, ...)`` and
+``distinct_tasks`` (held-out sets of distinct tasks from any seeded generator).
 Each task is a JSON-able dict ``{id, prompt, answer, difficulty, kind, solution}``; difficulty-5 tasks
 also carry ``entry_point`` (a function name) and ``tests`` (assert statements) and an answer of None.
 ``solution`` is a short reference Python program: for difficulty 1-4 it prints the answer (run it and
@@ -270,9 +271,15 @@ def sample_task(rng: np.random.Generator, difficulty: int | list[int] = 2, split
 
 def eval_tasks(n: int, difficulty: int = 2, *, seed: int = 0) -> list[dict]:
     """``n`` held-out tasks (distinct prompts where the kind has enough of them), fixed by ``seed``."""
+    return distinct_tasks(lambda s: generate_task(s, difficulty, "eval"), n, seed=seed)
+
+
+def distinct_tasks(make: Callable[[int], dict], n: int, *, seed: int = 0) -> list[dict]:
+    """Up to ``n`` tasks of distinct ``id`` from ``make(task_seed)``, the seeds fixed by ``seed``
+    (20 x ``n`` tries: a generator with fewer distinct tasks gives fewer)."""
     out, seen = [], set()
     for i in range(n * 20):
-        t = generate_task(seed * 1_000_003 + i, difficulty, "eval")
+        t = make(seed * 1_000_003 + i)
         if t["id"] not in seen:
             seen.add(t["id"])
             out.append(t)

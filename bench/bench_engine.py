@@ -24,6 +24,12 @@ random model): tokens/s counts the tokens actually generated and the early stops
 Informative only (issue 5): SGLang is not built for CPUs.
 
     python bench/bench_engine.py --engine sglang [--quick]
+
+``--engine narrow``: the LocalEngine with bfloat16 linear layers under the float32 model
+(``engine.linear_dtype: bfloat16``) vs the LocalEngine in float32, the same request set, interleaved.
+
+    python bench/bench_engine.py --engine narrow --model SmolLM2-135M-Instruct.Q4_1.gguf --requests 64 \
+        --prompt-min 200 --prompt-max 400 --mean-new 150 --cv 0.5 --max-new 300 --repeats 2
 """
 
 from __future__ import annotations
@@ -160,6 +166,47 @@ def bench_static(args, model, reqs) -> dict:
     return result
 
 
+def bench_narrow(args, path: Path, model, reqs) -> dict:
+    """LocalEngine with bfloat16 linear layers vs the same engine in float32, interleaved (ABBA)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engine.local.engine import LocalEngine
+
+    copy = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()  # narrowed in place
+    engines = {
+        "float32": LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=()),
+        "bf16_linears": LocalEngine(copy, max_batch_size=args.batch_size, eos_token_ids=(), linear_dtype="bfloat16"),
+    }
+    for eng in engines.values():
+        run_engine(eng, [(p, 4) for p, _ in reqs[: args.batch_size // 2]])
+    pairs = []
+    for rep in range(args.repeats):
+        res = {}
+        for name in ("float32", "bf16_linears") if rep % 2 == 0 else ("bf16_linears", "float32"):
+            res[name] = run_engine(engines[name], reqs)
+            res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
+        res["ratio"] = res["bf16_linears"]["tok_s"] / res["float32"]["tok_s"]
+        pairs.append(res)
+        print(
+            f"rep {rep}: bf16 linears {res['bf16_linears']['tok_s']:8.1f} tok/s  float32 "
+            f"{res['float32']['tok_s']:8.1f} tok/s  ratio {res['ratio']:.2f}",
+            flush=True,
+        )
+    for eng in engines.values():
+        asyncio.run(eng.close())
+    result = {
+        "benchmark": "LocalEngine: bfloat16 linear layers vs float32",
+        "bf16_linears_tok_s_median": statistics.median(p["bf16_linears"]["tok_s"] for p in pairs),
+        "float32_tok_s_median": statistics.median(p["float32"]["tok_s"] for p in pairs),
+        "speedup_median_of_pair_ratios": statistics.median(p["ratio"] for p in pairs),
+        "pairs": pairs,
+    }
+    print(
+        f"bf16 linears / float32 (median of {len(pairs)} pair ratios): {result['speedup_median_of_pair_ratios']:.2f}x"
+    )
+    return result
+
+
 def bench_sglang(args, path: Path, model, reqs) -> dict:
     """SGLangEngine (a real server on ``path``) vs LocalEngine on the same requests, interleaved."""
     from agentrl.engine.local.engine import LocalEngine
@@ -222,9 +269,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--engine",
-        choices=("local", "sglang"),
+        choices=("local", "sglang", "narrow"),
         default="local",
-        help="local: LocalEngine vs HF static batching (P4); sglang: SGLangEngine vs LocalEngine",
+        help="local: LocalEngine vs HF static batching (P4); sglang: SGLangEngine vs LocalEngine; narrow: "
+        "LocalEngine with bfloat16 linear layers vs in float32",
     )
     ap.add_argument(
         "--sglang-dtype",
@@ -259,7 +307,8 @@ def main(argv=None) -> dict:
     if args.quick:
         args.requests, args.batch_size, args.mean_new, args.max_new, args.repeats = 24, 8, 32, 128, 2
         args.hidden, args.layers, args.intermediate = 128, 2, 512
-    name = ("engine" if args.engine == "local" else "engine-sglang") + ("-quick" if args.quick else "") + ".json"
+    stem = {"local": "engine", "sglang": "engine-sglang", "narrow": "engine-narrow"}[args.engine]
+    name = stem + ("-quick" if args.quick else "") + ".json"
     out = Path(args.out or Path(__file__).parent / "results" / name)
 
     from transformers import AutoModelForCausalLM
@@ -286,6 +335,8 @@ def main(argv=None) -> dict:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
         if args.engine == "local":
             result = bench_static(args, model, reqs)
+        elif args.engine == "narrow":
+            result = bench_narrow(args, path, model, reqs)
         else:
             result = bench_sglang(args, path, model, reqs)
     result.update(

@@ -119,6 +119,14 @@ class EngineConfig:
         "turn prefills only what it adds to the last prompt and completion; 0 turns the cache off.",
         min=0,
     )
+    linear_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "auto",
+        "kind=local: dtype of the linear layers' weights and matrix products; the activations, attention, K/V "
+        "and logits keep model.dtype (each layer casts its input down and its output back). bfloat16 under a "
+        "float32 model on a CPU with bfloat16 matrix units (AVX512-BF16, AMX) decodes faster with half the "
+        "weight memory, where a whole bfloat16 engine is slower (CPU attention in bfloat16; BENCHMARKS.md). "
+        "auto: model.dtype (no conversion).",
+    )
     urls: list = doc(
         [], "kind=sglang: attach to these running SGLang servers (http://host:port); empty launches num_servers."
     )

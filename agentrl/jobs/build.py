@@ -100,6 +100,7 @@ def make_engine(cfg: RunConfig, model_path: Path):
         max_batch_size=cfg.engine.max_batch_size,
         max_context=cfg.rollout.max_context,
         prefix_cache_tokens=cfg.engine.prefix_cache_tokens,
+        linear_dtype=None if cfg.engine.linear_dtype == "auto" else cfg.engine.linear_dtype,
     )
 
 

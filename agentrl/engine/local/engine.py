@@ -55,6 +55,7 @@ import torch
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.local import requests as local_requests
 from agentrl.engine.local.kv_batch import KVBatch, additive_mask
+from agentrl.engine.local.narrow_linears import NarrowLinears
 from agentrl.engine.local.prefill import PrefillBatch, build_prefill, defer_followers, plan_groups, sharing_pays
 from agentrl.engine.local.prefix_cache import CachedPrefix, PrefixCache
 from agentrl.engine.local.requests import LocalRequest, WeightUpdate, check_update, deliver, notify
@@ -97,6 +98,7 @@ class LocalEngine(Engine):
         seed: int = 0,
         tokenizer: Any | None = None,
         prefix_cache_tokens: int = 32768,
+        linear_dtype: torch.dtype | str | None = None,
     ) -> None:
         """``model``: a path to an HF directory (loaded with ``dtype`` on ``device``) or an already
         loaded ``PreTrainedModel``, used as is and shared, not copied (``device``/``dtype`` ignored).
@@ -104,7 +106,10 @@ class LocalEngine(Engine):
         (``placement``). ``prefill_tokens`` bounds the padded tokens of one prefill forward.
         ``tokenizer`` (anything with ``decode(ids) -> str``) is only used for stop strings; when
         ``model`` is a path it defaults to that directory's tokenizer, loaded on first use.
-        ``prefix_cache_tokens`` caps the tokens whose K/V the per-session prefix cache keeps (0: off)."""
+        ``prefix_cache_tokens`` caps the tokens whose K/V the per-session prefix cache keeps (0: off).
+        ``linear_dtype`` (e.g. bfloat16 under a float32 model): the linear layers' weights and products in
+        that dtype, converted in place, while activations, attention, the K/V and the logits keep the
+        model's (``NarrowLinears``); None or the model's own dtype: unchanged."""
         self._tokenizer = tokenizer
         self._tokenizer_dir = str(model) if isinstance(model, (str, Path)) else None
         if isinstance(model, (str, Path)):
@@ -122,6 +127,8 @@ class LocalEngine(Engine):
         if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
             raise EngineError(f"only full-attention models are supported, got layer_types={cfg.layer_types}")
         self.model = model
+        self._dtype = next(model.parameters()).dtype  # activations, K/V and masks, whatever the linears hold
+        self._narrow = self._narrow_linears(model, linear_dtype)
         self._cache_arg = cache_kwarg(model)
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -150,6 +157,15 @@ class LocalEngine(Engine):
         #: reused); prefix_*: the prefix cache's hits, tokens_reused, evictions, flushes
         self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "prefilled_tokens": 0}
         self._sync_prefix_stats()
+
+    def _narrow_linears(self, model: Any, linear_dtype: torch.dtype | str | None) -> NarrowLinears | None:
+        if linear_dtype is None:
+            return None
+        name = str(linear_dtype).removeprefix("torch.")
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"linear_dtype {linear_dtype!r} is not a floating dtype (bfloat16, float16, float32)")
+        return None if dtype == self._dtype else NarrowLinears(model, dtype)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> LocalEngine:
@@ -298,8 +314,11 @@ class LocalEngine(Engine):
 
     def _apply_update(self, upd: WeightUpdate) -> None:
         params = self.model.state_dict(keep_vars=True)
+        state = dict(upd.state_dict)
+        if self._narrow is not None:
+            state.update(self._narrow.tied_updates(state))
         with torch.no_grad():
-            for name, tensor in upd.state_dict.items():
+            for name, tensor in state.items():
                 params[name].copy_(tensor)
         self._version = upd.version
         self._prefix.clear()  # every cached K/V came from the old weights
@@ -342,7 +361,7 @@ class LocalEngine(Engine):
         for idx in plan_groups([len(r.prompt) for r in reqs], [n for _, n in found], self.prefill_tokens):
             group = [reqs[i] for i in idx]
             batch = build_prefill(
-                [r.prompt for r in group], [found[i][0] for i in idx], [found[i][1] for i in idx], self.model.dtype
+                [r.prompt for r in group], [found[i][0] for i in idx], [found[i][1] for i in idx], self._dtype
             )
             logits = self._forward(batch.ids, batch.mask, batch.pos, batch.cache)
             self._kv.add_rows(batch.cache.keys, batch.cache.values, batch.valid)
@@ -376,7 +395,7 @@ class LocalEngine(Engine):
         ids = torch.tensor([[r.tokens[-1]] for r in rows])
         pos = torch.tensor([[r.kv_len] for r in rows])
         valid = self._kv.begin_step()
-        mask = additive_mask(valid.cpu(), self.model.dtype)[:, None, None, :]
+        mask = additive_mask(valid.cpu(), self._dtype)[:, None, None, :]
         logits = self._forward(ids, mask, pos, self._kv)
         self._kv.end_step()
         for r in rows:

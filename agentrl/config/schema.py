@@ -157,6 +157,14 @@ class EngineConfig:
         "0 keeps torch's default.",
         min=0,
     )
+    lend_idle_cores: bool = doc(
+        False,
+        "agentrl run with the local engine on CPU and engine.cpu_threads > 0: while only one of the engine and "
+        "the trainer computes (an evaluation, a wait for rollouts, the engine idle at the staleness bound) it "
+        "uses every core of the process, and engine.cpu_threads while both compute (the trainer resizes its "
+        "thread team before each micro-batch, the engine before each step). false: each keeps "
+        "engine.cpu_threads throughout.",
+    )
 
 
 @dataclass

@@ -29,6 +29,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,9 @@ class Trainer:
         self.device = D.pick_device(cfg.device)
         self._owns_group = D.acquire(self.device, cfg.dist_timeout_s, store)
         self._closed = False
+        #: called in the training thread before each micro-batch (e.g. to resize its torch thread team
+        #: when an in-process engine starts or stops computing); None: nothing
+        self.before_micro_batch: Callable[[], None] | None = None
         try:
             self._build(ref_model_path, critic)
         except BaseException:
@@ -267,6 +271,8 @@ class Trainer:
             if interrupt is not None and interrupt.is_set():
                 self._drop_gradients()
                 raise StepInterrupted(f"stopped before micro-batch {i + 1} of {len(mbs)}; nothing was updated")
+            if self.before_micro_batch is not None:
+                self.before_micro_batch()
             self._micro_step(mb.to(self.device), glob, acc, pairs)
         grad_norm = clip_and_step(self.model, self.optimizer, self.cfg.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]

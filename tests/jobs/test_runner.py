@@ -209,6 +209,29 @@ def test_cpu_threads_split_the_cores_for_the_local_engine_and_the_run_restores_t
     assert calls == ([1, before] if before != 1 else [1]) and torch.get_num_threads() == before
 
 
+def test_idle_cores_are_lent_to_whichever_of_engine_and_trainer_computes_alone(tiny_model_dir, tmp_path, monkeypatch):
+    import os
+    import threading
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core here: there is nothing to lend")
+    calls, real = [], torch.set_num_threads
+    monkeypatch.setattr(
+        torch, "set_num_threads", lambda n: (calls.append((threading.current_thread().name, n)), real(n))
+    )
+    before = torch.get_num_threads()
+    sets = ["engine.cpu_threads=1", "engine.lend_idle_cores=true", "train.max_staleness=1"]
+    asyncio.run(Runner(_cfg(tiny_model_dir, tmp_path / "run", 2, sets), progress=False).run())
+    engine = {n for name, n in calls if name == "agentrl-local-engine"}
+    trainer = {n for name, n in calls if name.startswith("asyncio_")}  # train_step's worker thread
+    assert cores in engine  # the evaluations: the trainer idle, the engine had every core
+    assert trainer and trainer <= {1, cores}
+    assert torch.get_num_threads() == before
+
+
 def test_infra_failures_count_as_unsolved_and_alert(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     summary = asyncio.run(Runner(_cfg(tiny_model_dir, out, 2, ["env.id=test/BrokenSandbox-v0"]), progress=False).run())

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from agentrl.common.cores import CoreShare
 from agentrl.engine.base import Engine, Generation, SamplingParams, check_prompt
 from agentrl.engine.local import requests as local_requests
 from agentrl.engine.local.kv_batch import KVBatch, additive_mask
@@ -153,6 +154,9 @@ class LocalEngine(Engine):
         self._closed = False
         self._dead: BaseException | None = None
         self._prefix = PrefixCache(prefix_cache_tokens)
+        #: the CPU cores this engine shares with a trainer in the same process (None: torch's setting as is);
+        #: set before start, e.g. by ``agentrl run``
+        self.cores: CoreShare | None = None
         #: counters for tests and metrics; prefilled_tokens counts the prompt tokens computed (not
         #: reused); prefix_*: the prefix cache's hits, tokens_reused, evictions, flushes
         self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "prefilled_tokens": 0}
@@ -288,6 +292,8 @@ class LocalEngine(Engine):
         try:
             while True:
                 with self._cond:
+                    if self.cores is not None and not (self._waiting or self._rows):
+                        self.cores.busy("engine", False)  # idle: the trainer may take every core
                     while not (self._closed or self._waiting or self._rows or self._updates):
                         self._cond.wait()
                     if self._closed:
@@ -301,6 +307,9 @@ class LocalEngine(Engine):
                             room -= 1
                 for upd in updates:
                     self._apply_update(upd)
+                if self.cores is not None and (self._admitted or self._rows):
+                    self.cores.busy("engine", True)
+                    self.cores.apply("engine")
                 with torch.inference_mode():
                     if self._admitted:
                         self._prefill()

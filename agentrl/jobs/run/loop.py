@@ -39,6 +39,7 @@ from agentrl.batches.ledger import rewind
 from agentrl.batches.rewards import KLController
 from agentrl.batches.samples import build_samples, trainable
 from agentrl.batches.staleness import dynamic_sampling_metrics
+from agentrl.common.cores import CoreShare
 from agentrl.common.faults import fault_point
 from agentrl.common.memory import peak_rss_gb, release, rss_gb, tune_allocator
 from agentrl.common.stoppable import unless_stopped
@@ -307,7 +308,7 @@ class Runner:
         filtered = feed.filtered()
         samples, sstats = self._samples(groups)
         try:
-            tm = await _train_interruptibly(trainer, samples, stop) if samples else {}
+            tm = await _train_interruptibly(trainer, samples, stop, parts.cores) if samples else {}
         except StepInterrupted:
             feed.return_batch()
             return None
@@ -365,12 +366,20 @@ def _distillation_metrics(tm: dict[str, float]) -> tuple[dict[str, float], dict[
 
 
 async def _train_interruptibly(
-    trainer: TrainerProtocol, samples: list[TrainSample], stop: asyncio.Event
+    trainer: TrainerProtocol, samples: list[TrainSample], stop: asyncio.Event, cores: CoreShare | None = None
 ) -> dict[str, float]:
     """``trainer.train_step`` in a thread; a stop requested meanwhile interrupts it at its next
-    micro-batch (StepInterrupted: nothing trained), so a stop never waits for a whole step."""
+    micro-batch (StepInterrupted: nothing trained), so a stop never waits for a whole step. With
+    ``cores``, the trainer counts as computing meanwhile (an in-process engine then shares the cores)."""
     interrupt = threading.Event()
-    work = asyncio.ensure_future(asyncio.to_thread(trainer.train_step, samples, interrupt))
+
+    def step() -> dict[str, float]:
+        if cores is None:
+            return trainer.train_step(samples, interrupt)
+        with cores.computing("trainer"):
+            return trainer.train_step(samples, interrupt)
+
+    work = asyncio.ensure_future(asyncio.to_thread(step))
     done, _ = await unless_stopped(asyncio.shield(work), stop)
     if not done:
         interrupt.set()

@@ -15,6 +15,7 @@ that fails closes what the steps before it started. Does not build the pieces th
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from agentrl.batches.ledger import rewind
 from agentrl.batches.prompt_stream import PromptStream
 from agentrl.batches.replay import ReplaySource
 from agentrl.batches.staleness import load_ready
-from agentrl.config.schema import save_config
+from agentrl.common.cores import CoreShare
+from agentrl.config.schema import RunConfig, save_config
 from agentrl.engine.counters import EngineCounters
 from agentrl.jobs.build import chat_tokenizer, env_factory, eval_env_factory, make_sync, model_dir, start_compute
 from agentrl.jobs.rollout import tune_gc
@@ -41,6 +43,23 @@ if TYPE_CHECKING:
     from agentrl.jobs.build import EnvFactory
     from agentrl.trajectory import Trajectory
     from agentrl.weights.base import SyncStats, WeightSync
+
+
+def lend_cores(cfg: RunConfig, shared: int, engine: Any, trainer: Any) -> CoreShare | None:
+    """With ``engine.lend_idle_cores`` and an in-process engine that takes a share (``LocalEngine.cores``):
+    each of the engine and the trainer gets ``shared`` threads (engine.cpu_threads) while both compute and every core of
+    this process while it computes alone (the trainer resizes before each micro-batch, the engine before
+    each step). None otherwise."""
+    if not cfg.engine.lend_idle_cores or not hasattr(engine, "cores"):
+        return None
+    alone = len(os.sched_getaffinity(0))
+    if alone <= shared:
+        return None
+    share = CoreShare(shared=shared, alone=alone)
+    engine.cores = share
+    if hasattr(trainer, "before_micro_batch"):  # the in-process Trainer (not a Ray or launched one)
+        trainer.before_micro_batch = lambda: share.apply("trainer")
+    return share
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -89,6 +108,8 @@ class Parts:
         self.last_sync: SyncStats | None = None  # the last weight push's stats
         self.drain_s = 0.0  # seconds the last push waited for generations in flight (partial_rollouts=false)
         self.engine_counters = EngineCounters(self.engine)  # the local engine's counters, per step
+        #: the cores the in-process engine and the trainer lend each other (engine.lend_idle_cores), or None
+        self.cores: CoreShare | None = None
 
     @classmethod
     def build(cls, plan: Plan, run_dir: Path) -> Parts:
@@ -150,6 +171,7 @@ class Parts:
             import torch
 
             torch.set_num_threads(cfg.engine.cpu_threads)
+            self.cores = lend_cores(cfg, cfg.engine.cpu_threads, self.engine, self.trainer)
         try:
             await self.engine.start()
             if self.trainer.version:  # resumed: the engine must serve the checkpoint's weights and version

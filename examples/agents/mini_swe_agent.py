@@ -19,7 +19,9 @@ MSWEA_STEP_LIMIT (default 6) caps the model calls.
 
 A model that never saw these prompts and this tool earns nothing here (the built-in model: 0 of 48
 held-out tasks, so RL has no signal). Warm-start it first on demonstrations mini-swe-agent itself makes
-against an oracle: ``mini_swe_agent_demos.py`` beside this file (its docstring has the commands).
+against an oracle: ``mini_swe_agent_demos.py`` beside this file (its docstring has the commands). For the
+built-in model that warm start teaches the reply format but not yet the commands (still 0 of 48:
+BENCHMARKS.md, agent frameworks).
 """
 
 import json

@@ -176,6 +176,7 @@ class EpisodeLink:
                 gen_s=time.perf_counter() - t0,
                 messages=request.messages,
                 reply=reply,
+                tools=request.tools,
             )
             self._tools_key = json.dumps(request.tools or [], sort_keys=True)
             self.splits += kind == "split"

@@ -32,6 +32,7 @@ class Segment:
     versions: list[int]
     turns: list[TurnRecord] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the last request's tool schemas
 
     @classmethod
     def start(cls, prompt: list[int]) -> Segment:
@@ -90,6 +91,7 @@ class Recorder:
         gen_s: float = 0.0,
         messages: list[dict] | None = None,
         reply: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> str:
         """Record one completion -> ``"first"``, ``"extend"`` (the prompt extended the current segment:
         the new part is mask-0 context) or ``"split"`` (it did not: a new segment starts)."""
@@ -106,6 +108,7 @@ class Recorder:
         seg.add_sampled(list(sampled), list(logprobs), list(versions), finish, gen_s)
         if messages is not None:
             seg.messages = [*messages, *([reply] if reply is not None else [])]
+            seg.tools = list(tools or [])
         self.requests += 1
         return kind
 

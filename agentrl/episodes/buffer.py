@@ -48,6 +48,7 @@ def write_tokens(traj: Trajectory, ep: Any) -> None:
     traj.token_ids, traj.loss_mask, traj.logprobs = ep.ids, ep.mask, ep.logprobs
     traj.turn_ids, traj.versions, traj.turns, traj.messages = ep.turn_ids, ep.versions, ep.turns, ep.messages
     traj.prompt_len = getattr(ep, "prompt_len", traj.prompt_len)
+    traj.tools = getattr(ep, "tools", traj.tools)  # a strategy's buffer may hold the tools it advertised
 
 
 def segment_trajectories(traj: Trajectory, segments: list) -> list[Trajectory]:
@@ -65,6 +66,7 @@ def segment_trajectories(traj: Trajectory, segments: list) -> list[Trajectory]:
             versions=s.versions,
             turns=s.turns,
             messages=s.messages,
+            tools=getattr(s, "tools", traj.tools),
             info={**traj.info, "segment": k},
         )
         for k, s in enumerate(segments)

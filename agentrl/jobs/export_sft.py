@@ -15,7 +15,8 @@ What a row is made of: the episode's message log, which holds what the model saw
 env's prompt, each assistant turn as the text decoded from its sampled tokens (an eval: the action
 text the env parsed), each tool result as the tool message the prompt rendered (capped as the model
 saw it) — and the tool schemas the episode advertised (``Trajectory.tools``, stored by the episode
-manager for this; an eval episode's ``tools``). Tokens stay the source of truth for training on
+manager for this; an agent-proxy trajectory's are those of the last request it recorded; an eval
+episode's ``tools``). Tokens stay the source of truth for training on
 rollouts; these rows are text, re-tokenized by the SFT loader with the model's chat template. An
 assistant text holding Hermes ``<tool_call>`` blocks becomes an OpenAI-style message with
 ``tool_calls`` (ids those of the tool messages answering them) only when that is lossless: the calls
@@ -24,8 +25,7 @@ parse without error, the env answered exactly those ids, and the template form
 agentrl tool prompt and Qwen2.5's template write them) gives back the text; any other text (a
 ```` ```python ```` block, a malformed call) stays as written, so SFT trains the format the env reads.
 
-Does not: tokenize or train (``agentrl.warmstart``), or read an agent-proxy trajectory's tools (the
-proxy's requests carry their own; such rows keep their messages' ``tool_calls`` without schemas).
+Does not: tokenize or train (``agentrl.warmstart``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ current directory): the bash_fix env then checks the files the agent left there 
 
 Environment: OPENAI_BASE_URL, OPENAI_API_KEY, AGENTRL_TASK, AGENTRL_RESULT (set by agentrl);
 MSWEA_STEP_LIMIT (default 6) caps the model calls.
+
+A model that never saw these prompts and this tool earns nothing here (the built-in model: 0 of 48
+held-out tasks, so RL has no signal). Warm-start it first on demonstrations mini-swe-agent itself makes
+against an oracle: ``mini_swe_agent_demos.py`` beside this file (its docstring has the commands). For the
+built-in model that warm start teaches the reply format but not yet the commands (still 0 of 48:
+BENCHMARKS.md, agent frameworks).
 """
 
 import json
@@ -35,6 +41,9 @@ from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
 
 STEP_LIMIT = int(os.environ.get("MSWEA_STEP_LIMIT", "6"))
+#: the command that ends mini-swe-agent's run (its stock mini.yaml asks for it; its local environment
+#: submits when a command's output starts with this word)
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 def build_agent(base_url: str, api_key: str, workdir: str, model_name: str = "agentrl-policy") -> DefaultAgent:
@@ -52,13 +61,22 @@ def build_agent(base_url: str, api_key: str, workdir: str, model_name: str = "ag
     return DefaultAgent(model, env, **agent_cfg)
 
 
+def run(task: dict, *, base_url: str, api_key: str) -> dict:
+    """One episode: the agent on the env's user prompt, its commands in the task's ``workdir`` (the
+    current directory when there is none). Also an ``agent.callable`` (``mini_swe_agent:run``): in the
+    trainer's process, its commands on the host -- for trusted models only, such as the oracle of
+    ``mini_swe_agent_demos.py``."""
+    prompt = next(m["content"] for m in reversed(task["messages"]) if m["role"] == "user")
+    agent = build_agent(base_url, api_key, task.get("workdir") or os.getcwd())
+    info = agent.run(prompt)
+    return {"exit_status": info.get("exit_status"), "model_calls": agent.n_calls}
+
+
 def main() -> None:
     task = json.loads(os.environ["AGENTRL_TASK"])
-    prompt = next(m["content"] for m in reversed(task["messages"]) if m["role"] == "user")
-    workdir = os.environ.get("AGENTRL_WORKDIR") or os.getcwd()
-    agent = build_agent(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], workdir)
-    info = agent.run(prompt)
-    result = {"exit_status": info.get("exit_status"), "model_calls": agent.n_calls}
+    if os.environ.get("AGENTRL_WORKDIR"):
+        task["workdir"] = os.environ["AGENTRL_WORKDIR"]
+    result = run(task, base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     with open(os.environ["AGENTRL_RESULT"], "w") as f:
         json.dump(result, f)
 

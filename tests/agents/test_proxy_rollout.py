@@ -104,6 +104,8 @@ def test_openai_client_agent_is_recorded_token_exact(tmp_path, monkeypatch):
     trajs, log = _rollout(tmp_path, monkeypatch, "openai_loop.py", ["agent.reward=env"])
     assert len(log) >= 4 and len(trajs) >= 4
     _assert_token_exact(trajs, log)
+    # the tools the agent's requests advertised (code_exec's python tool), kept for export-sft's rows
+    assert all([f["function"]["name"] for f in t.tools] == ["python"] for t in trajs), [t.tools for t in trajs]
 
 
 DIALECT_AGENTS = {

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import platform
@@ -43,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -117,6 +119,22 @@ def run_static(model, reqs, batch_size: int, pad_id: int) -> dict:
     return {"wall_s": time.perf_counter() - t, "tokens": useful, "computed_tokens": computed}
 
 
+def interleave(systems: dict[str, Callable[[], dict]], repeats: int) -> list[dict]:
+    """Two systems run alternately (AB, BA, ...), each run's ``tok_s`` added; ``ratio`` = first / second."""
+    (a, _), (b, _) = systems.items()
+    pairs = []
+    for rep in range(repeats):
+        res: dict = {}
+        for name in (a, b) if rep % 2 == 0 else (b, a):
+            res[name] = systems[name]()
+            res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
+        res["ratio"] = res[a]["tok_s"] / res[b]["tok_s"]
+        pairs.append(res)
+        line = f"rep {rep}: {a} {res[a]['tok_s']:8.1f} tok/s  {b} {res[b]['tok_s']:8.1f} tok/s"
+        print(f"{line}  ratio {res['ratio']:.2f}", flush=True)
+    return pairs
+
+
 def bench_static(args, model, reqs) -> dict:
     """P4: LocalEngine vs HF generate static batching, interleaved."""
     from agentrl.engine.local.engine import LocalEngine
@@ -128,22 +146,8 @@ def bench_static(args, model, reqs) -> dict:
     run_engine(engine, [(p, 4) for p, _ in warm])
     run_static(model, [(p, 4) for p, _ in warm], args.batch_size, pad_id)
 
-    pairs = []
-    for rep in range(args.repeats):
-        order = ("engine", "static") if rep % 2 == 0 else ("static", "engine")
-        res = {}
-        for name in order:
-            res[name] = (
-                run_engine(engine, reqs) if name == "engine" else run_static(model, reqs, args.batch_size, pad_id)
-            )
-            res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
-        res["ratio"] = res["engine"]["tok_s"] / res["static"]["tok_s"]
-        pairs.append(res)
-        print(
-            f"rep {rep}: engine {res['engine']['tok_s']:8.1f} tok/s  static {res['static']['tok_s']:8.1f} tok/s"
-            f"  ratio {res['ratio']:.2f}",
-            flush=True,
-        )
+    static = functools.partial(run_static, model, reqs, args.batch_size, pad_id)
+    pairs = interleave({"engine": functools.partial(run_engine, engine, reqs), "static": static}, args.repeats)
     asyncio.run(engine.close())
 
     med = lambda key: statistics.median(p[key]["tok_s"] for p in pairs)  # noqa: E731
@@ -174,24 +178,12 @@ def bench_narrow(args, path: Path, model, reqs) -> dict:
 
     copy = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()  # narrowed in place
     engines = {
-        "float32": LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=()),
         "bf16_linears": LocalEngine(copy, max_batch_size=args.batch_size, eos_token_ids=(), linear_dtype="bfloat16"),
+        "float32": LocalEngine(model, max_batch_size=args.batch_size, eos_token_ids=()),
     }
     for eng in engines.values():
         run_engine(eng, [(p, 4) for p, _ in reqs[: args.batch_size // 2]])
-    pairs = []
-    for rep in range(args.repeats):
-        res = {}
-        for name in ("float32", "bf16_linears") if rep % 2 == 0 else ("bf16_linears", "float32"):
-            res[name] = run_engine(engines[name], reqs)
-            res[name]["tok_s"] = res[name]["tokens"] / res[name]["wall_s"]
-        res["ratio"] = res["bf16_linears"]["tok_s"] / res["float32"]["tok_s"]
-        pairs.append(res)
-        print(
-            f"rep {rep}: bf16 linears {res['bf16_linears']['tok_s']:8.1f} tok/s  float32 "
-            f"{res['float32']['tok_s']:8.1f} tok/s  ratio {res['ratio']:.2f}",
-            flush=True,
-        )
+    pairs = interleave({name: functools.partial(run_engine, eng, reqs) for name, eng in engines.items()}, args.repeats)
     for eng in engines.values():
         asyncio.run(eng.close())
     result = {

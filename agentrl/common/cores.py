@@ -58,5 +58,6 @@ class CoreShare:
             torch.get_num_threads()  # first use in this thread: torch's lazy per-thread setup runs now, not later
             torch.set_num_threads(n)
             self._mine.n = n
-            self.resizes += 1
+            with self._lock:  # two parties may resize at once
+                self.resizes += 1
         return n
